@@ -1,0 +1,123 @@
+"""Every environment knob ringtorch reads, typed and defaulted, in one place.
+
+Only this module reads ``os.environ`` for ringtorch's own settings (torch's variables such as
+``MASTER_ADDR`` are read where torch reads them: the rendezvous handlers and the launcher).
+A knob is read each time it is used, so a test can change it with :func:`override` and a
+launcher can set it for its children. ``docs/env-vars.md`` lists every knob; a test checks
+that the list and this module agree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+_overrides: dict[str, Any] = {}
+
+
+def _parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected a boolean (1/0, true/false, yes/no, on/off), got {text!r}")
+
+
+@dataclass(frozen=True)
+class Knob(Generic[T]):
+    """One environment variable: its name, default, parser and what it is for."""
+
+    name: str
+    default: T
+    parse: Callable[[str], T]
+    doc: str
+
+    def get(self) -> T:
+        """The overridden value, else the parsed environment value, else the default.
+
+        Raises:
+            ValueError: the variable is set to something the parser rejects; the message
+                names the variable.
+        """
+        if self.name in _overrides:
+            return _overrides[self.name]
+        text = os.environ.get(self.name)
+        if text is None:
+            return self.default
+        try:
+            return self.parse(text)
+        except ValueError as exc:
+            raise ValueError(f"environment variable {self.name}={text!r} is invalid: {exc}") from exc
+
+
+KNOBS: dict[str, Knob[Any]] = {}
+
+
+def _knob(name: str, default: T, parse: Callable[[str], T], doc: str) -> Knob[T]:
+    knob = Knob(name, default, parse, doc)
+    KNOBS[name] = knob
+    return knob
+
+
+SECRET = _knob(
+    "RINGTORCH_SECRET", "", str,
+    "the job secret; when set, every store, collective and RPC connection proves it with "
+    "HMAC-SHA256 before any other byte is read. The launcher sets a fresh random one per job.",
+)
+HANDSHAKE_TIMEOUT = _knob(
+    "RINGTORCH_HANDSHAKE_TIMEOUT", 10.0, float,
+    "seconds a peer has to complete the connection handshake before it is dropped",
+)
+CONNECT_TIMEOUT = _knob(
+    "RINGTORCH_CONNECT_TIMEOUT", 300.0, float,
+    "default seconds a client keeps retrying to reach a server that is not listening yet",
+)
+TCP_USER_TIMEOUT_MS = _knob(
+    "RINGTORCH_TCP_USER_TIMEOUT_MS", 10_000, int,
+    "TCP_USER_TIMEOUT and keepalive horizon: unacknowledged data for this long breaks the "
+    "connection, so a network partition is noticed in seconds",
+)
+DEBUG = _knob(
+    "RINGTORCH_DEBUG", "OFF", lambda s: s.strip().upper(),
+    "OFF, INFO or DETAIL; DETAIL checks a fingerprint of every collective across ranks "
+    "(like TORCH_DISTRIBUTED_DEBUG=DETAIL)",
+)
+HOST_ID = _knob(
+    "RINGTORCH_HOST_ID", "", str,
+    "overrides the host identity (hostname + boot id) used to decide which ranks share a host",
+)
+SHM = _knob(
+    "RINGTORCH_SHM", True, _parse_bool,
+    "0 turns the shared-memory fast path off: ranks on one host use sockets like any other",
+)
+
+
+@contextlib.contextmanager
+def override(**values: Any) -> Iterator[None]:
+    """Set knobs for the duration of a ``with`` block, by name without the prefix.
+
+    ``with override(SECRET="abc"):`` makes ``SECRET.get()`` return ``"abc"`` inside the block.
+    Only this process sees the change; set ``os.environ`` for child processes.
+    """
+    saved: dict[str, Any] = {}
+    missing = object()
+    for short_name, value in values.items():
+        name = "RINGTORCH_" + short_name
+        if name not in KNOBS:
+            raise KeyError(f"no knob named {name}; known: {sorted(KNOBS)}")
+        saved[name] = _overrides.get(name, missing)
+        _overrides[name] = value
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is missing:
+                _overrides.pop(name, None)
+            else:
+                _overrides[name] = value

@@ -1,0 +1,1 @@
+"""Bytes between processes: sockets, framing, the handshake. Never imports torch."""
