@@ -63,7 +63,7 @@ def _child_main(conn: Any, fn: Callable[..., Any], rank: int, world_size: int,
     try:
         result = fn(rank, world_size, *args)
         payload = pickle.dumps(("ok", result), protocol=5)
-    except BaseException:  # noqa: BLE001 - every failure goes back to the driver
+    except BaseException:  # every failure goes back to the driver
         payload = pickle.dumps(("error", traceback.format_exc()), protocol=5)
     try:
         conn.send_bytes(payload)
@@ -137,7 +137,7 @@ def _collect(procs: list[Any], conns: list[Any], timeout: float) -> list[Any]:
             except (EOFError, OSError):
                 procs[rank].join(1.0)
                 code = procs[rank].exitcode
-                raise RankFailed(rank, f"process exited with code {code} without a result")
+                raise RankFailed(rank, f"process exited with code {code} without a result") from None
             if status == "error":
                 raise RankFailed(rank, value)
             results[rank] = value

@@ -1,0 +1,1 @@
+"""Backends: the objects that actually run collectives for one group (native, mpi)."""

@@ -1,0 +1,128 @@
+"""The contract between a ProcessGroup and the backend that moves its bytes.
+
+A ProcessGroup (process_group.py) validates the caller's arguments, turns tensors and NumPy
+arrays into flat contiguous torch tensors (copying non-contiguous ones in and out), orders
+work on the group's communication thread, stamps each collective with the group's sequence
+number, and wraps results in Work objects. The backend below it does one thing: run one
+operation to completion on buffers that are already right, or raise.
+
+Every tensor a backend receives is a 1-D, contiguous CPU tensor (any dtype torch has,
+including bfloat16, float16, bool and complex); ``tensor.view(torch.uint8).numpy()`` gives
+its bytes without a copy. Ranks are group ranks (0 .. size-1). ``seq`` is the group's
+sequence number of the operation, identical on every rank for the same collective; backends
+put it on the wire so that mismatched collectives are detected, never silently computed.
+Point-to-point operations carry no sequence number (they are not collective) but a ``tag``.
+
+Errors: a backend raises ``DistBackendError`` (from ``ringtorch._errors``) naming the peer and
+the operation when a peer dies, a timeout passes, or ranks disagree on op, size or dtype.
+After a peer failure, every later call raises at once with the same cause (the backend is
+then "aborted"). ``deadline`` arguments are absolute ``time.monotonic()`` seconds.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class BackendContext:
+    """What a backend is created with; the same on every rank of the group except ``rank``.
+
+    Attributes:
+        store: a Store (torch API: set/get/add/wait/check) private to this group: keys written
+            here cannot collide with other groups' keys (it is a PrefixStore).
+        rank: this process's rank in the group.
+        size: the number of ranks in the group.
+        timeout: the group's default timeout for one operation.
+        group_name: the group's name, for messages ("default", "1", ...).
+        global_ranks: the global rank of each group rank, for messages.
+    """
+
+    store: Any
+    rank: int
+    size: int
+    timeout: timedelta
+    group_name: str
+    global_ranks: tuple[int, ...]
+
+
+class Backend(ABC):
+    """One group's data mover. Methods run to completion on the calling thread."""
+
+    def __init__(self, ctx: BackendContext) -> None:
+        self.ctx = ctx
+
+    @property
+    def rank(self) -> int:
+        return self.ctx.rank
+
+    @property
+    def size(self) -> int:
+        return self.ctx.size
+
+    @abstractmethod
+    def broadcast(self, buf: torch.Tensor, root: int, seq: int, deadline: float) -> None:
+        """Copy root's ``buf`` into every rank's ``buf`` (same numel and dtype everywhere)."""
+
+    @abstractmethod
+    def all_reduce(self, buf: torch.Tensor, op: Any, seq: int, deadline: float) -> None:
+        """Reduce ``buf`` element-wise across ranks with ``op`` (a ReduceOp), in place on every
+        rank. The result is bitwise identical on every rank (a fixed reduction order)."""
+
+    @abstractmethod
+    def reduce(self, buf: torch.Tensor, op: Any, root: int, seq: int, deadline: float) -> None:
+        """Like all_reduce, but only ``root``'s ``buf`` must hold the result afterwards."""
+
+    @abstractmethod
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, seq: int, deadline: float) -> None:
+        """``out`` (size * inp.numel()) receives every rank's ``inp``, in rank order."""
+
+    @abstractmethod
+    def gather(self, out: torch.Tensor | None, inp: torch.Tensor, root: int, seq: int,
+               deadline: float) -> None:
+        """Root's ``out`` (size * inp.numel()) receives every rank's ``inp`` in rank order;
+        ``out`` is None on other ranks."""
+
+    @abstractmethod
+    def scatter(self, out: torch.Tensor, inp: torch.Tensor | None, root: int, seq: int,
+                deadline: float) -> None:
+        """Rank r's ``out`` receives slice r of root's ``inp`` (size * out.numel());
+        ``inp`` is None on other ranks."""
+
+    @abstractmethod
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: Any, seq: int,
+                       deadline: float) -> None:
+        """``inp`` is size * out.numel(); rank r's ``out`` receives the reduction over ranks
+        of slice r."""
+
+    @abstractmethod
+    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
+                   in_splits: list[int], seq: int, deadline: float) -> None:
+        """Rank r sends ``inp``'s slice j (``in_splits[j]`` elements) to rank j, and receives
+        from rank j into ``out``'s slice j (``out_splits[j]`` elements)."""
+
+    @abstractmethod
+    def barrier(self, seq: int, deadline: float) -> None:
+        """Return once every rank has entered the barrier."""
+
+    @abstractmethod
+    def send(self, buf: torch.Tensor, dst: int, tag: int, deadline: float) -> None:
+        """Send ``buf`` to group rank ``dst``; matched by a recv with the same tag."""
+
+    @abstractmethod
+    def recv(self, buf: torch.Tensor, src: int | None, tag: int, deadline: float) -> int:
+        """Receive into ``buf`` from group rank ``src`` (any rank when None); returns the
+        sender's group rank."""
+
+    @abstractmethod
+    def abort(self, reason: str) -> None:
+        """Fail every pending and later operation with ``reason``; tell the peers."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release connections and memory; later calls raise."""
