@@ -1,0 +1,30 @@
+"""Suite-wide rules: no test may be skipped silently.
+
+A skipped test is a test that did not run; on this project's machines every test can run, so
+a skip fails the session (set RINGTORCH_ALLOW_SKIPS=1 to look at a partial run locally).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+_skipped: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _skipped.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _skipped and not os.environ.get("RINGTORCH_ALLOW_SKIPS"):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # type: ignore[no-untyped-def]
+    if _skipped and not os.environ.get("RINGTORCH_ALLOW_SKIPS"):
+        terminalreporter.write_line(
+            f"FAILED: {len(_skipped)} test(s) were skipped; no test may be skipped here: "
+            + ", ".join(_skipped), red=True)
