@@ -97,6 +97,13 @@ SHM = _knob(
     "0 turns the shared-memory fast path off: ranks on one host use sockets like any other",
 )
 
+MPI_CHECK = _knob(
+    "RINGTORCH_MPI_CHECK", True, _parse_bool,
+    "the MPI backend compares each collective's (sequence number, op, dtype, bytes, root) across "
+    "ranks before running it, so mismatched collectives raise instead of hanging or computing "
+    "garbage; 0 skips that (one small MPI_Allgather per collective)",
+)
+
 
 @contextlib.contextmanager
 def override(**values: Any) -> Iterator[None]:

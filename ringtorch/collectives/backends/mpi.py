@@ -1,0 +1,361 @@
+"""The MPI backend: each operation of a group handed to MPI through mpi4py's buffer methods.
+
+Rules it keeps (docs/mpi.md numbers them):
+1. MPI is initialised once per process, by ``mpi_env.init_mpi()``, and its threading level is
+   checked there; every MPI call below runs under ``mpi_env.call_lock()`` (a no-op with
+   MPI_THREAD_MULTIPLE, torch's global lock with MPI_THREAD_SERIALIZED).
+2. One communicator per group, made when the group is: the default group gets a duplicate of
+   MPI_COMM_WORLD, a subgroup a communicator made from the world group's ranks it lists
+   (``Comm.Create_group``, collective over the members only). Communicator rank = group rank.
+3. Bytes go to MPI straight from the tensor's memory, a NumPy view of it with the MPI datatype
+   that matches; nothing is pickled or copied (PREMUL_SUM scales a copy when the input must be
+   left alone). Moving operations (broadcast, gathers, scatter, all_to_all, send/recv) use
+   MPI_BYTE and so take every dtype; reductions use typed buffers and MPI's ops, and for
+   float16, bfloat16 and complex32, which MPI has no type for, an MPI user op that reduces with
+   torch's kernels (``reduce_op.byte_reducer``).
+4. Before each collective the ranks compare (sequence number, collective, op, dtype, bytes,
+   root) with one small MPI_Allgather, unless RINGTORCH_MPI_CHECK=0: a mismatch raises
+   DistBackendError on every rank naming what each rank called, where MPI would hang or
+   compute garbage.
+5. MPI's errors come back as DistBackendError (the communicator returns errors instead of
+   aborting). MPI has no timeouts: ``deadline`` is not enforced inside an MPI call, as in
+   torch's ProcessGroupMPI; a rank that dies makes the MPI launcher abort the whole job.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import numpy as np
+import torch
+
+from ringtorch._config import MPI_CHECK
+from ringtorch._errors import DistBackendError
+from ringtorch.collectives.backends import mpi_env
+from ringtorch.collectives.backends.base import Backend, BackendContext
+from ringtorch.collectives.reduce_op import (
+    RedOpType,
+    as_bytes,
+    byte_reducer,
+    check_reduce_op,
+    finish_avg,
+    premul_factor,
+)
+
+# torch dtype -> (NumPy view dtype, MPI datatype name) for reductions MPI computes itself.
+_MPI_TYPES: dict[torch.dtype, tuple[Any, str]] = {
+    torch.float32: (np.float32, "FLOAT"), torch.float64: (np.float64, "DOUBLE"),
+    torch.int8: (np.int8, "INT8_T"), torch.uint8: (np.uint8, "UINT8_T"),
+    torch.int16: (np.int16, "INT16_T"), torch.int32: (np.int32, "INT32_T"),
+    torch.int64: (np.int64, "INT64_T"), torch.uint16: (np.uint16, "UINT16_T"),
+    torch.uint32: (np.uint32, "UINT32_T"), torch.uint64: (np.uint64, "UINT64_T"),
+    torch.bool: (np.bool_, "C_BOOL"),
+    torch.complex64: (np.complex64, "C_FLOAT_COMPLEX"),
+    torch.complex128: (np.complex128, "C_DOUBLE_COMPLEX"),
+}
+# Dtypes MPI has no type for: reduced by a user op on same-sized unsigned words.
+_USER_OP_TYPES: dict[torch.dtype, tuple[Any, str]] = {
+    torch.float16: (np.uint16, "UINT16_T"), torch.bfloat16: (np.uint16, "UINT16_T"),
+    torch.complex32: (np.uint32, "UINT32_T"),
+}
+_MPI_OPS = {
+    RedOpType.SUM: "SUM", RedOpType.AVG: "SUM", RedOpType.PREMUL_SUM: "SUM",
+    RedOpType.PRODUCT: "PROD", RedOpType.MIN: "MIN", RedOpType.MAX: "MAX",
+    RedOpType.BAND: "BAND", RedOpType.BOR: "BOR", RedOpType.BXOR: "BXOR",
+}
+# MPI allows only logical ops on C_BOOL; these give torch's bool results (sum = or, ...).
+_BOOL_OPS = {
+    RedOpType.SUM: "LOR", RedOpType.PRODUCT: "LAND", RedOpType.MIN: "LAND",
+    RedOpType.MAX: "LOR", RedOpType.BAND: "LAND", RedOpType.BOR: "LOR", RedOpType.BXOR: "LXOR",
+}
+
+_COLLECTIVES = ("broadcast", "all_reduce", "reduce", "all_gather", "gather", "scatter",
+                "reduce_scatter", "all_to_all", "barrier")
+_DTYPE_CODES = {dtype: code for code, dtype in enumerate(
+    [*_MPI_TYPES, *_USER_OP_TYPES, torch.float8_e4m3fn, torch.float8_e5m2])}
+_HEADER_FIELDS = 6  # seq, collective, reduce op, dtype, nbytes, root (-1: not compared)
+
+_user_ops: dict[tuple[RedOpType, torch.dtype], Any] = {}
+
+
+def _user_op(MPI: Any, kind: RedOpType, dtype: torch.dtype) -> Any:
+    """The MPI user op reducing ``dtype`` with torch's kernel (made once, kept for the process)."""
+    key = (kind, dtype)
+    if key not in _user_ops:
+        reducer = byte_reducer(kind, dtype)
+
+        def reduce_words(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
+            # MPI's contract: inoutbuf = inbuf (op) inoutbuf.
+            reducer(np.frombuffer(inoutbuf, np.uint8), np.frombuffer(inbuf, np.uint8), True)
+
+        _user_ops[key] = MPI.Op.Create(reduce_words, commute=True)
+    return _user_ops[key]
+
+
+def _group_tag(group_name: str) -> int:
+    return zlib.crc32(group_name.encode()) & 0x7FFF
+
+
+class MpiBackend(Backend):
+    """One group's operations on its own MPI communicator. See base class."""
+
+    def __init__(self, ctx: BackendContext) -> None:
+        super().__init__(ctx)
+        self._mpi = mpi_env.init_mpi()
+        self._lock = mpi_env.call_lock()
+        self._failed: str | None = None
+        with self._lock:
+            self._comm = self._make_comm()
+        self._check = MPI_CHECK.get() and ctx.size > 1
+        self._header = np.zeros(_HEADER_FIELDS, np.int64)
+        self._headers = np.zeros((ctx.size, _HEADER_FIELDS), np.int64)
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def _make_comm(self) -> Any:
+        """The group's communicator: a duplicate of COMM_WORLD for a group of every rank, else
+        one made from the world ranks ``ctx.global_ranks`` lists, in that order."""
+        MPI, ctx = self._mpi, self.ctx
+        world = MPI.COMM_WORLD
+        world_rank, world_size = world.Get_rank(), world.Get_size()
+        ranks = list(ctx.global_ranks)
+        if len(ranks) != ctx.size or ranks[ctx.rank] != world_rank or max(ranks) >= world_size:
+            raise DistBackendError(
+                f"MPI backend for group '{ctx.group_name}': the group's ranks {ranks} (this "
+                f"process is group rank {ctx.rank}) do not match MPI_COMM_WORLD, where this "
+                f"process is rank {world_rank} of {world_size}: start the job with mpirun and "
+                f"let init_process_group('mpi') take the ranks from MPI")
+        if ranks == list(range(world_size)):
+            comm = world.Dup()
+        else:
+            world_group = world.Get_group()
+            group = world_group.Incl(ranks)
+            comm = world.Create_group(group, _group_tag(ctx.group_name))
+            group.Free()
+            world_group.Free()
+        comm.Set_errhandler(MPI.ERRORS_RETURN)
+        comm.Set_name(f"ringtorch:{ctx.group_name}")
+        assert comm.Get_rank() == ctx.rank and comm.Get_size() == ctx.size
+        return comm
+
+    # -- the checks every operation makes -------------------------------------------------
+
+    def _enter(self, name: str) -> None:
+        if self._failed is not None:
+            raise DistBackendError(f"{name} on group '{self.ctx.group_name}': the MPI backend "
+                                   f"was aborted: {self._failed}")
+        if self._comm is None:
+            raise DistBackendError(f"{name} on group '{self.ctx.group_name}': the MPI backend "
+                                   f"is closed")
+
+    def _call(self, name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run one MPI call under the call lock, turning MPI's errors into DistBackendError."""
+        try:
+            with self._lock:
+                return fn(*args, **kwargs)
+        except self._mpi.Exception as exc:
+            raise DistBackendError(f"{name} on group '{self.ctx.group_name}' failed in MPI: "
+                                   f"{exc.Get_error_string()}") from exc
+
+    def _agree(self, name: str, seq: int, kind: int = -1, dtype: torch.dtype | None = None,
+               nbytes: int = -1, root: int = -1) -> None:
+        """Rule 4: every rank is at the same collective with the same arguments, or all raise."""
+        self._enter(name)
+        if not self._check:
+            return
+        header = self._header
+        header[:] = (seq, _COLLECTIVES.index(name), kind,
+                     -1 if dtype is None else _DTYPE_CODES.get(dtype, 99), nbytes, root)
+        int64 = self._mpi.INT64_T
+        self._call(name, self._comm.Allgather, [header, int64], [self._headers, int64])
+        if (self._headers != header).any():
+            raise DistBackendError(self._describe_mismatch(name, seq))
+
+    def _describe_mismatch(self, name: str, seq: int) -> str:
+        codes = {code: dtype for dtype, code in _DTYPE_CODES.items()}
+        lines = []
+        for rank, (r_seq, coll, kind, dt, nbytes, root) in enumerate(self._headers.tolist()):
+            parts = []
+            if kind >= 0:
+                parts.append(RedOpType(kind).name)
+            if dt >= 0:
+                parts.append(str(codes.get(dt, "another dtype")))
+            if nbytes >= 0:
+                parts.append(f"{nbytes} bytes")
+            if root >= 0:
+                parts.append(f"root {root}")
+            lines.append(f"rank {rank} called {_COLLECTIVES[coll]} #{r_seq} ({', '.join(parts)})")
+        return (f"{name} #{seq} on group '{self.ctx.group_name}': the ranks called different "
+                f"collectives or disagree on their arguments: " + "; ".join(lines))
+
+    def _reduction(self, name: str, op: Any, dtype: torch.dtype) -> tuple[Any, Any, RedOpType]:
+        """(NumPy view dtype and MPI datatype, MPI op, kind) for reducing ``dtype`` with ``op``."""
+        MPI = self._mpi
+        kind = check_reduce_op(op, dtype, name)
+        if dtype in _MPI_TYPES:
+            np_dtype, type_name = _MPI_TYPES[dtype]
+            ops = _BOOL_OPS if dtype is torch.bool else _MPI_OPS
+            return (np_dtype, getattr(MPI, type_name)), getattr(MPI, ops[kind]), kind
+        if dtype in _USER_OP_TYPES:
+            np_dtype, type_name = _USER_OP_TYPES[dtype]
+            return (np_dtype, getattr(MPI, type_name)), _user_op(MPI, kind, dtype), kind
+        raise TypeError(f"{name}: the MPI backend cannot reduce dtype {dtype} with {kind.name}")
+
+    @staticmethod
+    def _typed(tensor: torch.Tensor, np_and_mpi: tuple[Any, Any]) -> list[Any]:
+        np_dtype, mpi_type = np_and_mpi
+        return [as_bytes(tensor).view(np_dtype), mpi_type]
+
+    def _bytes(self, tensor: torch.Tensor) -> list[Any]:
+        return [as_bytes(tensor), self._mpi.BYTE]
+
+    # -- collectives ----------------------------------------------------------------------
+
+    def broadcast(self, buf: torch.Tensor, root: int, seq: int, deadline: float) -> None:
+        """See base class."""
+        self._agree("broadcast", seq, nbytes=buf.nbytes, root=root)
+        self._call("broadcast", self._comm.Bcast, self._bytes(buf), root)
+
+    def all_reduce(self, buf: torch.Tensor, op: Any, seq: int, deadline: float) -> None:
+        """See base class."""
+        types, mpi_op, kind = self._reduction("all_reduce", op, buf.dtype)
+        self._agree("all_reduce", seq, kind, buf.dtype, buf.nbytes)
+        _premultiply(buf, op, kind)
+        self._call("all_reduce", self._comm.Allreduce, self._mpi.IN_PLACE,
+                   self._typed(buf, types), mpi_op)
+        if kind is RedOpType.AVG:
+            _finish_avg(buf, self.size)
+
+    def reduce(self, buf: torch.Tensor, op: Any, root: int, seq: int, deadline: float) -> None:
+        """See base class."""
+        types, mpi_op, kind = self._reduction("reduce", op, buf.dtype)
+        self._agree("reduce", seq, kind, buf.dtype, buf.nbytes, root)
+        if self.rank == root:
+            _premultiply(buf, op, kind)
+            self._call("reduce", self._comm.Reduce, self._mpi.IN_PLACE,
+                       self._typed(buf, types), mpi_op, root)
+            if kind is RedOpType.AVG:
+                _finish_avg(buf, self.size)
+        else:
+            send = _premultiplied_copy(buf, op, kind)
+            self._call("reduce", self._comm.Reduce, self._typed(send, types), None, mpi_op, root)
+
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, seq: int, deadline: float) -> None:
+        """See base class."""
+        self._agree("all_gather", seq, nbytes=inp.nbytes)
+        self._call("all_gather", self._comm.Allgather, self._bytes(inp), self._bytes(out))
+
+    def gather(self, out: torch.Tensor | None, inp: torch.Tensor, root: int, seq: int,
+               deadline: float) -> None:
+        """See base class."""
+        self._agree("gather", seq, nbytes=inp.nbytes, root=root)
+        recv = self._bytes(out) if self.rank == root and out is not None else None
+        self._call("gather", self._comm.Gather, self._bytes(inp), recv, root)
+
+    def scatter(self, out: torch.Tensor, inp: torch.Tensor | None, root: int, seq: int,
+                deadline: float) -> None:
+        """See base class."""
+        self._agree("scatter", seq, nbytes=out.nbytes, root=root)
+        send = self._bytes(inp) if self.rank == root and inp is not None else None
+        self._call("scatter", self._comm.Scatter, send, self._bytes(out), root)
+
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: Any, seq: int,
+                       deadline: float) -> None:
+        """See base class."""
+        types, mpi_op, kind = self._reduction("reduce_scatter", op, inp.dtype)
+        self._agree("reduce_scatter", seq, kind, inp.dtype, out.nbytes)
+        send = _premultiplied_copy(inp, op, kind)
+        self._call("reduce_scatter", self._comm.Reduce_scatter_block,
+                   self._typed(send, types), self._typed(out, types), mpi_op)
+        if kind is RedOpType.AVG:
+            _finish_avg(out, self.size)
+
+    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
+                   in_splits: list[int], seq: int, deadline: float) -> None:
+        """See base class."""
+        self._agree("all_to_all", seq)
+        send = _counted(self._bytes(inp), in_splits, inp.element_size())
+        recv = _counted(self._bytes(out), out_splits, out.element_size())
+        self._call("all_to_all", self._comm.Alltoallv, send, recv)
+
+    def barrier(self, seq: int, deadline: float) -> None:
+        """See base class."""
+        self._agree("barrier", seq)
+        self._call("barrier", self._comm.Barrier)
+
+    # -- point to point -------------------------------------------------------------------
+
+    def _check_tag(self, name: str, tag: int) -> None:
+        tag_ub = self._comm.Get_attr(self._mpi.TAG_UB)
+        if not 0 <= tag <= tag_ub:
+            raise ValueError(f"{name}: tag {tag} is out of range for the MPI backend: MPI "
+                             f"tags go from 0 to {tag_ub}")
+
+    def send(self, buf: torch.Tensor, dst: int, tag: int, deadline: float) -> None:
+        """See base class."""
+        self._enter("send")
+        self._check_tag("send", tag)
+        self._call("send", self._comm.Send, self._bytes(buf), dst, tag)
+
+    def recv(self, buf: torch.Tensor, src: int | None, tag: int, deadline: float) -> int:
+        """See base class."""
+        self._enter("recv")
+        self._check_tag("recv", tag)
+        MPI = self._mpi
+        status = MPI.Status()
+        source = MPI.ANY_SOURCE if src is None else src
+        self._call("recv", self._comm.Recv, self._bytes(buf), source, tag, status)
+        sender, got = status.Get_source(), status.Get_count(MPI.BYTE)
+        if got != buf.nbytes:
+            raise DistBackendError(
+                f"recv on group '{self.ctx.group_name}' from rank {sender} (tag {tag}): "
+                f"expected {buf.nbytes} bytes, the message had {got}")
+        return sender
+
+    # -- ending ---------------------------------------------------------------------------
+
+    def abort(self, reason: str) -> None:
+        """See base class. MPI cannot cancel a call in progress nor tell the peers anything
+        short of ending the job, so, as torch's ProcessGroupMPI does, this calls MPI_Abort on
+        the group's communicator: the launcher then stops every rank of the job."""
+        self._failed = reason
+        if self._comm is not None:
+            self._comm.Abort(1)
+
+    def close(self) -> None:
+        """See base class."""
+        comm, self._comm = self._comm, None
+        if comm is not None and not self._mpi.Is_finalized():
+            with self._lock:
+                comm.Free()
+
+
+def _finish_avg(buf: torch.Tensor, size: int) -> None:
+    """Divide the SUM into the AVG; complex32 has no division kernel, so via complex64."""
+    if buf.dtype is torch.complex32 and buf.numel():
+        buf.copy_(buf.to(torch.complex64).div_(size))
+    else:
+        finish_avg(buf, size)
+
+
+def _premultiply(buf: torch.Tensor, op: Any, kind: RedOpType) -> None:
+    if kind is RedOpType.PREMUL_SUM and buf.numel():
+        buf.mul_(premul_factor(op))
+
+
+def _premultiplied_copy(buf: torch.Tensor, op: Any, kind: RedOpType) -> torch.Tensor:
+    """``buf`` itself, or for PREMUL_SUM a scaled copy (the caller's input stays as it was)."""
+    if kind is not RedOpType.PREMUL_SUM:
+        return buf
+    return (buf * premul_factor(op)).to(buf.dtype)
+
+
+def _counted(spec: list[Any], splits: list[int], itemsize: int) -> list[Any]:
+    """An Alltoallv buffer spec: [bytes, (byte counts, byte displacements), MPI.BYTE]."""
+    counts = [n * itemsize for n in splits]
+    displs = np.concatenate(([0], np.cumsum(counts[:-1], dtype=np.int64))).tolist()
+    return [spec[0], (counts, displs), spec[1]]
+
+
+__all__ = ["MpiBackend"]

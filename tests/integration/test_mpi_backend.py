@@ -1,0 +1,354 @@
+"""The MPI backend under mpirun, world sizes 1 to 4: every operation against NumPy.
+
+Each world is launched once (``mpirun -n N python tests/mpi/backend_ops.py``); its ranks run
+every case and save their inputs and outputs; the tests below compute the expected results
+from all ranks' inputs with NumPy and compare. World 2 runs at MPI_THREAD_SERIALIZED (one
+process-wide lock, torch's way), the others at MPI_THREAD_MULTIPLE. Needs the ``mpi`` extra
+(mpi4py and an MPI whose mpirun is in the venv's bin or on PATH).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "tests" / "mpi"
+WORLDS = [1, 2, 3, 4]
+THREAD_LEVEL = {2: "serialized"}  # the other worlds keep mpi4py's default, "multiple"
+PREMUL_FACTOR = 2.0  # as in backend_ops.py
+
+
+def _mpirun() -> list[str]:
+    found = shutil.which("mpirun", path=str(Path(sys.executable).parent)) or shutil.which("mpirun")
+    assert found, "mpirun not found: install the mpi extra (pip install -e '.[mpi]')"
+    version = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=30)
+    open_mpi = "Open MPI" in version.stdout + version.stderr or "prte" in version.stdout.lower()
+    return [found, "--oversubscribe"] if open_mpi else [found]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONWARNINGS="ignore::UserWarning")
+    return env
+
+
+def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run a launcher; on timeout kill its whole process group (no orphaned ranks)."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} ran past {timeout} s:\n{out[-4000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+
+
+_worlds: dict[int, list[dict]] = {}
+
+
+def _launch(n: int, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """Every rank's results of one run of backend_ops.py at world size n (once per session)."""
+    if n not in _worlds:
+        out = tmp_path_factory.mktemp(f"mpi_world{n}")
+        cmd = [*_mpirun(), "-n", str(n), sys.executable, str(SCRIPTS / "backend_ops.py"), str(out)]
+        if n in THREAD_LEVEL:
+            cmd.append(THREAD_LEVEL[n])
+        done = _run(cmd, timeout=120)
+        assert done.returncode == 0, f"mpirun -n {n} failed:\n{done.stdout[-4000:]}"
+        _worlds[n] = [pickle.loads((out / f"rank{r}.pkl").read_bytes()) for r in range(n)]
+    return _worlds[n]
+
+
+@pytest.fixture(scope="module", params=WORLDS, ids=lambda n: f"world{n}")
+def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    return _launch(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda n: f"world{n}")
+def multi_world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    return _launch(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=[3, 4], ids=lambda n: f"world{n}")
+def sub_world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    return _launch(request.param, tmp_path_factory)
+
+
+def _case(world: list[dict], name: str) -> list[dict]:
+    """One case's result on every rank; fails with the rank's traceback if it raised."""
+    results = []
+    for rank, book in enumerate(world):
+        assert name in book, f"rank {rank} did not run {name}"
+        if "traceback" in book[name] and not name.startswith(("errors/", "p2p/recv_", "p2p/neg")):
+            pytest.fail(f"rank {rank}, {name}:\n{book[name]['traceback']}")
+        results.append(book[name])
+    return results
+
+
+def _reduce(inputs: list[np.ndarray], op: str) -> np.ndarray:
+    stack = np.stack(inputs)
+    if stack.dtype == np.bool_:
+        logical = {"SUM": np.logical_or, "MAX": np.logical_or, "BOR": np.logical_or,
+                   "PRODUCT": np.logical_and, "MIN": np.logical_and, "BAND": np.logical_and,
+                   "BXOR": np.logical_xor}
+        return logical[op].reduce(stack, axis=0)
+    kernels = {
+        "SUM": lambda s: s.sum(axis=0, dtype=s.dtype),
+        "AVG": lambda s: s.sum(axis=0, dtype=s.dtype) / s.dtype.type(len(s)),
+        "PREMUL_SUM": lambda s: (s * s.dtype.type(PREMUL_FACTOR)).sum(axis=0, dtype=s.dtype),
+        "PRODUCT": lambda s: s.prod(axis=0, dtype=s.dtype),
+        "MIN": lambda s: s.min(axis=0), "MAX": lambda s: s.max(axis=0),
+        "BAND": lambda s: np.bitwise_and.reduce(s, axis=0),
+        "BOR": lambda s: np.bitwise_or.reduce(s, axis=0),
+        "BXOR": lambda s: np.bitwise_xor.reduce(s, axis=0),
+    }
+    return kernels[op](stack)
+
+
+def _assert_close(actual: np.ndarray, expected: np.ndarray, dtype: str, msg: str) -> None:
+    rtol = {"torch.bfloat16": 1e-2, "torch.float16": 1e-3, "torch.complex32": 1e-3}.get(dtype, 1e-6)
+    if actual.dtype.kind in "fc":
+        np.testing.assert_allclose(actual, expected.astype(actual.dtype), rtol=rtol, err_msg=msg)
+    else:
+        np.testing.assert_array_equal(actual, expected, err_msg=msg)
+
+
+def test_every_rank_gets_its_rank_and_the_world_size_from_mpi(world: list[dict]) -> None:
+    for rank, book in enumerate(world):
+        assert (book["meta"]["rank"], book["meta"]["size"]) == (rank, len(world))
+
+
+def test_mpi_gives_the_thread_level_asked_for(world: list[dict]) -> None:
+    expected = "MPI_THREAD_SERIALIZED" if len(world) in THREAD_LEVEL else "MPI_THREAD_MULTIPLE"
+    assert {book["meta"]["thread_level"] for book in world} == {expected}
+
+
+def test_all_reduce_matches_numpy_for_every_dtype_and_op(world: list[dict]) -> None:
+    names = [name for name in world[0] if re.fullmatch(r"all_reduce/\w+/torch\.\w+", name)]
+    assert len(names) == 96  # 4 float dtypes x 6 ops + 9 int/bool x 7 + 3 complex x 3
+    for name in names:
+        _, op, dtype = name.split("/")
+        results = _case(world, name)
+        expected = _reduce([r["in"] for r in results], op)
+        for rank, r in enumerate(results):
+            _assert_close(r["out"], expected, dtype, f"{name} on rank {rank}")
+
+
+def test_all_reduce_result_is_bitwise_identical_on_every_rank(world: list[dict]) -> None:
+    results = _case(world, "all_reduce/random_float32")
+    expected = np.sum([r["in"].astype(np.float64) for r in results], axis=0)
+    np.testing.assert_allclose(results[0]["out"], expected, rtol=1e-5, atol=1e-5)
+    for rank, r in enumerate(results):
+        assert r["out"].tobytes() == results[0]["out"].tobytes(), f"rank {rank} differs"
+
+
+def test_broadcast_copies_the_root_buffer_to_every_rank(world: list[dict]) -> None:
+    names = [name for name in world[0] if name.startswith("broadcast/")]
+    assert len(names) == 4 * len({0, len(world) - 1})
+    for name in names:
+        root = int(name.split("/")[1].removeprefix("root"))
+        results = _case(world, name)
+        for rank, r in enumerate(results):
+            np.testing.assert_array_equal(r["out"], results[root]["in"], err_msg=f"{name} rank {rank}")
+
+
+def test_reduce_leaves_the_reduction_on_the_root(world: list[dict]) -> None:
+    names = [name for name in world[0] if name.startswith("reduce/")]
+    assert len(names) == 5 * len({0, len(world) - 1})
+    for name in names:
+        _, root_s, op, dtype = name.split("/")
+        root = int(root_s.removeprefix("root"))
+        results = _case(world, name)
+        expected = _reduce([r["in"] for r in results], op)
+        _assert_close(results[root]["out"], expected, dtype, name)
+
+
+def test_gather_and_scatter_move_slices_in_rank_order(world: list[dict]) -> None:
+    n = len(world)
+    for root in sorted({0, n - 1}):
+        gathered = _case(world, f"gather/root{root}")
+        np.testing.assert_array_equal(gathered[root]["out"], np.concatenate([r["in"] for r in gathered]))
+        scattered = _case(world, f"scatter/root{root}")
+        slices = np.split(scattered[root]["in"], n)
+        for rank, r in enumerate(scattered):
+            np.testing.assert_array_equal(r["out"], slices[rank], err_msg=f"scatter rank {rank}")
+
+
+def test_all_gather_concatenates_every_rank_input_in_rank_order(world: list[dict]) -> None:
+    for dtype in ("torch.float32", "torch.bool", "torch.complex64"):
+        results = _case(world, f"all_gather/{dtype}")
+        expected = np.concatenate([r["in"] for r in results])
+        for rank, r in enumerate(results):
+            np.testing.assert_array_equal(r["out"], expected, err_msg=f"{dtype} rank {rank}")
+
+
+def test_reduce_scatter_gives_each_rank_its_reduced_slice_and_keeps_the_input(world: list[dict]) -> None:
+    names = [name for name in world[0] if name.startswith("reduce_scatter/")]
+    assert len(names) == 5
+    for name in names:
+        _, op, dtype = name.split("/")
+        results = _case(world, name)
+        full = _reduce([r["in"] for r in results], op)
+        for rank, (r, expected) in enumerate(zip(results, np.split(full, len(world)), strict=True)):
+            _assert_close(r["out"], expected, dtype, f"{name} rank {rank}")
+            np.testing.assert_array_equal(r["in_after"], r["in"], err_msg=f"{name} input changed")
+
+
+def test_all_to_all_with_uneven_splits_delivers_each_slice_to_its_rank(world: list[dict]) -> None:
+    results = _case(world, "all_to_all")
+    for rank, r in enumerate(results):
+        expected = [1000 * src + 10 * rank + k for src in range(len(world))
+                    for k in range(results[src]["splits"][rank])]
+        assert r["out"].tolist() == expected, f"rank {rank}"
+
+
+def test_barrier_waits_for_the_last_rank_to_arrive(world: list[dict]) -> None:
+    results = _case(world, "barrier")  # rank 0 slept 0.3 s before entering
+    for rank, r in enumerate(results[1:], start=1):
+        assert r["waited"] >= 0.25, f"rank {rank} left the barrier after {r['waited']:.3f} s"
+
+
+def test_unsupported_dtype_or_op_raises_a_clear_error_before_sending(world: list[dict]) -> None:
+    expected = {
+        "errors/fp8_sum": ("RuntimeError",
+                           "all_reduce: no RedOpType.SUM reduction exists for dtype torch.float8_e4m3fn"),
+        "errors/band_float": ("RuntimeError",
+                              "Cannot use ReduceOp.BAND with non-integral dtype torch.float32"),
+        "errors/max_complex": ("ValueError", "all_reduce does not support RedOpType.MAX on complex tensors"),
+    }
+    for name, error in expected.items():
+        for rank, r in enumerate(_case(world, name)):
+            assert r.get("error") == error, f"{name} rank {rank}: {r}"
+    for r in _case(world, "errors/avg_int"):
+        assert r["error"][0] == "RuntimeError"
+        assert r["error"][1].startswith("all_reduce: ReduceOp.AVG needs a floating or complex dtype")
+
+
+def test_a_closed_backend_refuses_every_operation(world: list[dict]) -> None:
+    for r in _case(world, "errors/after_close"):
+        assert r["error"] == ("DistBackendError", "barrier on group 'default': the MPI backend is closed")
+
+
+def test_send_recv_around_a_ring_delivers_large_messages(multi_world: list[dict]) -> None:
+    results = _case(multi_world, "p2p/ring")
+    n = len(multi_world)
+    for rank, r in enumerate(results):
+        left = (rank - 1) % n
+        assert r["sender"] == left
+        np.testing.assert_array_equal(r["out"], results[left]["in"], err_msg=f"rank {rank}")
+
+
+def test_recv_matches_messages_by_tag_not_by_arrival_order(multi_world: list[dict]) -> None:
+    assert _case(multi_world, "p2p/tags")[1]["out"].tolist() == [3.0, 5.0]
+
+
+def test_recv_from_any_source_reports_each_sender(multi_world: list[dict]) -> None:
+    got = _case(multi_world, "p2p/any_source")[0]["out"]
+    assert sorted(got) == [(r, r) for r in range(1, len(multi_world))]
+
+
+def test_recv_of_a_message_of_another_size_raises(multi_world: list[dict]) -> None:
+    shorter = _case(multi_world, "p2p/recv_shorter_message")[0]
+    assert shorter["error"] == ("DistBackendError", "recv on group 'default' from rank 1 (tag 12): "
+                                                    "expected 8 bytes, the message had 4")
+    longer = _case(multi_world, "p2p/recv_longer_message")[0]
+    assert longer["error"][0] == "DistBackendError"
+    assert longer["error"][1].startswith("recv on group 'default' failed in MPI: MPI_ERR_TRUNCATE")
+
+
+def test_a_negative_tag_is_refused(multi_world: list[dict]) -> None:
+    for r in _case(multi_world, "p2p/negative_tag"):
+        assert r["error"][0] == "ValueError"
+        assert re.fullmatch(r"send: tag -1 is out of range for the MPI backend: MPI tags go "
+                            r"from 0 to \d+", r["error"][1])
+
+
+def test_mismatched_collectives_raise_on_every_rank_naming_each_call(multi_world: list[dict]) -> None:
+    n = len(multi_world)
+    calls = "; ".join(["rank 0 called all_reduce #130 (SUM, torch.float32, 12 bytes)"]
+                      + [f"rank {r} called broadcast #130 (12 bytes, root 0)" for r in range(1, n)])
+    for rank, r in enumerate(_case(multi_world, "errors/mismatched_collective")):
+        name = "all_reduce" if rank == 0 else "broadcast"
+        assert r["error"] == ("DistBackendError", f"{name} #130 on group 'default': the ranks called "
+                              f"different collectives or disagree on their arguments: {calls}")
+    for r in _case(multi_world, "errors/mismatched_size"):
+        assert r["error"][0] == "DistBackendError"
+        assert f"rank {n - 1} called all_reduce #131 (SUM, torch.float32, 16 bytes)" in r["error"][1]
+    for r in _case(multi_world, "errors/after_mismatch_still_works"):
+        assert r["out"] == n
+
+
+def test_subgroups_reduce_and_talk_over_their_own_communicators(sub_world: list[dict]) -> None:
+    n = len(sub_world)
+    for name, ranks in (("tail", list(range(1, n))), ("ends", [0, n - 1])):
+        results = {g: sub_world[g][f"subgroup/{name}"] for g in ranks}
+        for r in results.values():
+            assert "traceback" not in r, r.get("traceback")
+        expected = _reduce([results[g]["in"] for g in ranks], "SUM")
+        for group_rank, g in enumerate(ranks):
+            r = results[g]
+            assert r["group_rank"] == group_rank
+            np.testing.assert_array_equal(r["out"], expected, err_msg=f"{name} global rank {g}")
+        assert results[ranks[0]]["peer_global"] == ranks[-1]
+        assert results[ranks[-1]]["peer_global"] == ranks[0]
+        for g in set(range(n)) - set(ranks):
+            assert f"subgroup/{name}" not in sub_world[g]
+
+
+def test_groups_run_collectives_at_once_from_their_own_threads(sub_world: list[dict]) -> None:
+    n = len(sub_world)
+    for name, ranks in (("world", list(range(n))), ("tail", list(range(1, n))), ("ends", [0, n - 1])):
+        for g in ranks:
+            r = sub_world[g][f"concurrent/{name}"]
+            assert "traceback" not in r, r.get("traceback")
+            assert r["out"] == [float(len(ranks))] * 20
+
+
+def _singleton(tmp_path: Path, *args: str) -> dict:
+    out = tmp_path / "seen.pkl"
+    done = _run([sys.executable, str(SCRIPTS / "singleton.py"), str(out), *args], timeout=60)
+    assert done.returncode == 0, done.stdout[-4000:]
+    return pickle.loads(out.read_bytes())
+
+
+def test_outside_mpirun_the_world_has_one_rank_and_a_warning_says_why(tmp_path: Path) -> None:
+    seen = _singleton(tmp_path)
+    assert not seen["mpi_loaded_by_import"], "importing the MPI backend must not load MPI"
+    assert seen["rank_and_size"] == (0, 1)
+    assert seen["all_reduce"] == [1.5, -2.0]
+    assert seen["warnings"] == [
+        "init_process_group('mpi'): this process was not started by an MPI launcher "
+        "(no OMPI_COMM_WORLD_*, PMI_*, PMIX_RANK or SLURM_PROCID variables), so MPI runs it "
+        "alone: world size 1. Start the job with `mpirun -n N python script.py` (or srun)."]
+
+
+def test_mpi_without_thread_support_is_refused_with_a_clear_error(tmp_path: Path) -> None:
+    seen = _singleton(tmp_path, "single")
+    assert seen["error"] == (
+        "DistBackendError",
+        "the MPI backend needs MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE, but MPI was "
+        "initialised with MPI_THREAD_SINGLE: groups call MPI from their own threads. Leave "
+        "mpi4py.rc.thread_level at its default ('multiple') before `from mpi4py import MPI`, "
+        "or use an MPI built with thread support")
+
+
+def test_a_rank_that_dies_makes_the_launcher_end_the_whole_job() -> None:
+    start = time.monotonic()
+    done = _run([*_mpirun(), "-n", "2", sys.executable, str(SCRIPTS / "dead_rank.py")], timeout=60)
+    assert "rank 1 exits now" in done.stdout
+    assert "rank 0 returned" not in done.stdout
+    assert done.returncode != 0
+    assert time.monotonic() - start < 30

@@ -1,0 +1,28 @@
+"""Runs under `mpirun -n 2`: rank 1 dies while rank 0 waits for it in a receive.
+
+MPI cannot tell one rank that another died; the launcher ends the whole job instead. Rank 0
+prints "rank 0 returned" only if its receive ever returned, which must not happen.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import timedelta
+
+import torch
+
+from ringtorch.collectives.backends import mpi_env
+from ringtorch.collectives.backends.base import BackendContext
+from ringtorch.collectives.backends.mpi import MpiBackend
+
+rank, size = mpi_env.world_rank_and_size()
+backend = MpiBackend(BackendContext(store=None, rank=rank, size=size, timeout=timedelta(seconds=30),
+                                    group_name="default", global_ranks=tuple(range(size))))
+backend.barrier(1, 0.0)
+if rank == 1:
+    print("rank 1 exits now", flush=True)
+    os._exit(3)
+backend.recv(torch.zeros(4), 1, 0, 0.0)
+print("rank 0 returned", flush=True)
+sys.exit(0)

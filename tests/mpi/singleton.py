@@ -1,0 +1,52 @@
+"""Runs WITHOUT mpirun: what the MPI backend does in a process no MPI launcher started.
+
+Usage: python tests/mpi/singleton.py OUTFILE [THREAD_LEVEL]
+
+Pickles into OUTFILE what it saw: whether importing the backend loaded MPI, the (rank, size)
+MPI gave and the warnings that came with it, a few operations on the world of one, or, with
+THREAD_LEVEL set (mpi4py.rc.thread_level, e.g. "single"), the error creating the backend.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+import warnings
+from datetime import timedelta
+
+import torch
+
+from ringtorch.collectives.backends import mpi as mpi_backend  # must not load MPI
+from ringtorch.collectives.backends import mpi_env
+from ringtorch.collectives.backends.base import BackendContext
+from ringtorch.collectives.reduce_op import ReduceOp
+
+
+def main() -> None:
+    seen: dict = {"mpi_loaded_by_import": "mpi4py.MPI" in sys.modules}
+    if len(sys.argv) > 2:
+        import mpi4py
+
+        mpi4py.rc.thread_level = sys.argv[2]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            seen["rank_and_size"] = mpi_env.world_rank_and_size()
+            ctx = BackendContext(store=None, rank=0, size=1, timeout=timedelta(seconds=30),
+                                 group_name="default", global_ranks=(0,))
+            backend = mpi_backend.MpiBackend(ctx)
+            buf = torch.tensor([1.5, -2.0])
+            backend.all_reduce(buf, ReduceOp.SUM, 1, 0.0)
+            backend.broadcast(buf, 0, 2, 0.0)
+            backend.barrier(3, 0.0)
+            seen["all_reduce"] = buf.tolist()
+            backend.close()
+        except Exception as exc:  # the driver asserts on it
+            seen["error"] = (type(exc).__name__, str(exc))
+    seen["warnings"] = [str(w.message) for w in caught]
+    with open(sys.argv[1], "wb") as f:
+        pickle.dump(seen, f)
+
+
+if __name__ == "__main__":
+    main()
