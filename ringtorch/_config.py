@@ -104,6 +104,26 @@ MPI_CHECK = _knob(
     "garbage; 0 skips that (one small MPI_Allgather per collective)",
 )
 
+TRANSPORT = _knob(
+    "RINGTORCH_TRANSPORT", "auto", lambda s: s.strip().lower(),
+    "socket transport between the ranks of a group: auto (Unix sockets between ranks of one "
+    "host, TCP otherwise), tcp (TCP everywhere, e.g. to measure it) or unix",
+)
+ALGORITHMS = _knob(
+    "RINGTORCH_ALGORITHMS", "", str,
+    "force collective algorithms, e.g. 'all_reduce=ring,broadcast=chain' (for tests and "
+    "benchmarks; the default picks by message and group size)",
+)
+STALL_WARNING_S = _knob(
+    "RINGTORCH_STALL_WARNING_S", 60.0, float,
+    "a collective waiting this long logs a warning naming the ranks that have not arrived",
+)
+SOCKET_ADDR = _knob(
+    "RINGTORCH_SOCKET_ADDR", "", str,
+    "the address this host's ranks listen on for collective connections when the group spans "
+    "hosts (default: the address the host name resolves to)",
+)
+
 
 @contextlib.contextmanager
 def override(**values: Any) -> Iterator[None]:

@@ -1,0 +1,473 @@
+"""PeerMesh: a full mesh of channels between the ranks of one group, made through the store.
+
+Each pair of ranks gets two connections: a *collective* channel, read inline by the thread
+that runs the collective (no thread hand-off on the latency path), and a *p2p* channel read
+by a reader thread (mailbox.py) so that point-to-point messages, aborts and status queries
+arrive whatever the caller is doing. Ranks on the same host (same host identity) connect over
+Unix sockets in the abstract namespace, others over TCP. The lower rank connects to the
+higher; every connection starts with the handshake (handshake.py: magic, version, HMAC on
+the job secret) whose info is JSON ``{group, rank, kind, token}``; the server checks the
+group, the rank and its own per-incarnation token, so a stale or stray client is dropped.
+
+Rendezvous keys (in the group's private store):
+    rt_mesh/host/<rank>   host identity of <rank>
+    rt_mesh/addr/<rank>   JSON {"tcp": [host, port], "unix": name or null, "token": hex}
+
+Collective data frame (little-endian), checked against what the receiver expects:
+    offset  0  u8   tag 0xC1 (a stream out of step shows up as a bad tag)
+    offset  1  u8   op code (all_reduce, broadcast, ...; named by the backend)
+    offset  2  u8   dtype code
+    offset  3  u8   reduce op code (0xFF: none)
+    offset  4  u32  root rank (0xFFFFFFFF: none)
+    offset  8  u64  sequence number of the collective in its group
+    offset 16  u64  total bytes of the collective's buffer on the sender
+    offset 24  u64  payload bytes that follow this header
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+from ringtorch import _config
+from ringtorch._errors import DistNetworkError
+from ringtorch._wire import handshake
+from ringtorch._wire.channel import WAIT_SLICE_S, Channel, TcpChannel, UnixChannel
+from ringtorch._wire.errors import DeadlineExceeded, HandshakeError, PeerClosedError
+from ringtorch._wire.framing import BytesLike
+from ringtorch._wire.sockets import connect_tcp, connect_unix, listen_tcp, listen_unix
+
+COLL_HEADER = struct.Struct("<BBBBIQQQ")
+COLL_TAG = 0xC1
+NO_ROOT = 0xFFFFFFFF
+NO_REDOP = 0xFF
+KIND_COLL = "coll"
+KIND_P2P = "p2p"
+
+
+class FrameMismatch(DistNetworkError):
+    """A collective frame's header differs from the one the receiver expected.
+
+    ``expected`` and ``got`` are the raw headers; the backend names their fields."""
+
+    def __init__(self, peer: int, expected: bytes, got: bytes) -> None:
+        super().__init__(f"frame from rank {peer} does not match the expected frame")
+        self.peer = peer
+        self.expected = expected
+        self.got = got
+
+
+class PeerLost(PeerClosedError):
+    """A collective channel ended (the peer died, closed, or this mesh was shut down)."""
+
+    def __init__(self, peer: int, message: str) -> None:
+        super().__init__(message)
+        self.peer = peer
+
+
+def host_identity() -> str:
+    """Which host this process runs on: ranks with equal identities share memory and Unix
+    sockets. Hostname plus boot id (containers on one host share the boot id but not the
+    hostname, and a reused hostname after a reboot gets a new boot id)."""
+    override = _config.HOST_ID.get()
+    if override:
+        return override
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            boot = fh.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def _tcp_address(all_local: bool) -> str:
+    if all_local:
+        return "127.0.0.1"
+    chosen = _config.SOCKET_ADDR.get()
+    if chosen:
+        return chosen
+    address = socket.gethostbyname(socket.gethostname())
+    if address.startswith("127."):
+        raise DistNetworkError(
+            f"this host's name resolves to the loopback address {address}, which ranks on "
+            f"other hosts cannot reach: set RINGTORCH_SOCKET_ADDR to this host's address")
+    return address
+
+
+def _wait_keys(store: Any, keys: list[str], deadline: float, what: str) -> list[bytes]:
+    remaining = max(0.001, deadline - time.monotonic())
+    try:
+        store.wait(keys, timedelta(seconds=remaining))
+    except Exception as exc:  # every store names its timeout error differently
+        missing = [k for k in keys if not store.check([k])]
+        raise DistNetworkError(
+            f"connecting the group failed: {what} {missing} did not appear within "
+            f"{remaining:.1f} s ({exc})") from exc
+    return [store.get(k) for k in keys]
+
+
+class PeerMesh:
+    """The channels of one rank to every other rank of its group (see the module docstring).
+
+    Attributes:
+        coll: ``coll[peer]`` the collective channel to ``peer`` (None at ``rank``).
+        p2p: ``p2p[peer]`` the point-to-point channel to ``peer`` (None at ``rank``).
+        same_host: ``same_host[peer]`` whether ``peer`` shares this host.
+    """
+
+    def __init__(self, rank: int, size: int, coll: list[Channel | None],
+                 p2p: list[Channel | None], same_host: list[bool]) -> None:
+        self.rank = rank
+        self.size = size
+        self.coll = coll
+        self.p2p = p2p
+        self.same_host = same_host
+        self.on_slow_wait: Callable[[list[int], float], None] | None = None
+        self._closed = False
+
+    # -- collective frames -------------------------------------------------------------------
+
+    def send(self, peer: int, header: bytes, payload: BytesLike) -> None:
+        """Send one collective frame; returns once the kernel has it all."""
+        self.coll[peer].send((header, payload))  # type: ignore[union-attr]
+
+    def recv(self, peer: int, expected: bytes, into: BytesLike) -> None:
+        """Receive one collective frame from ``peer`` into ``into``, checking its header.
+
+        Raises:
+            FrameMismatch: the header is not ``expected`` (nothing of the payload was read).
+            PeerClosedError: the connection ended (peer died, or this mesh was shut down).
+        """
+        self.exchange((), ((peer, expected, into),))
+
+    def exchange(self, sends: Sequence[tuple[int, bytes, BytesLike]],
+                 recvs: Sequence[tuple[int, bytes, BytesLike]]) -> None:
+        """Send and receive several frames at once without deadlocking on full buffers.
+
+        First every send is offered without waiting; if the kernel took them all, the
+        receives block one by one (one system call each when data is there). Otherwise one
+        poll loop drives every stream. While a wait lasts more than a second,
+        ``on_slow_wait(peers, waited_s)`` is called each second (it may raise to give up).
+        """
+        try:
+            self._exchange(sends, recvs)
+        except PeerLost:
+            raise
+        except PeerClosedError as exc:
+            raise PeerLost(getattr(exc, "peer", -1), str(exc)) from exc
+
+    def _exchange(self, sends: Sequence[tuple[int, bytes, BytesLike]],
+                  recvs: Sequence[tuple[int, bytes, BytesLike]]) -> None:
+        pending = []
+        for peer, header, payload in sends:
+            views = [memoryview(header), memoryview(payload).cast("B")]
+            if not len(views[1]):
+                views.pop()
+            ch = self.coll[peer]
+            total = sum(len(v) for v in views)
+            try:
+                sent = ch.send_nowait(views)  # type: ignore[union-attr]
+            except PeerClosedError as exc:
+                raise PeerLost(peer, str(exc)) from exc
+            if sent < total:
+                pending.append(_Outgoing(ch, peer, views, sent))  # type: ignore[arg-type]
+        incoming = [_Incoming(self.coll[p], p, e, i) for p, e, i in recvs]  # type: ignore[arg-type]
+        if pending:
+            self._drive(pending, incoming)
+            return
+        for item in incoming:
+            item.finish(self._slow_hook)
+
+    def _slow_hook(self, peers: list[int], waited: float) -> None:
+        if self.on_slow_wait is not None:
+            self.on_slow_wait(peers, waited)
+
+    def _drive(self, outgoing: list[_Outgoing], incoming: list[_Incoming]) -> None:
+        start = time.monotonic()
+        poller = select.poll()
+        while outgoing or incoming:
+            masks: dict[int, int] = {}
+            for out in outgoing:
+                masks[out.fd] = masks.get(out.fd, 0) | select.POLLOUT
+            for inc in incoming:
+                masks[inc.fd] = masks.get(inc.fd, 0) | select.POLLIN
+            for fd, mask in masks.items():
+                poller.register(fd, mask)
+            ready = poller.poll(WAIT_SLICE_S * 1000)
+            for fd in masks:
+                poller.unregister(fd)
+            if not ready:
+                waited = time.monotonic() - start
+                self._slow_hook(sorted({i.peer for i in incoming}), waited)
+                continue
+            outgoing = [out for out in outgoing if not out.progress()]
+            incoming = [inc for inc in incoming if not inc.progress()]
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Wake every thread blocked on any channel of this mesh (from any thread)."""
+        for ch in (*self.coll, *self.p2p):
+            if ch is not None:
+                ch.shutdown()
+
+    def close(self) -> None:
+        """Close every channel; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for ch in (*self.coll, *self.p2p):
+            if ch is not None:
+                ch.close()
+
+
+class _Outgoing:
+    """A frame being sent in pieces by the poll loop."""
+
+    def __init__(self, ch: Channel, peer: int, views: list[memoryview], sent: int) -> None:
+        self.ch = ch
+        self.peer = peer
+        self.fd = ch.fileno()
+        self.views = views
+        self._skip(sent)
+
+    def _skip(self, sent: int) -> None:
+        while sent:
+            head = self.views[0]
+            if sent >= len(head):
+                sent -= len(head)
+                self.views.pop(0)
+            else:
+                self.views[0] = head[sent:]
+                sent = 0
+
+    def progress(self) -> bool:
+        try:
+            self._skip(self.ch.send_nowait(self.views))
+        except PeerClosedError as exc:
+            raise PeerLost(self.peer, str(exc)) from exc
+        return not self.views
+
+
+class _Incoming:
+    """A frame being received: header first (checked), then payload into the destination."""
+
+    def __init__(self, ch: Channel, peer: int, expected: bytes, into: BytesLike) -> None:
+        self.ch = ch
+        self.fd = ch.fileno()
+        self.peer = peer
+        self.expected = expected
+        self.header = bytearray(COLL_HEADER.size)
+        self.into = memoryview(into).cast("B")
+        self.got = 0
+        self.total = COLL_HEADER.size + len(self.into)
+
+    def _view(self) -> memoryview:
+        if self.got < COLL_HEADER.size:
+            return memoryview(self.header)[self.got:]
+        return self.into[self.got - COLL_HEADER.size:]
+
+    def _check(self) -> None:
+        if self.header != self.expected:
+            raise FrameMismatch(self.peer, self.expected, bytes(self.header))
+
+    def progress(self) -> bool:
+        try:
+            return self._progress()
+        except PeerLost:
+            raise
+        except PeerClosedError as exc:
+            raise PeerLost(self.peer, str(exc)) from exc
+
+    def _progress(self) -> bool:
+        while self.got < self.total:
+            n = self.ch.recv_into_nowait(self._view())
+            if n == 0:
+                return False
+            before = self.got
+            self.got += n
+            if before < COLL_HEADER.size <= self.got:
+                self._check()
+        return True
+
+    def finish(self, slow_hook: Callable[[list[int], float], None]) -> None:
+        """Receive the rest with blocking reads that return every wait slice when idle."""
+        start = 0.0
+        while self.got < self.total:
+            try:
+                n = self.ch.recv_some(self._view())
+            except PeerClosedError as exc:
+                raise PeerLost(self.peer, str(exc)) from exc
+            if n == 0:
+                now = time.monotonic()
+                start = start or now - WAIT_SLICE_S
+                slow_hook([self.peer], now - start)
+                continue
+            before = self.got
+            self.got += n
+            if before < COLL_HEADER.size <= self.got:
+                self._check()
+
+
+# -- building the mesh ---------------------------------------------------------------------
+
+
+def _info(group: str, rank: int, kind: str, token: str) -> bytes:
+    return json.dumps({"group": group, "rank": rank, "kind": kind, "token": token}).encode()
+
+
+class _Acceptor:
+    """Accepts the connections of the lower ranks, one handshake thread per connection so a
+    slow or hostile client cannot stall the others."""
+
+    def __init__(self, listeners: list[socket.socket], group: str, rank: int, token: str,
+                 deadline: float) -> None:
+        self.expected = {(peer, kind) for peer in range(rank) for kind in (KIND_COLL, KIND_P2P)}
+        self.got: dict[tuple[int, str], tuple[socket.socket, bool]] = {}
+        self.errors: list[str] = []
+        self._lock = threading.Condition()
+        self._group, self._rank, self._token, self._deadline = group, rank, token, deadline
+        self._listeners = listeners
+        self._thread = threading.Thread(target=self._accept_loop, daemon=True,
+                                        name=f"ringtorch-accept-{group}-{rank}")
+        if self.expected:
+            self._thread.start()
+
+    def _accept_loop(self) -> None:
+        while not self._done() and time.monotonic() < self._deadline:
+            ready, _, _ = select.select(self._listeners, [], [], 0.2)
+            for listener in ready:
+                try:
+                    sock, _addr = listener.accept()
+                except OSError:
+                    continue
+                unix = listener.family == socket.AF_UNIX
+                threading.Thread(target=self._handshake, args=(sock, unix), daemon=True,
+                                 name="ringtorch-mesh-handshake").start()
+
+    def _done(self) -> bool:
+        with self._lock:
+            return self.expected <= self.got.keys()
+
+    def _handshake(self, sock: socket.socket, unix: bool) -> None:
+        me = _info(self._group, self._rank, "server", self._token)
+        try:
+            raw = handshake.server_handshake(sock, handshake.SERVICE_COLLECTIVE,
+                                             handshake.handshake_deadline(), "a connecting rank",
+                                             info=me)
+            info = json.loads(raw)
+            key = (int(info["rank"]), str(info["kind"]))
+            valid = (info.get("group") == self._group and info.get("token") == self._token
+                     and key in self.expected)
+        except (HandshakeError, ValueError, KeyError, TypeError) as exc:
+            sock.close()
+            with self._lock:
+                self.errors.append(str(exc))
+            return
+        with self._lock:
+            if not valid or key in self.got:
+                sock.close()
+                self.errors.append(f"dropped an unexpected connection claiming {info}")
+                return
+            self.got[key] = (sock, unix)
+            self._lock.notify_all()
+
+    def wait(self) -> dict[tuple[int, str], tuple[socket.socket, bool]]:
+        with self._lock:
+            while not self.expected <= self.got.keys():
+                remaining = self._deadline - time.monotonic()
+                if remaining <= 0:
+                    missing = sorted({p for p, _ in self.expected - self.got.keys()})
+                    raise DistNetworkError(
+                        f"rank {self._rank} of group '{self._group}': ranks {missing} did not "
+                        f"connect in time" + (f" (refused: {self.errors})" if self.errors else ""))
+                self._lock.wait(min(remaining, 0.2))
+            return dict(self.got)
+
+
+def _connect(addr: dict[str, Any], unix: bool, deadline: float) -> socket.socket:
+    if unix and addr.get("unix"):
+        try:
+            return connect_unix(addr["unix"], min(deadline, time.monotonic() + 2.0))
+        except (OSError, DeadlineExceeded):
+            pass  # another network namespace: fall back to TCP
+    host, port = addr["tcp"]
+    return connect_tcp(host, port, deadline)
+
+
+def connect_mesh(store: Any, rank: int, size: int, group: str, deadline: float,
+                 transport: str | None = None) -> PeerMesh:
+    """Connect this rank to every other rank of the group; returns when the mesh is complete.
+
+    ``transport`` is "auto" (Unix sockets between ranks of one host, TCP otherwise), "tcp"
+    or "unix"; None reads RINGTORCH_TRANSPORT.
+
+    Raises:
+        DistNetworkError: a rank did not publish its address or connect before ``deadline``;
+            the message names the ranks.
+        HandshakeError: a peer failed the handshake (e.g. a different job secret).
+    """
+    transport = transport or _config.TRANSPORT.get()
+    if transport not in ("auto", "tcp", "unix"):
+        raise ValueError(f"transport must be 'auto', 'tcp' or 'unix', got {transport!r}")
+    me = host_identity()
+    store.set(f"rt_mesh/host/{rank}", me)
+    hosts = [h.decode() for h in _wait_keys(
+        store, [f"rt_mesh/host/{r}" for r in range(size)], deadline, "host records of ranks")]
+    same_host = [h == me for h in hosts]
+    use_unix = [s and transport != "tcp" for s in same_host]
+    token = os.urandom(8).hex()
+    listeners = [listen_tcp(_tcp_address(all(same_host)), 0)]
+    unix_name = None
+    if any(use_unix[:rank]):
+        unix_name = f"\0ringtorch-{token}-{os.getpid()}"
+        listeners.append(listen_unix(unix_name))
+    tcp_host, tcp_port = listeners[0].getsockname()[:2]
+    store.set(f"rt_mesh/addr/{rank}",
+              json.dumps({"tcp": [tcp_host, tcp_port], "unix": unix_name, "token": token}))
+    acceptor = _Acceptor(listeners, group, rank, token, deadline)
+    try:
+        coll: list[Channel | None] = [None] * size
+        p2p: list[Channel | None] = [None] * size
+        higher = [f"rt_mesh/addr/{r}" for r in range(rank + 1, size)]
+        addrs = [json.loads(a) for a in _wait_keys(store, higher, deadline, "addresses of ranks")]
+        for peer, addr in zip(range(rank + 1, size), addrs, strict=True):
+            for kind, table in ((KIND_COLL, coll), (KIND_P2P, p2p)):
+                sock = _connect(addr, use_unix[peer], deadline)
+                handshake.client_handshake(sock, handshake.SERVICE_COLLECTIVE,
+                                           handshake.handshake_deadline(), f"rank {peer}",
+                                           info=_info(group, rank, kind, addr["token"]))
+                table[peer] = _channel(sock, peer)
+        for (peer, kind), (sock, _unix) in acceptor.wait().items():
+            (coll if kind == KIND_COLL else p2p)[peer] = _channel(sock, peer)
+    finally:
+        for listener in listeners:
+            listener.close()
+    return PeerMesh(rank, size, coll, p2p, same_host)
+
+
+def _channel(sock: socket.socket, peer: int) -> Channel:
+    if sock.family == socket.AF_UNIX:
+        return UnixChannel(sock, f"rank {peer}")
+    return TcpChannel(sock, f"rank {peer}")
+
+
+__all__ = [
+    "COLL_HEADER",
+    "COLL_TAG",
+    "NO_REDOP",
+    "NO_ROOT",
+    "FrameMismatch",
+    "PeerLost",
+    "PeerMesh",
+    "connect_mesh",
+    "host_identity",
+]

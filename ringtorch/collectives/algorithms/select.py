@@ -1,0 +1,108 @@
+"""Pure: which algorithm runs a collective, from (op, nbytes, world_size, same_host).
+
+Latency wins for small messages (fewest rounds: one direct exchange, or log2(p) rounds of
+recursive doubling); bandwidth wins for large ones (the ring sends 2(p-1)/p of the buffer per
+rank instead of (p-1) times it, in bounded segments). The thresholds are in ``TABLE`` so a
+benchmark can read what it measures, and an override string (``RINGTORCH_ALGORITHMS``, e.g.
+``"all_reduce=ring,broadcast=chain"``) forces a choice for tests and measurements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ALGORITHMS: dict[str, tuple[str, ...]] = {
+    "all_reduce": ("direct", "recursive_doubling", "ring"),
+    "broadcast": ("tree", "chain"),
+    "reduce": ("direct", "ring"),
+    "all_gather": ("direct", "ring"),
+    "reduce_scatter": ("direct", "ring"),
+    "gather": ("direct",),
+    "scatter": ("direct",),
+    "all_to_all": ("direct",),
+    "barrier": ("dissemination",),
+}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """An algorithm and its pipelining segment (bytes per frame for segmented algorithms)."""
+
+    algorithm: str
+    segment_nbytes: int
+
+
+@dataclass(frozen=True)
+class Table:
+    """Size thresholds in bytes of the caller's buffer (per rank)."""
+
+    small_all_reduce: int = 256 * 1024
+    small_broadcast: int = 256 * 1024
+    small_all_gather: int = 256 * 1024
+    small_reduce_scatter: int = 256 * 1024
+    direct_max_world: int = 8
+    segment_same_host: int = 1024 * 1024
+    segment_remote: int = 512 * 1024
+
+
+TABLE = Table()
+
+
+def parse_overrides(text: str) -> dict[str, str]:
+    """Parse ``"op=algorithm,op=algorithm"``.
+
+    Raises:
+        ValueError: an unknown op or an algorithm that op does not have; the message lists
+            the valid names.
+    """
+    overrides: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        op, sep, algorithm = item.partition("=")
+        op, algorithm = op.strip(), algorithm.strip()
+        if not sep or op not in ALGORITHMS:
+            raise ValueError(f"bad algorithm override {item!r}: expected op=algorithm with op "
+                             f"one of {sorted(ALGORITHMS)}")
+        if algorithm not in ALGORITHMS[op]:
+            raise ValueError(f"bad algorithm override {item!r}: {op} has algorithms "
+                             f"{list(ALGORITHMS[op])}")
+        overrides[op] = algorithm
+    return overrides
+
+
+def choose(op: str, nbytes: int, world_size: int, same_host: bool,
+           overrides: dict[str, str] | None = None, table: Table = TABLE) -> Choice:
+    """The algorithm for one collective; every rank computes the same answer from the same
+    arguments (``nbytes`` is the per-rank buffer size, ``same_host`` whether all ranks share
+    one host).
+
+    Raises:
+        ValueError: unknown op.
+    """
+    if op not in ALGORITHMS:
+        raise ValueError(f"unknown collective {op!r}; known: {sorted(ALGORITHMS)}")
+    segment = table.segment_same_host if same_host else table.segment_remote
+    if overrides and op in overrides:
+        return Choice(overrides[op], segment)
+    return Choice(_default(op, nbytes, world_size, table), segment)
+
+
+def _default(op: str, nbytes: int, world_size: int, table: Table) -> str:
+    power_of_two = world_size & (world_size - 1) == 0
+    if op == "all_reduce":
+        if nbytes > table.small_all_reduce and world_size > 1:
+            return "ring"
+        if power_of_two or world_size > table.direct_max_world:
+            return "recursive_doubling"
+        return "direct"
+    if op == "broadcast":
+        return "tree" if nbytes <= table.small_broadcast or world_size <= 2 else "chain"
+    if op == "reduce":
+        return "direct" if nbytes <= table.small_all_reduce or world_size <= 2 else "ring"
+    if op == "all_gather":
+        return "direct" if nbytes <= table.small_all_gather or world_size <= 2 else "ring"
+    if op == "reduce_scatter":
+        return "direct" if nbytes <= table.small_reduce_scatter or world_size <= 2 else "ring"
+    return ALGORITHMS[op][0]
+
+
+__all__ = ["ALGORITHMS", "TABLE", "Choice", "Table", "choose", "parse_overrides"]
