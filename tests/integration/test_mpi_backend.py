@@ -92,7 +92,8 @@ def _case(world: list[dict], name: str) -> list[dict]:
     results = []
     for rank, book in enumerate(world):
         assert name in book, f"rank {rank} did not run {name}"
-        if "traceback" in book[name] and not name.startswith(("errors/", "p2p/recv_", "p2p/neg")):
+        expected_error = name.startswith(("errors/", "p2p/recv_", "p2p/neg", "timeout/"))
+        if "traceback" in book[name] and not expected_error:
             pytest.fail(f"rank {rank}, {name}:\n{book[name]['traceback']}")
         results.append(book[name])
     return results
@@ -266,7 +267,8 @@ def test_recv_of_a_message_of_another_size_raises(multi_world: list[dict]) -> No
                                                     "expected 8 bytes, the message had 4")
     longer = _case(multi_world, "p2p/recv_longer_message")[0]
     assert longer["error"][0] == "DistBackendError"
-    assert longer["error"][1].startswith("recv on group 'default' failed in MPI: MPI_ERR_TRUNCATE")
+    assert longer["error"][1].startswith(
+        "recv from rank 1 (tag 12) on group 'default' failed in MPI: MPI_ERR_TRUNCATE")
 
 
 def test_a_negative_tag_is_refused(multi_world: list[dict]) -> None:
@@ -315,6 +317,31 @@ def test_groups_run_collectives_at_once_from_their_own_threads(sub_world: list[d
             r = sub_world[g][f"concurrent/{name}"]
             assert "traceback" not in r, r.get("traceback")
             assert r["out"] == [float(len(ranks))] * 20
+
+
+def test_a_receive_nobody_answers_times_out_and_the_group_goes_on(multi_world: list[dict]) -> None:
+    timed_out = _case(multi_world, "timeout/recv")[0]
+    assert timed_out["error"][0] == "DistBackendError"
+    assert re.fullmatch(r"recv from rank 1 \(tag 99\) on group 'default' timed out after \d+\.\d s",
+                        timed_out["error"][1])
+    assert 0.3 <= timed_out["seconds"] < 10
+    for r in _case(multi_world, "timeout/recv_then_barrier"):
+        assert "error" not in r
+
+
+def test_under_serialized_mpi_a_late_collective_times_out_and_aborts_the_group(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    world2 = _launch(2, tmp_path_factory)  # the MPI_THREAD_SERIALIZED world
+    first, last = _case(world2, "timeout/collective")
+    for r, seconds in ((first, 0.3), (last, 1.0)):
+        assert r["error"][0] == "DistBackendError"
+        assert re.fullmatch(r"barrier on group 'default' timed out after \d+\.\d s, and MPI cannot "
+                            r"take the operation back, so the group cannot be used any more",
+                            r["error"][1])
+        assert seconds <= r["seconds"] < seconds + 10
+    for r in _case(world2, "timeout/after_collective_timeout"):
+        assert r["error"][1].startswith("barrier on group 'default': the MPI backend was aborted: "
+                                        "barrier on group 'default' timed out after")
 
 
 def _singleton(tmp_path: Path, *args: str) -> dict:

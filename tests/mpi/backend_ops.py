@@ -43,6 +43,10 @@ OPS_FOR = {
     **{d: [R.SUM, R.AVG, "PREMUL_SUM"] for d in COMPLEX},
 }
 PREMUL_FACTOR = 2.0
+def D() -> float:
+    """The deadline of one operation: a minute from now."""
+    return time.monotonic() + 60.0
+
 N = 7  # odd on purpose: no chunk of any algorithm comes out even
 
 
@@ -86,11 +90,13 @@ class Ranks:
         return self.seq[id(backend)]
 
     def record(self, name: str, fn, *args) -> None:
+        start = time.monotonic()
         try:
             self.results[name] = fn(*args) or {}
         except Exception as exc:  # recorded for the driver; expected errors are asserted there
             self.results[name] = {"error": (type(exc).__name__, str(exc)),
                                   "traceback": traceback.format_exc()}
+        self.results[name]["seconds"] = time.monotonic() - start
 
     def save(self) -> None:
         path = os.path.join(self.outdir, f"rank{self.rank}.pkl")
@@ -113,14 +119,14 @@ def all_reduce_cases(w: Ranks) -> None:
             def run(dtype=dtype, op=op, salt=salt):
                 buf = make_input(dtype, w.rank, salt)
                 inp = to_numpy(buf)
-                w.world.all_reduce(buf, reduce_op(op), w.next_seq(w.world), 0.0)
+                w.world.all_reduce(buf, reduce_op(op), w.next_seq(w.world), D())
                 return {"in": inp, "out": to_numpy(buf)}
             w.record(f"all_reduce/{op_name(op)}/{dtype}", run)
 
     def random_floats() -> dict:  # not exact: checks closeness and bitwise agreement of ranks
         buf = torch.from_numpy(np.random.default_rng(w.rank).standard_normal(1000, np.float32))
         inp = buf.numpy().copy()
-        w.world.all_reduce(buf, R.SUM, w.next_seq(w.world), 0.0)
+        w.world.all_reduce(buf, R.SUM, w.next_seq(w.world), D())
         return {"in": inp, "out": buf.numpy().copy()}
     w.record("all_reduce/random_float32", random_floats)
 
@@ -131,7 +137,7 @@ def rooted_cases(w: Ranks) -> None:
             def bcast(root=root, dtype=dtype):
                 buf = make_input(dtype, w.rank, 40)
                 inp = to_numpy(buf)
-                w.world.broadcast(buf, root, w.next_seq(w.world), 0.0)
+                w.world.broadcast(buf, root, w.next_seq(w.world), D())
                 return {"in": inp, "out": to_numpy(buf)}
             w.record(f"broadcast/root{root}/{dtype}", bcast)
         for dtype, op in ((torch.float32, R.SUM), (torch.int32, R.MAX), (torch.float64, R.AVG),
@@ -139,21 +145,21 @@ def rooted_cases(w: Ranks) -> None:
             def reduce(root=root, dtype=dtype, op=op):
                 buf = make_input(dtype, w.rank, 41)
                 inp = to_numpy(buf)
-                w.world.reduce(buf, reduce_op(op), root, w.next_seq(w.world), 0.0)
+                w.world.reduce(buf, reduce_op(op), root, w.next_seq(w.world), D())
                 return {"in": inp, "out": to_numpy(buf) if w.rank == root else None}
             w.record(f"reduce/root{root}/{op_name(op)}/{dtype}", reduce)
 
         def gather(root=root):
             inp = make_input(torch.bfloat16, w.rank, 42)
             out = torch.zeros(w.size * N, dtype=torch.bfloat16) if w.rank == root else None
-            w.world.gather(out, inp, root, w.next_seq(w.world), 0.0)
+            w.world.gather(out, inp, root, w.next_seq(w.world), D())
             return {"in": to_numpy(inp), "out": None if out is None else to_numpy(out)}
         w.record(f"gather/root{root}", gather)
 
         def scatter(root=root):
             inp = make_input(torch.int16, w.rank, 43, n=N * w.size) if w.rank == root else None
             out = torch.zeros(N, dtype=torch.int16)
-            w.world.scatter(out, inp, root, w.next_seq(w.world), 0.0)
+            w.world.scatter(out, inp, root, w.next_seq(w.world), D())
             return {"in": None if inp is None else to_numpy(inp), "out": to_numpy(out)}
         w.record(f"scatter/root{root}", scatter)
 
@@ -163,7 +169,7 @@ def gather_and_all_to_all_cases(w: Ranks) -> None:
         def all_gather(dtype=dtype):
             inp = make_input(dtype, w.rank, 50)
             out = torch.zeros(w.size * N, dtype=dtype)
-            w.world.all_gather(out, inp, w.next_seq(w.world), 0.0)
+            w.world.all_gather(out, inp, w.next_seq(w.world), D())
             return {"in": to_numpy(inp), "out": to_numpy(out)}
         w.record(f"all_gather/{dtype}", all_gather)
     for dtype, op in ((torch.float32, R.SUM), (torch.int64, R.MAX), (torch.float64, R.AVG),
@@ -172,7 +178,7 @@ def gather_and_all_to_all_cases(w: Ranks) -> None:
             inp = make_input(dtype, w.rank, 51, n=N * w.size)
             before = to_numpy(inp)
             out = torch.zeros(N, dtype=dtype)
-            w.world.reduce_scatter(out, inp, reduce_op(op), w.next_seq(w.world), 0.0)
+            w.world.reduce_scatter(out, inp, reduce_op(op), w.next_seq(w.world), D())
             return {"in": before, "out": to_numpy(out), "in_after": to_numpy(inp)}
         w.record(f"reduce_scatter/{op_name(op)}/{dtype}", reduce_scatter)
 
@@ -183,7 +189,7 @@ def gather_and_all_to_all_cases(w: Ranks) -> None:
         inp = torch.tensor([1000 * w.rank + 10 * j + k for j in range(w.size)
                             for k in range(in_splits[j])], dtype=torch.int64)
         out = torch.full((sum(out_splits),), -1, dtype=torch.int64)
-        w.world.all_to_all(out, inp, out_splits, in_splits, w.next_seq(w.world), 0.0)
+        w.world.all_to_all(out, inp, out_splits, in_splits, w.next_seq(w.world), D())
         return {"in": inp.numpy().copy(), "out": out.numpy().copy(), "splits": in_splits}
     w.record("all_to_all", all_to_all)
 
@@ -191,7 +197,7 @@ def gather_and_all_to_all_cases(w: Ranks) -> None:
         if w.rank == 0:
             time.sleep(0.3)
         start = time.monotonic()
-        w.world.barrier(w.next_seq(w.world), 0.0)
+        w.world.barrier(w.next_seq(w.world), D())
         return {"waited": time.monotonic() - start}
     w.record("barrier", barrier)
 
@@ -206,74 +212,74 @@ def p2p_cases(w: Ranks) -> None:
         out = make_input(torch.float64, w.rank, 60, n=100_000)  # past every eager limit
         got = torch.zeros_like(out)
         if w.rank % 2 == 0:
-            w.world.send(out, right, 7, 0.0)
-            sender = w.world.recv(got, left, 7, 0.0)
+            w.world.send(out, right, 7, D())
+            sender = w.world.recv(got, left, 7, D())
         else:
-            sender = w.world.recv(got, left, 7, 0.0)
-            w.world.send(out, right, 7, 0.0)
+            sender = w.world.recv(got, left, 7, D())
+            w.world.send(out, right, 7, D())
         return {"in": out.numpy().copy(), "out": got.numpy().copy(), "sender": sender}
     w.record("p2p/ring", ring)
 
     def tags_match_out_of_order() -> dict:
         if w.rank == 0:
-            w.world.send(torch.tensor([5.0]), 1, 5, 0.0)
-            w.world.send(torch.tensor([3.0]), 1, 3, 0.0)
+            w.world.send(torch.tensor([5.0]), 1, 5, D())
+            w.world.send(torch.tensor([3.0]), 1, 3, D())
             return {}
         if w.rank == 1:
             three, five = torch.zeros(1), torch.zeros(1)
-            w.world.recv(three, 0, 3, 0.0)
-            w.world.recv(five, 0, 5, 0.0)
+            w.world.recv(three, 0, 3, D())
+            w.world.recv(five, 0, 5, D())
             return {"out": np.array([three.item(), five.item()])}
         return {}
     w.record("p2p/tags", tags_match_out_of_order)
 
     def any_source() -> dict:
         if w.rank != 0:
-            w.world.send(torch.tensor([w.rank], dtype=torch.int32), 0, 11, 0.0)
+            w.world.send(torch.tensor([w.rank], dtype=torch.int32), 0, 11, D())
             return {}
         got = []
         for _ in range(w.size - 1):
             buf = torch.zeros(1, dtype=torch.int32)
-            sender = w.world.recv(buf, None, 11, 0.0)
+            sender = w.world.recv(buf, None, 11, D())
             got.append((sender, int(buf.item())))
         return {"out": got}
     w.record("p2p/any_source", any_source)
 
     def size_mismatch(extra: int) -> dict:
         if w.rank == 1:
-            w.world.send(torch.zeros(2 + extra, dtype=torch.int32), 0, 12, 0.0)
+            w.world.send(torch.zeros(2 + extra, dtype=torch.int32), 0, 12, D())
         if w.rank == 0:
-            w.world.recv(torch.zeros(2, dtype=torch.int32), 1, 12, 0.0)
+            w.world.recv(torch.zeros(2, dtype=torch.int32), 1, 12, D())
         return {}
     w.record("p2p/recv_shorter_message", size_mismatch, -1)
     w.record("p2p/recv_longer_message", size_mismatch, 1)
-    w.record("p2p/negative_tag", lambda: w.world.send(torch.zeros(1), 1 - w.rank % 2, -1, 0.0))
+    w.record("p2p/negative_tag", lambda: w.world.send(torch.zeros(1), 1 - w.rank % 2, -1, D()))
 
 
 def error_cases(w: Ranks) -> None:
     fp8 = torch.zeros(4, dtype=torch.float8_e4m3fn)
-    w.record("errors/fp8_sum", lambda: w.world.all_reduce(fp8, R.SUM, 0, 0.0))
-    w.record("errors/band_float", lambda: w.world.all_reduce(torch.zeros(3), R.BAND, 0, 0.0))
+    w.record("errors/fp8_sum", lambda: w.world.all_reduce(fp8, R.SUM, 0, D()))
+    w.record("errors/band_float", lambda: w.world.all_reduce(torch.zeros(3), R.BAND, 0, D()))
     w.record("errors/max_complex", lambda: w.world.all_reduce(
-        torch.zeros(3, dtype=torch.complex64), R.MAX, 0, 0.0))
+        torch.zeros(3, dtype=torch.complex64), R.MAX, 0, D()))
     w.record("errors/avg_int", lambda: w.world.all_reduce(
-        torch.zeros(3, dtype=torch.int32), R.AVG, 0, 0.0))
+        torch.zeros(3, dtype=torch.int32), R.AVG, 0, D()))
     if w.size == 1:
         return
     seq = w.next_seq(w.world)
     if w.rank == 0:
-        w.record("errors/mismatched_collective", w.world.all_reduce, torch.zeros(3), R.SUM, seq, 0.0)
+        w.record("errors/mismatched_collective", w.world.all_reduce, torch.zeros(3), R.SUM, seq, D())
     else:
-        w.record("errors/mismatched_collective", w.world.broadcast, torch.zeros(3), 0, seq, 0.0)
+        w.record("errors/mismatched_collective", w.world.broadcast, torch.zeros(3), 0, seq, D())
     seq = w.next_seq(w.world)
     w.record("errors/mismatched_size", w.world.all_reduce,
-             torch.zeros(3 + (w.rank == w.size - 1)), R.SUM, seq, 0.0)
+             torch.zeros(3 + (w.rank == w.size - 1)), R.SUM, seq, D())
     w.record("errors/after_mismatch_still_works", lambda: {"out": _sum_one(w)})
 
 
 def _sum_one(w: Ranks) -> float:
     buf = torch.ones(1)
-    w.world.all_reduce(buf, R.SUM, w.next_seq(w.world), 0.0)
+    w.world.all_reduce(buf, R.SUM, w.next_seq(w.world), D())
     return buf.item()
 
 
@@ -289,15 +295,15 @@ def subgroup_cases(w: Ranks) -> None:
         def sub(backend=backend):
             buf = make_input(torch.int64, w.rank, 70)
             inp = buf.numpy().copy()
-            backend.all_reduce(buf, R.SUM, w.next_seq(backend), 0.0)
+            backend.all_reduce(buf, R.SUM, w.next_seq(backend), D())
             # group ranks 0 and size-1 swap their global ranks over send/recv
             last, got = backend.size - 1, torch.full((1,), -1, dtype=torch.int64)
             if backend.rank == 0:
-                backend.send(torch.tensor([w.rank]), last, 0, 0.0)
-                backend.recv(got, last, 0, 0.0)
+                backend.send(torch.tensor([w.rank]), last, 0, D())
+                backend.recv(got, last, 0, D())
             elif backend.rank == last:
-                backend.recv(got, 0, 0, 0.0)
-                backend.send(torch.tensor([w.rank]), 0, 0, 0.0)
+                backend.recv(got, 0, 0, D())
+                backend.send(torch.tensor([w.rank]), 0, 0, D())
             return {"in": inp, "out": buf.numpy().copy(), "peer_global": int(got.item()),
                     "group_rank": backend.rank}
         w.record(f"subgroup/{name}", sub)
@@ -309,7 +315,7 @@ def subgroup_cases(w: Ranks) -> None:
             sums = []
             for _ in range(20):
                 buf = torch.ones(1000, dtype=torch.float32)
-                backend.all_reduce(buf, R.SUM, w.next_seq(backend), 0.0)
+                backend.all_reduce(buf, R.SUM, w.next_seq(backend), D())
                 sums.append(float(buf[0]))
             return {"out": sums, "group_size": backend.size}
         threads[name] = threading.Thread(target=w.record, args=(f"concurrent/{name}", loop))
@@ -319,15 +325,37 @@ def subgroup_cases(w: Ranks) -> None:
         t.join()
 
 
+def timeout_cases(w: Ranks) -> None:
+    """A receive nobody sends to times out and is cancelled; under MPI_THREAD_SERIALIZED a
+    collective that a rank enters too late times out and leaves the backend aborted."""
+    if w.size == 1:
+        return
+
+    def recv_nobody_sends() -> None:
+        if w.rank == 0:
+            w.world.recv(torch.zeros(1), 1, 99, time.monotonic() + 0.3)
+    w.record("timeout/recv", recv_nobody_sends)
+    w.record("timeout/recv_then_barrier", lambda: w.world.barrier(w.next_seq(w.world), D()))
+    if mpi_env.thread_level_name() == "MPI_THREAD_MULTIPLE":
+        return
+
+    def late_barrier() -> None:
+        if w.rank == w.size - 1:
+            time.sleep(1.0)
+        w.world.barrier(w.next_seq(w.world), time.monotonic() + (0.3 if w.rank == 0 else 1.0))
+    w.record("timeout/collective", late_barrier)
+    w.record("timeout/after_collective_timeout", lambda: w.world.barrier(w.next_seq(w.world), D()))
+
+
 def main() -> None:
     w = Ranks(sys.argv[1])
     w.results["meta"] = {"rank": w.rank, "size": w.size,
                          "thread_level": mpi_env.thread_level_name()}
     for part in (all_reduce_cases, rooted_cases, gather_and_all_to_all_cases, p2p_cases,
-                 error_cases, subgroup_cases):
+                 error_cases, subgroup_cases, timeout_cases):
         part(w)
     w.world.close()
-    w.record("errors/after_close", lambda: w.world.barrier(0, 0.0))
+    w.record("errors/after_close", lambda: w.world.barrier(0, D()))
     w.save()
 
 

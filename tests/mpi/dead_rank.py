@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from datetime import timedelta
 
 import torch
@@ -16,13 +17,18 @@ from ringtorch.collectives.backends import mpi_env
 from ringtorch.collectives.backends.base import BackendContext
 from ringtorch.collectives.backends.mpi import MpiBackend
 
+
+def D() -> float:
+    return time.monotonic() + 60.0
+
+
 rank, size = mpi_env.world_rank_and_size()
 backend = MpiBackend(BackendContext(store=None, rank=rank, size=size, timeout=timedelta(seconds=30),
                                     group_name="default", global_ranks=tuple(range(size))))
-backend.barrier(1, 0.0)
+backend.barrier(1, D())
 if rank == 1:
     print("rank 1 exits now", flush=True)
     os._exit(3)
-backend.recv(torch.zeros(4), 1, 0, 0.0)
+backend.recv(torch.zeros(4), 1, 0, D())
 print("rank 0 returned", flush=True)
 sys.exit(0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pickle
 import sys
+import time
 import warnings
 from datetime import timedelta
 
@@ -20,6 +21,11 @@ from ringtorch.collectives.backends import mpi as mpi_backend  # must not load M
 from ringtorch.collectives.backends import mpi_env
 from ringtorch.collectives.backends.base import BackendContext
 from ringtorch.collectives.reduce_op import ReduceOp
+
+
+def D() -> float:
+    """The deadline of one operation: a minute from now."""
+    return time.monotonic() + 60.0
 
 
 def main() -> None:
@@ -36,9 +42,9 @@ def main() -> None:
                                  group_name="default", global_ranks=(0,))
             backend = mpi_backend.MpiBackend(ctx)
             buf = torch.tensor([1.5, -2.0])
-            backend.all_reduce(buf, ReduceOp.SUM, 1, 0.0)
-            backend.broadcast(buf, 0, 2, 0.0)
-            backend.barrier(3, 0.0)
+            backend.all_reduce(buf, ReduceOp.SUM, 1, D())
+            backend.broadcast(buf, 0, 2, D())
+            backend.barrier(3, D())
             seen["all_reduce"] = buf.tolist()
             backend.close()
         except Exception as exc:  # the driver asserts on it
