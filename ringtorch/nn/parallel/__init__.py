@@ -1,0 +1,40 @@
+"""``ringtorch.nn.parallel``: the names of ``torch.nn.parallel``, with DDP over ringtorch.distributed.
+
+DistributedDataParallel averages gradients with ringtorch's collectives; DataParallel and its
+helpers (replicate, scatter, parallel_apply, gather) run replicas in threads of one process.
+Join/Joinable/JoinHook (torch.distributed.algorithms.join) and the default communication hooks
+(``comm_hooks``: torch's ddp_comm_hooks.default_hooks) live here too, since
+``ringtorch.distributed`` is the facade layer below this one.
+"""
+
+from __future__ import annotations
+
+from ringtorch.nn.parallel import comm_hooks
+from ringtorch.nn.parallel.data_parallel import (
+    DataParallel,
+    data_parallel,
+    gather,
+    parallel_apply,
+    replicate,
+    scatter,
+    scatter_kwargs,
+)
+from ringtorch.nn.parallel.ddp import DistributedDataParallel
+from ringtorch.nn.parallel.join import Join, Joinable, JoinHook
+from ringtorch.nn.parallel.reducer import GradBucket
+
+__all__ = [
+    "DataParallel",
+    "DistributedDataParallel",
+    "GradBucket",
+    "Join",
+    "JoinHook",
+    "Joinable",
+    "comm_hooks",
+    "data_parallel",
+    "gather",
+    "parallel_apply",
+    "replicate",
+    "scatter",
+    "scatter_kwargs",
+]

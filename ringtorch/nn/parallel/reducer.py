@@ -1,0 +1,367 @@
+"""The Reducer: averages DDP's gradients bucket by bucket while backward is still running.
+
+Each parameter gets a hook that fires once its gradient has been accumulated
+(``register_post_accumulate_grad_hook``). The hook copies the gradient, divided by the world
+size, into its slot of a flat bucket buffer (or, with ``gradient_as_bucket_view``, makes
+``param.grad`` that slot, so nothing is copied); when a bucket's last slot is filled, the
+bucket's asynchronous all_reduce (or comm hook) is launched at once, so communication overlaps
+the rest of backward. When the last bucket is launched, a callback queued on the autograd engine
+runs as backward finishes: it waits for every bucket and writes the averages into ``param.grad``.
+
+Guarantees (docs/design/ddp-buckets.md): buckets are launched in the same order on every rank
+(bucket ``k`` only after buckets ``0..k-1``), whatever order the gradients arrive in; when
+``backward()`` returns, every gradient is the group average; a parameter that got no gradient
+makes the next iteration fail with torch's error, naming the parameter, unless
+``find_unused_parameters=True``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.autograd import Variable
+
+from ringtorch import distributed as dist
+from ringtorch.nn.parallel.buckets import BucketPlan
+
+__all__ = ["GradBucket", "Reducer"]
+
+_UNUSED_PARAMS_ERROR = (
+    "Expected to have finished reduction in the prior iteration before starting a new one. "
+    "This error indicates that your module has parameters that were not used in producing "
+    "loss. You can enable unused parameter detection by passing the keyword argument "
+    "`find_unused_parameters=True` to `torch.nn.parallel.DistributedDataParallel`, and by \n"
+    "making sure all `forward` function outputs participate in calculating loss. \n"
+    "If you already have done the above, then the distributed data parallel module wasn't able "
+    "to locate the output tensors in the return value of your module's `forward` function. "
+    "Please include the loss function and the structure of the return value of `forward` of "
+    "your module when reporting this issue (e.g. list, dict, iterable).\n"
+    "Parameters which did not receive grad for rank {rank}: {names}\n"
+    "Parameter indices which did not receive grad for rank {rank}: {indices}")
+
+_READY_TWICE_ERROR = (
+    "Expected to mark a variable ready only once. This error is caused by one of the following "
+    "reasons: 1) Use of a module parameter outside the `forward` function. 2) Reused parameters "
+    "in multiple reentrant backward passes. 3) Incorrect unused parameter detection. "
+    "Parameter at index {index} with name {name} has been marked as ready twice. This means "
+    "that multiple autograd engine hooks have fired for this particular parameter during this "
+    "iteration.")
+
+
+class GradBucket:
+    """What a communication hook sees of one bucket (torch's ``dist.GradBucket``)."""
+
+    def __init__(self, index: int, buffer: torch.Tensor, gradients: list[torch.Tensor],
+                 parameters: list[torch.Tensor], is_last: bool) -> None:
+        self._index = index
+        self._buffer = buffer
+        self._gradients = gradients
+        self._parameters = parameters
+        self._is_last = is_last
+
+    def index(self) -> int:
+        """The bucket's position in launch order; bucket 0 holds the last layers' gradients."""
+        return self._index
+
+    def buffer(self) -> torch.Tensor:
+        """The flat 1-D tensor of this bucket's gradients (not divided by the world size)."""
+        return self._buffer
+
+    def gradients(self) -> list[torch.Tensor]:
+        """Each parameter's gradient: a view of :meth:`buffer` shaped like the parameter."""
+        return self._gradients
+
+    def parameters(self) -> list[torch.Tensor]:
+        """The parameters whose gradients are in this bucket, in the buffer's order."""
+        return self._parameters
+
+    def is_last(self) -> bool:
+        """True for the last bucket launched in the iteration."""
+        return self._is_last
+
+    def set_buffer(self, buffer: torch.Tensor) -> None:
+        """Replace the buffer the next stage of a hook chain sees (e.g. a compressed copy)."""
+        self._buffer = buffer
+
+
+class _Bucket:
+    """One bucket's flat buffer, its parameters' views into it and this iteration's state."""
+
+    def __init__(self, plan: BucketPlan, params: Sequence[torch.Tensor]) -> None:
+        self.indices = plan.indices
+        self.offsets = plan.offsets
+        self.params = [params[i] for i in plan.indices]
+        first = self.params[0]
+        self.buffer = torch.zeros(plan.numel, dtype=first.dtype, device=first.device)
+        self.views = [self.buffer[off:off + p.numel()].view(p.shape)
+                      for off, p in zip(plan.offsets, self.params, strict=True)]
+        self.pending = len(self.indices)
+        self.comm: _Pending | None = None
+
+
+def _is_view_of(grad: torch.Tensor | None, view: torch.Tensor) -> bool:
+    return (grad is not None and grad.data_ptr() == view.data_ptr()
+            and grad.shape == view.shape and grad.stride() == view.stride())
+
+
+class Reducer:
+    """Buckets, hooks and the per-iteration state of gradient averaging for one DDP module."""
+
+    def __init__(self, params: Sequence[torch.Tensor], names: Sequence[str],
+                 plans: Sequence[BucketPlan], process_group: Any, find_unused_parameters: bool,
+                 gradient_as_bucket_view: bool) -> None:
+        self._params = list(params)
+        self._names = list(names)
+        self._group = process_group
+        self._rank = dist.get_rank(process_group)
+        self._world_size = dist.get_world_size(process_group)
+        self._find_unused = find_unused_parameters
+        self._as_view = gradient_as_bucket_view
+        self._buckets = [_Bucket(plan, self._params) for plan in plans]
+        self._locator = {index: (b, pos) for b, bucket in enumerate(self._buckets)
+                         for pos, index in enumerate(bucket.indices)}
+        self._comm_hook: tuple[Callable[..., Any], Any] | None = None
+        self._static_unused: list[int] | None = None
+        self.static_graph = False
+        self._expect_hooks = False
+        self._require_finalize = False
+        self._ready = [False] * len(self._params)
+        self._next_bucket = 0
+        self._unused: list[int] = []
+        self._marked_unused = False
+        self._used_map = torch.zeros(len(self._params), dtype=torch.int32)
+        self._used_map_work: Any = None
+        self._div_factor: float = float(self._world_size)
+        self._count_work: tuple[Any, torch.Tensor] | None = None
+        self._handles = [p.register_post_accumulate_grad_hook(self._make_hook(i))
+                         for i, p in enumerate(self._params)]
+        if gradient_as_bucket_view:
+            for bucket in self._buckets:  # existing gradients move into the buckets now
+                for param, view in zip(bucket.params, bucket.views, strict=True):
+                    if param.grad is not None:
+                        view.copy_(param.grad)
+                        param.grad = view
+
+    @property
+    def buckets(self) -> list[list[int]]:
+        """Parameter indices per bucket, in launch order (for tests and docs)."""
+        return [list(b.indices) for b in self._buckets]
+
+    def register_comm_hook(self, state: Any, hook: Callable[..., Any]) -> None:
+        if self._comm_hook is not None:
+            raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be "
+                               "called once.")
+        self._comm_hook = (hook, state)
+
+    def set_forward_pass_work_handle(self, work: Any, count: torch.Tensor,
+                                     divide_by_initial_world_size: bool) -> None:
+        """Under Join: divide by the ranks still training instead of the world size."""
+        self._count_work = None if divide_by_initial_world_size else (work, count)
+
+    def remove_hooks(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    # ---- per iteration -------------------------------------------------------------------
+
+    def prepare_for_backward(self, outputs: Sequence[torch.Tensor]) -> None:
+        """Arm the hooks for the coming backward; find unused parameters from ``outputs``.
+
+        Raises:
+            RuntimeError: the previous iteration's reduction never finished (torch's message,
+                naming the parameters that got no gradient).
+        """
+        self.ensure_prior_reduction_finished()
+        self._ready = [False] * len(self._params)
+        self._next_bucket = 0
+        for bucket in self._buckets:
+            bucket.pending = len(bucket.indices)
+            bucket.comm = None
+        self._div_factor = float(self._world_size)
+        self._expect_hooks = True
+        self._require_finalize = True
+        self._marked_unused = False
+        self._used_map.zero_()
+        self._used_map_work = None
+        if self._find_unused:
+            if self._static_unused is not None:
+                self._unused = self._static_unused
+            else:
+                self._unused = self._unreachable(outputs)
+                if self.static_graph:
+                    self._static_unused = self._unused
+
+    def ensure_prior_reduction_finished(self) -> None:
+        if not self._require_finalize:
+            return
+        missing = [i for i, ready in enumerate(self._ready) if not ready]
+        self._require_finalize = False
+        self._expect_hooks = False
+        raise RuntimeError(_UNUSED_PARAMS_ERROR.format(
+            rank=self._rank, names=", ".join(sorted(self._names[i] for i in missing)),
+            indices=" ".join(map(str, missing))))
+
+    def _unreachable(self, outputs: Sequence[torch.Tensor]) -> list[int]:
+        """Indices of parameters that no output's autograd graph reaches."""
+        seen: set[Any] = set()
+        reached: set[int] = set()
+        stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
+        while stack:
+            node = stack.pop()
+            if node in seen:
+                continue
+            seen.add(node)
+            variable = getattr(node, "variable", None)
+            if variable is not None:
+                reached.add(id(variable))
+            stack.extend(nxt for nxt, _ in node.next_functions if nxt is not None)
+        return [i for i, p in enumerate(self._params) if id(p) not in reached]
+
+    def _make_hook(self, index: int) -> Callable[[torch.Tensor], None]:
+        def hook(_param: torch.Tensor) -> None:
+            self._on_grad_ready(index)
+
+        return hook
+
+    def _on_grad_ready(self, index: int) -> None:
+        if not self._expect_hooks:
+            return  # no_sync(), or a backward that no DDP forward armed: accumulate locally
+        if not self._marked_unused:
+            self._marked_unused = True
+            for unused in self._unused:
+                self._mark_ready(unused)
+        self._used_map[index] = 1
+        self._mark_ready(index)
+
+    def _mark_ready(self, index: int) -> None:
+        if self._ready[index]:
+            raise RuntimeError(_READY_TWICE_ERROR.format(index=index, name=self._names[index]))
+        self._ready[index] = True
+        if self._count_work is not None:  # Join without divide_by_initial_world_size
+            work, count = self._count_work
+            work.wait()
+            self._div_factor = float(count.item())
+            self._count_work = None
+        b, pos = self._locator[index]
+        bucket = self._buckets[b]
+        self._fill_slot(self._params[index], bucket.views[pos])
+        bucket.pending -= 1
+        if bucket.pending == 0:
+            self._launch_ready_buckets()
+
+    def _fill_slot(self, param: torch.Tensor, view: torch.Tensor) -> None:
+        grad = param.grad
+        divide = self._comm_hook is None
+        if grad is None:
+            view.zero_()
+        elif _is_view_of(grad, view):
+            if divide:
+                view.div_(self._div_factor)
+        else:
+            if divide:
+                torch.div(grad, self._div_factor, out=view)
+            else:
+                view.copy_(grad)
+            if self._as_view:
+                param.grad = view
+
+    def _launch_ready_buckets(self) -> None:
+        while self._next_bucket < len(self._buckets) and \
+                self._buckets[self._next_bucket].pending == 0:
+            self._launch(self._next_bucket)
+            self._next_bucket += 1
+        if self._next_bucket == len(self._buckets):
+            if self._find_unused:
+                self._used_map_work = dist.all_reduce(self._used_map, group=self._group,
+                                                      async_op=True)
+            Variable._execution_engine.queue_callback(self._finalize_backward)
+
+    def _launch(self, b: int) -> None:
+        bucket = self._buckets[b]
+        if self._comm_hook is None:
+            bucket.comm = _Pending(work=dist.all_reduce(bucket.buffer, group=self._group,
+                                                        async_op=True))
+        else:
+            hook, state = self._comm_hook
+            bucket.comm = _Pending(future=hook(state, self.grad_bucket(b, bucket.buffer)))
+
+    def grad_bucket(self, b: int, buffer: torch.Tensor) -> GradBucket:
+        """The GradBucket a comm hook gets for bucket ``b``, its gradients viewing ``buffer``."""
+        bucket = self._buckets[b]
+        views = [buffer[off:off + p.numel()].view(p.shape)
+                 for off, p in zip(bucket.offsets, bucket.params, strict=True)]
+        return GradBucket(b, buffer, views, bucket.params, b == len(self._buckets) - 1)
+
+    # ---- end of backward -----------------------------------------------------------------
+
+    def _finalize_backward(self) -> None:
+        self._expect_hooks = False
+        self._require_finalize = False
+        for bucket in self._buckets:
+            result = bucket.comm.wait()
+            if result is not None and result is not bucket.buffer:
+                bucket.buffer.copy_(result.reshape(-1))
+        globally_used = None
+        if self._used_map_work is not None:
+            self._used_map_work.wait()
+            globally_used = self._used_map.tolist()
+        for bucket in self._buckets:
+            for index, param, view in zip(bucket.indices, bucket.params, bucket.views,
+                                          strict=True):
+                if globally_used is not None and not globally_used[index]:
+                    continue  # no rank produced a gradient: leave .grad as it is, like torch
+                self._write_grad(param, view)
+
+    def _write_grad(self, param: torch.Tensor, view: torch.Tensor) -> None:
+        if self._as_view:
+            if param.grad is None:
+                param.grad = view
+            elif not _is_view_of(param.grad, view):
+                raise RuntimeError(
+                    "Detected at least one parameter gradient is not the expected DDP bucket "
+                    "view with gradient_as_bucket_view=True. This may happen (for example) if "
+                    "multiple allreduce hooks were registered onto the same parameter.")
+        elif param.grad is None:
+            param.grad = view.clone()
+        else:
+            param.grad.copy_(view)
+
+    # ---- Join: shadow a backward pass with zeros -----------------------------------------
+
+    def shadow_backward(self) -> None:
+        """Issue, with zero gradients, the collectives a training rank's backward issues."""
+        comms = []
+        for b, bucket in enumerate(self._buckets):
+            zeros = torch.zeros_like(bucket.buffer)
+            if self._comm_hook is None:
+                comms.append(_Pending(work=dist.all_reduce(zeros, group=self._group,
+                                                           async_op=True)))
+            else:
+                hook, state = self._comm_hook
+                comms.append(_Pending(future=hook(state, self.grad_bucket(b, zeros))))
+        if self._find_unused:
+            comms.append(_Pending(work=dist.all_reduce(torch.zeros_like(self._used_map),
+                                                       group=self._group, async_op=True)))
+        for comm in comms:
+            comm.wait()
+
+
+class _Pending:
+    """A launched bucket reduction: a Work (plain all_reduce) or a comm hook's Future."""
+
+    __slots__ = ("future", "work")
+
+    def __init__(self, work: Any = None, future: Any = None) -> None:
+        self.work = work
+        self.future = future
+
+    def wait(self) -> torch.Tensor | None:
+        """Block until done; a hook's result tensor, or None when the buffer was reduced in place."""
+        if self.work is not None:
+            self.work.wait()
+            return None
+        value = self.future.wait()
+        return value[0] if isinstance(value, (list, tuple)) else value
