@@ -70,6 +70,12 @@ SECRET = _knob(
     "the job secret; when set, every store, collective and RPC connection proves it with "
     "HMAC-SHA256 before any other byte is read. The launcher sets a fresh random one per job.",
 )
+ALLOW_NO_SECRET = _knob(
+    "RINGTORCH_ALLOW_NO_SECRET", False, _parse_bool,
+    "1 lets a multi-node ringrun job start without RINGTORCH_SECRET (unauthenticated, with a "
+    "loud warning); by default the launcher refuses, since its nodes cannot agree on a secret "
+    "over a channel the secret does not protect yet",
+)
 HANDSHAKE_TIMEOUT = _knob(
     "RINGTORCH_HANDSHAKE_TIMEOUT", 10.0, float,
     "seconds a peer has to complete the connection handshake before it is dropped",
