@@ -1,0 +1,1 @@
+"""``torch.distributed.elastic.multiprocessing``: here only its ``errors`` module."""

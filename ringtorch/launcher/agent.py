@@ -1,0 +1,219 @@
+"""The agent: one per node, it rendezvouses, starts the local workers, watches and restarts them.
+
+The loop, after torch elastic's ``SimpleElasticAgent._invoke_run``:
+
+    round = rendezvous.next_round()          # node rank, global ranks, master address
+    start one worker per local rank
+    every monitor_interval (or at once when a worker exits):
+        action = decide(observation)          # decisions.py: a pure function
+        act: watch on / finish / restart in a new round / give up / stop
+
+Guarantees (docs/design/launcher.md): a failed worker stops the others (SIGTERM, SIGKILL
+after --shutdown-timeout) and the summary names the first failure; a signal to the launcher
+stops every worker before the launcher exits; the launcher adopts orphaned descendants
+(subreaper) and kills them too; nothing of the job outlives the agent.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from ringtorch import _config
+from ringtorch._workers import Guardian, WorkerStartError, become_subreaper, reap_adopted
+from ringtorch.launcher.config import LaunchConfig
+from ringtorch.launcher.decisions import Action, Observation, decide, group_state
+from ringtorch.launcher.node_rendezvous import NodeRendezvous, RendezvousError, StaticRendezvous
+from ringtorch.launcher.summary import format_summary, one_line, root_cause
+from ringtorch.launcher.workers import Assignment, LocalWorkerGroup
+
+EXIT_FAILED = 1
+
+
+def say(message: str) -> None:
+    """One line from the launcher itself, on stderr."""
+    print(f"ringrun: {message}", file=sys.stderr, flush=True)
+
+
+class Agent:
+    """Runs one job on this node; :meth:`run` returns the launcher's exit code."""
+
+    def __init__(self, config: LaunchConfig, rendezvous: NodeRendezvous | None = None,
+                 title: str = "job") -> None:
+        self.config = config
+        self.rendezvous = rendezvous or make_rendezvous(config)
+        self.title = title
+        self.remaining_restarts = config.max_restarts
+        self._signal: int | None = None
+        self._force = False
+        self._group: LocalWorkerGroup | None = None
+        self._saved_handlers: dict[int, Any] = {}
+        self._keep_files = False
+        self._guardian: Guardian | None = None
+
+    # -- signals ---------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._signal is None:
+            self._signal = signum
+        else:
+            self._force = True  # a second signal: do not wait out the grace period
+
+    def _install_signal_handlers(self) -> None:
+        for sig in self.config.signals_to_handle:
+            try:
+                self._saved_handlers[sig] = signal.signal(sig, self._on_signal)
+            except (OSError, ValueError):  # not the main thread, or an uncatchable signal
+                pass
+
+    def _restore_signal_handlers(self) -> None:
+        for sig, handler in self._saved_handlers.items():
+            signal.signal(sig, handler)
+        self._saved_handlers.clear()
+
+    def _stopping(self) -> bool:
+        return self._signal is not None
+
+    # -- the run ---------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run the job to the end; 0 on success, 1 on failure, 128+N after signal N."""
+        become_subreaper()
+        guardian = self._guardian = Guardian()  # first: it must hold none of the fds below
+        self._install_signal_handlers()
+        run_dir, keep = self._make_run_dir()
+        self._keep_files = keep
+        try:
+            with _config.override(SECRET=self.config.secret):
+                return self._run(run_dir)
+        except (RendezvousError, WorkerStartError) as exc:
+            say(f"error: {exc}")
+            return 128 + self._signal if self._signal else EXIT_FAILED
+        finally:
+            if self._group is not None:
+                self._stop_group(signal.SIGKILL if self._force else signal.SIGTERM)
+            reap_adopted(spare={guardian.pid})
+            guardian.close()
+            self.rendezvous.shutdown()
+            self._restore_signal_handlers()
+            if not keep:
+                shutil.rmtree(run_dir, ignore_errors=True)
+
+    def _make_run_dir(self) -> tuple[str, bool]:
+        config = self.config
+        redirects = bool(config.redirects)
+        if config.log_dir is None and not redirects:
+            return tempfile.mkdtemp(prefix="ringtorch_"), False
+        base = config.log_dir or tempfile.mkdtemp(prefix="ringtorch_logs_")
+        os.makedirs(base, exist_ok=True)
+        run_dir = tempfile.mkdtemp(prefix=f"{config.run_id}_{uuid.uuid4().hex[:4]}_", dir=base)
+        say(f"logs of this run go to {run_dir}")
+        return run_dir, True
+
+    def _run(self, run_dir: str) -> int:
+        attempt = 0
+        while True:
+            assignment = self.rendezvous.next_round(self._stopping)
+            if self._signal is not None:
+                return self._stopped_by_signal()
+            restart_count = self.config.max_restarts - self.remaining_restarts
+            self._group = group = LocalWorkerGroup(
+                self.config, assignment, restart_count,
+                attempt_dir=os.path.join(run_dir, f"attempt_{attempt}"),
+                log_files=self.config.log_dir is not None or bool(self.config.redirects),
+                guardian=self._guardian)
+            if not self.config.is_single_node or attempt > 0:
+                say(self._describe_round(assignment, restart_count))
+            group.start()
+            action = self._watch(group)
+            attempt += 1
+            if action is Action.FINISH:
+                self._stop_group(signal.SIGTERM)
+                self.rendezvous.finish(self._stopping)
+                return 0
+            if action is Action.STOP_FOR_SIGNAL:
+                return self._stopped_by_signal()
+            failures = list(group.failures.values())
+            if failures:
+                others = sum(1 for code in group.exit_codes() if code is None)
+                say(one_line(root_cause(failures))
+                    + (f"; stopping {others} other running worker(s)" if others else ""))
+            self._stop_group(signal.SIGTERM)
+            if action is Action.RESTART:
+                self.remaining_restarts -= 1
+            elif action is Action.REJOIN:
+                say(f"{self.rendezvous.num_nodes_waiting()} node(s) waiting to join; restarting "
+                    f"the worker group in a new round to admit them")
+            elif action is Action.STOP_FOR_PEER:
+                say(f"stopped: {self.rendezvous.closed_reason()}")
+                return EXIT_FAILED
+            else:  # GIVE_UP
+                self.rendezvous.close(f"node {group.assignment.group_rank}: "
+                                      f"{one_line(root_cause(failures))}")
+                print(format_summary(self.title, failures, keep_files=self._keep_files),
+                      file=sys.stderr, flush=True)
+                return EXIT_FAILED
+
+    def _describe_round(self, assignment: Assignment, restart_count: int) -> str:
+        text = f"round {assignment.round}"
+        if restart_count:
+            text += f" (restart {restart_count} of {self.config.max_restarts})"
+        if not self.config.is_single_node:
+            last_rank = assignment.base_global_rank + self.config.nproc_per_node - 1
+            text += (f": node {assignment.group_rank} of {assignment.group_world_size}, ranks "
+                     f"{assignment.base_global_rank}-{last_rank} of {assignment.world_size}, "
+                     f"master {assignment.master_addr}:{assignment.master_port}")
+        return text + ": starting the worker group"
+
+    def _watch(self, group: LocalWorkerGroup) -> Action:
+        while True:
+            group.wait(self.config.monitor_interval)
+            codes = group.exit_codes()
+            action = decide(Observation(
+                group=group_state(codes), remaining_restarts=self.remaining_restarts,
+                nodes_waiting=self.rendezvous.num_nodes_waiting(),
+                job_closed=self.rendezvous.closed_reason() is not None, signal=self._signal))
+            if action is not Action.WATCH:
+                return action
+
+    def _stop_group(self, sig: int) -> None:
+        group, self._group = self._group, None
+        if group is not None:
+            group.stop(sig, self.config.shutdown_timeout, force=lambda: self._force)
+
+    def _stopped_by_signal(self) -> int:
+        assert self._signal is not None
+        sig = self._signal
+        name = signal.Signals(sig).name
+        running = 0 if self._group is None else sum(
+            1 for code in self._group.exit_codes() if code is None)
+        self._stop_group(sig)
+        self.rendezvous.close(f"the launcher of another node received {name}")
+        say(f"received {name}: stopped {running} running worker(s)")
+        return 128 + sig
+
+
+def make_rendezvous(config: LaunchConfig) -> NodeRendezvous:
+    """The rendezvous the config asks for."""
+    if config.rdzv_backend == "c10d":
+        from ringtorch.launcher.c10d_rendezvous import C10dRendezvous
+
+        return C10dRendezvous(config)
+    return StaticRendezvous(config)
+
+
+def launch(config: LaunchConfig, title: str = "job",
+           rendezvous_factory: Callable[[LaunchConfig], NodeRendezvous] | None = None) -> int:
+    """Run ``config`` on this node; the exit code for the launcher process."""
+    rendezvous = (rendezvous_factory or make_rendezvous)(config)
+    return Agent(config, rendezvous, title).run()
+
+
+__all__ = ["Agent", "launch", "make_rendezvous", "say"]

@@ -1,0 +1,79 @@
+"""The agent's one decision, as a pure function: given what it observed, what does it do next?
+
+The agent loop (agent.py) observes its worker group, the rendezvous and the signals it got,
+calls :func:`decide`, and acts. Keeping the decision here, free of processes and sockets,
+lets a table of cases (tests/unit/test_launcher_decisions.py) pin the policy down:
+
+- a signal to the launcher wins over everything: stop the workers and exit;
+- our workers failed: restart the whole group in a new rendezvous round while restarts
+  remain (each costs one) and the job is still open, else give up;
+- another node gave up on the job (it closed the rendezvous): stop our workers too;
+- all our workers succeeded: finish;
+- healthy, but nodes wait to join: restart into a new round to admit them (free of charge,
+  as in torch: membership changes do not count as restarts);
+- otherwise keep watching.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class GroupState(enum.Enum):
+    """The local worker group, as one word."""
+
+    HEALTHY = "healthy"  # every worker is running or exited 0, at least one still runs
+    SUCCEEDED = "succeeded"  # every worker exited 0
+    FAILED = "failed"  # a worker exited non-zero or was killed
+
+
+class Action(enum.Enum):
+    """What the agent does after one look at the world."""
+
+    WATCH = "watch"  # nothing to do; look again after the monitor interval
+    FINISH = "finish"  # the job succeeded on this node
+    RESTART = "restart"  # stop the group, count one restart, rendezvous again
+    REJOIN = "rejoin"  # stop the group, rendezvous again to admit waiting nodes (free)
+    GIVE_UP = "give_up"  # stop the group, report the failure, exit non-zero
+    STOP_FOR_PEER = "stop_for_peer"  # another node gave up: stop the group, exit non-zero
+    STOP_FOR_SIGNAL = "stop_for_signal"  # the launcher was signalled: stop the group, exit
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything the decision depends on."""
+
+    group: GroupState
+    remaining_restarts: int
+    nodes_waiting: int = 0
+    job_closed: bool = False  # another node gave up and closed the rendezvous
+    signal: int | None = None  # a signal the launcher received (SIGINT, SIGTERM, ...)
+
+
+def decide(obs: Observation) -> Action:
+    """The next action for the observation; see the module docstring for the policy."""
+    if obs.signal is not None:
+        return Action.STOP_FOR_SIGNAL
+    if obs.group is GroupState.FAILED:
+        restartable = obs.remaining_restarts > 0 and not obs.job_closed
+        return Action.RESTART if restartable else Action.GIVE_UP
+    if obs.job_closed:
+        return Action.STOP_FOR_PEER
+    if obs.group is GroupState.SUCCEEDED:
+        return Action.FINISH
+    if obs.nodes_waiting > 0:
+        return Action.REJOIN
+    return Action.WATCH
+
+
+def group_state(exit_codes: list[int | None]) -> GroupState:
+    """Summarise the workers' exit codes (None: still running) as a :class:`GroupState`."""
+    if any(code not in (None, 0) for code in exit_codes):
+        return GroupState.FAILED
+    if all(code == 0 for code in exit_codes):
+        return GroupState.SUCCEEDED
+    return GroupState.HEALTHY
+
+
+__all__ = ["Action", "GroupState", "Observation", "decide", "group_state"]

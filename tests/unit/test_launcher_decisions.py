@@ -1,0 +1,54 @@
+"""The agent's "restart or give up" policy, one row per situation (launcher/decisions.py)."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from ringtorch.launcher.decisions import Action, GroupState, Observation, decide, group_state
+
+H, S, F = GroupState.HEALTHY, GroupState.SUCCEEDED, GroupState.FAILED
+
+# (group, remaining restarts, nodes waiting, job closed by a peer, signal) -> action
+CASES = [
+    (H, 0, 0, False, None, Action.WATCH),
+    (H, 3, 0, False, None, Action.WATCH),
+    (S, 0, 0, False, None, Action.FINISH),
+    (S, 2, 1, False, None, Action.FINISH),  # done is done: waiting nodes do not matter
+    (F, 1, 0, False, None, Action.RESTART),
+    (F, 5, 2, False, None, Action.RESTART),
+    (F, 0, 0, False, None, Action.GIVE_UP),
+    (F, 0, 3, False, None, Action.GIVE_UP),
+    (F, 2, 0, True, None, Action.GIVE_UP),  # the job is closed: no new round to restart in
+    (H, 0, 1, False, None, Action.REJOIN),  # admitting new nodes costs no restart...
+    (H, 2, 2, False, None, Action.REJOIN),
+    (H, 2, 0, True, None, Action.STOP_FOR_PEER),  # ...and another node's give-up stops us
+    (S, 0, 0, True, None, Action.STOP_FOR_PEER),
+    (H, 0, 1, True, None, Action.STOP_FOR_PEER),
+    (H, 1, 0, False, signal.SIGINT, Action.STOP_FOR_SIGNAL),  # a signal wins over all
+    (F, 1, 0, False, signal.SIGTERM, Action.STOP_FOR_SIGNAL),
+    (S, 0, 0, True, signal.SIGHUP, Action.STOP_FOR_SIGNAL),
+]
+
+
+@pytest.mark.parametrize(("group", "remaining", "waiting", "closed", "sig", "expected"), CASES)
+def test_decide_follows_the_policy_table(group: GroupState, remaining: int, waiting: int,
+                                         closed: bool, sig: int | None,
+                                         expected: Action) -> None:
+    obs = Observation(group=group, remaining_restarts=remaining, nodes_waiting=waiting,
+                      job_closed=closed, signal=sig)
+    assert decide(obs) is expected
+
+
+@pytest.mark.parametrize(("codes", "expected"), [
+    ([None, None], H),
+    ([0, None, None], H),
+    ([0, 0, 0], S),
+    ([0], S),
+    ([None, 1, None], F),
+    ([0, -9], F),  # killed by SIGKILL
+    ([None, None, 2], F),
+])
+def test_group_state_summarises_exit_codes(codes: list[int | None], expected: GroupState) -> None:
+    assert group_state(codes) is expected
