@@ -88,6 +88,9 @@ def reduce_scatter(link: Link, out: np.ndarray, inp: np.ndarray, reduce: ByteRed
     ``inp`` is only read; partial sums live in two scratch segments and the last hop lands in
     ``out``."""
     r, p = link.rank, link.size
+    if p == 1:
+        out[:] = inp
+        return
     right, left = (r + 1) % p, (r - 1) % p
     m = out.nbytes // itemsize
     seg = elements_per(segment_nbytes, itemsize)

@@ -4,7 +4,8 @@ Latency wins for small messages (fewest rounds: one direct exchange, or log2(p) 
 recursive doubling); bandwidth wins for large ones (the ring sends 2(p-1)/p of the buffer per
 rank instead of (p-1) times it, in bounded segments). The thresholds are in ``TABLE`` so a
 benchmark can read what it measures, and an override string (``RINGTORCH_ALGORITHMS``, e.g.
-``"all_reduce=ring,broadcast=chain"``) forces a choice for tests and measurements.
+``"all_reduce=ring,broadcast=chain,segment=4096"``) forces a choice (and the segment size in
+bytes) for tests and measurements.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ TABLE = Table()
 def parse_overrides(text: str) -> dict[str, str]:
     """Parse ``"op=algorithm,op=algorithm"``.
 
+    ``segment=<bytes>`` sets the pipelining segment size.
+
     Raises:
         ValueError: an unknown op or an algorithm that op does not have; the message lists
             the valid names.
@@ -59,6 +62,12 @@ def parse_overrides(text: str) -> dict[str, str]:
     for item in filter(None, (part.strip() for part in text.split(","))):
         op, sep, algorithm = item.partition("=")
         op, algorithm = op.strip(), algorithm.strip()
+        if op == "segment" and sep:
+            if not algorithm.isdigit() or int(algorithm) < 1:
+                raise ValueError(f"bad algorithm override {item!r}: segment takes a positive "
+                                 f"number of bytes")
+            overrides[op] = algorithm
+            continue
         if not sep or op not in ALGORITHMS:
             raise ValueError(f"bad algorithm override {item!r}: expected op=algorithm with op "
                              f"one of {sorted(ALGORITHMS)}")
@@ -81,6 +90,8 @@ def choose(op: str, nbytes: int, world_size: int, same_host: bool,
     if op not in ALGORITHMS:
         raise ValueError(f"unknown collective {op!r}; known: {sorted(ALGORITHMS)}")
     segment = table.segment_same_host if same_host else table.segment_remote
+    if overrides and "segment" in overrides:
+        segment = int(overrides["segment"])
     if overrides and op in overrides:
         return Choice(overrides[op], segment)
     return Choice(_default(op, nbytes, world_size, table), segment)

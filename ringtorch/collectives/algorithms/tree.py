@@ -38,6 +38,8 @@ def broadcast_tree(link: Link, buf: np.ndarray, root: int) -> None:
 def broadcast_chain(link: Link, buf: np.ndarray, root: int, segment_nbytes: int) -> None:
     """Pipelined chain root -> root+1 -> ... in segments of ``segment_nbytes``."""
     r, p = link.rank, link.size
+    if p == 1:
+        return
     vrank = (r - root) % p
     prev, nxt = (r - 1) % p, (r + 1) % p
     pieces = [buf[a:b] for a, b in segments(0, buf.nbytes, elements_per(segment_nbytes, 1))]

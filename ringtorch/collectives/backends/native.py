@@ -72,6 +72,7 @@ class NativeBackend(Backend):
         self._cause: str | None = None
         self._closed = False
         self._bye: set[int] = set()
+        self._gone: set[int] = set()
         self._lock = threading.Lock()
         self._board = StatusBoard()
         self._current: tuple[str, int, float, float] | None = None
@@ -103,17 +104,28 @@ class NativeBackend(Backend):
 
     # -- failure handling --------------------------------------------------------------------
 
-    def _abort_local(self, cause: str, tell_peers: bool) -> None:
+    def _abort_local(self, cause: str, tell_peers: bool = True) -> None:
+        """Record the first cause, fail every receive, tell the peers (ABORT frames carry the
+        cause, so a peer learns the real culprit before it sees this rank's connections
+        close), then shut every connection down to wake blocked calls."""
         with self._lock:
             if self._cause is not None:
                 return
             self._cause = cause
-        if tell_peers and self._mailbox is not None:
-            for peer in range(self.size):
-                if peer != self.rank:
-                    self._mailbox.send_control(peer, mb.ABORT, cause.encode()[:60000], 0.5)
         if self._mailbox is not None:
             self._mailbox.fail(DistBackendError(cause))
+        if threading.current_thread().name.startswith("ringtorch-p2p"):
+            # a reader thread must not block on a send lock: tell the peers from another thread
+            threading.Thread(target=self._tell_and_shutdown, args=(cause, tell_peers),
+                             daemon=True, name="ringtorch-abort").start()
+        else:
+            self._tell_and_shutdown(cause, tell_peers)
+
+    def _tell_and_shutdown(self, cause: str, tell_peers: bool) -> None:
+        if tell_peers and self._mailbox is not None:
+            for peer in range(self.size):
+                if peer != self.rank and peer not in self._gone:
+                    self._mailbox.send_control(peer, mb.ABORT, cause.encode()[:60000], 0.5)
         if self._mesh is not None:
             self._mesh.shutdown()
 
@@ -124,10 +136,12 @@ class NativeBackend(Backend):
     def _on_event(self, peer: int, kind: str, payload: bytes) -> None:
         """Called on reader threads: must not block on anything a sender may hold."""
         if kind == "abort":
-            self._abort_local(payload.decode(errors="replace"), tell_peers=False)
+            self._gone.add(peer)
+            self._abort_local(payload.decode(errors="replace"))
         elif kind == "bye":
             self._bye.add(peer)
         elif kind == "eof":
+            self._gone.add(peer)
             if self._closed:
                 return
             if peer in self._bye:
@@ -137,7 +151,7 @@ class NativeBackend(Backend):
                 return
             self._abort_local(f"{self._who(peer)} closed its connection to {self._who(self.rank)}"
                               f" of group '{self.ctx.group_name}' without leaving the group: "
-                              f"the process exited or was killed", tell_peers=False)
+                              f"the process exited or was killed")
         elif kind == "status_request" and self._mailbox is not None:
             self._board.answer(self._mailbox, peer)
         elif kind == "status":
