@@ -156,6 +156,10 @@ def test_all_reduce_result_is_bitwise_identical_on_every_rank(world: list[dict])
         assert r["out"].tobytes() == results[0]["out"].tobytes(), f"rank {rank} differs"
 
 
+def test_empty_tensors_go_through_collectives(world: list[dict]) -> None:
+    assert [r["out"] for r in _case(world, "empty_tensors")] == [0] * len(world)
+
+
 def test_broadcast_copies_the_root_buffer_to_every_rank(world: list[dict]) -> None:
     names = [name for name in world[0] if name.startswith("broadcast/")]
     assert len(names) == 4 * len({0, len(world) - 1})
@@ -280,15 +284,17 @@ def test_a_negative_tag_is_refused(multi_world: list[dict]) -> None:
 
 def test_mismatched_collectives_raise_on_every_rank_naming_each_call(multi_world: list[dict]) -> None:
     n = len(multi_world)
-    calls = "; ".join(["rank 0 called all_reduce #130 (SUM, torch.float32, 12 bytes)"]
-                      + [f"rank {r} called broadcast #130 (12 bytes, root 0)" for r in range(1, n)])
-    for rank, r in enumerate(_case(multi_world, "errors/mismatched_collective")):
+    results = _case(multi_world, "errors/mismatched_collective")
+    seq = results[0]["seq"]
+    calls = "; ".join([f"rank 0 called all_reduce #{seq} (SUM, torch.float32, 12 bytes)"]
+                      + [f"rank {r} called broadcast #{seq} (12 bytes, root 0)" for r in range(1, n)])
+    for rank, r in enumerate(results):
         name = "all_reduce" if rank == 0 else "broadcast"
-        assert r["error"] == ("DistBackendError", f"{name} #130 on group 'default': the ranks called "
+        assert r["error"] == ("DistBackendError", f"{name} #{seq} on group 'default': the ranks called "
                               f"different collectives or disagree on their arguments: {calls}")
     for r in _case(multi_world, "errors/mismatched_size"):
         assert r["error"][0] == "DistBackendError"
-        assert f"rank {n - 1} called all_reduce #131 (SUM, torch.float32, 16 bytes)" in r["error"][1]
+        assert f"rank {n - 1} called all_reduce #{seq + 1} (SUM, torch.float32, 16 bytes)" in r["error"][1]
     for r in _case(multi_world, "errors/after_mismatch_still_works"):
         assert r["out"] == n
 

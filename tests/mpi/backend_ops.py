@@ -130,6 +130,13 @@ def all_reduce_cases(w: Ranks) -> None:
         return {"in": inp, "out": buf.numpy().copy()}
     w.record("all_reduce/random_float32", random_floats)
 
+    def empty() -> dict:
+        buf = torch.empty(0, dtype=torch.float32)
+        w.world.all_reduce(buf, R.SUM, w.next_seq(w.world), D())
+        w.world.broadcast(buf, 0, w.next_seq(w.world), D())
+        return {"out": buf.numel()}
+    w.record("empty_tensors", empty)
+
 
 def rooted_cases(w: Ranks) -> None:
     for root in sorted({0, w.size - 1}):
@@ -271,6 +278,7 @@ def error_cases(w: Ranks) -> None:
         w.record("errors/mismatched_collective", w.world.all_reduce, torch.zeros(3), R.SUM, seq, D())
     else:
         w.record("errors/mismatched_collective", w.world.broadcast, torch.zeros(3), 0, seq, D())
+    w.results["errors/mismatched_collective"]["seq"] = seq
     seq = w.next_seq(w.world)
     w.record("errors/mismatched_size", w.world.all_reduce,
              torch.zeros(3 + (w.rank == w.size - 1)), R.SUM, seq, D())

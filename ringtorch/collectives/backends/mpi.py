@@ -42,28 +42,22 @@ from ringtorch.collectives.backends import mpi_env
 from ringtorch.collectives.backends.base import Backend, BackendContext
 from ringtorch.collectives.reduce_op import (
     RedOpType,
-    as_bytes,
     byte_reducer,
     check_reduce_op,
     finish_avg,
     premul_factor,
 )
 
-# torch dtype -> (NumPy view dtype, MPI datatype name) for reductions MPI computes itself.
-_MPI_TYPES: dict[torch.dtype, tuple[Any, str]] = {
-    torch.float32: (np.float32, "FLOAT"), torch.float64: (np.float64, "DOUBLE"),
-    torch.int8: (np.int8, "INT8_T"), torch.uint8: (np.uint8, "UINT8_T"),
-    torch.int16: (np.int16, "INT16_T"), torch.int32: (np.int32, "INT32_T"),
-    torch.int64: (np.int64, "INT64_T"), torch.uint16: (np.uint16, "UINT16_T"),
-    torch.uint32: (np.uint32, "UINT32_T"), torch.uint64: (np.uint64, "UINT64_T"),
-    torch.bool: (np.bool_, "C_BOOL"),
-    torch.complex64: (np.complex64, "C_FLOAT_COMPLEX"),
-    torch.complex128: (np.complex128, "C_DOUBLE_COMPLEX"),
+# torch dtype -> the MPI datatype (by name) of reductions MPI computes itself.
+_MPI_TYPES: dict[torch.dtype, str] = {
+    torch.float32: "FLOAT", torch.float64: "DOUBLE", torch.int8: "INT8_T", torch.uint8: "UINT8_T",
+    torch.int16: "INT16_T", torch.int32: "INT32_T", torch.int64: "INT64_T",
+    torch.uint16: "UINT16_T", torch.uint32: "UINT32_T", torch.uint64: "UINT64_T",
+    torch.bool: "C_BOOL", torch.complex64: "C_FLOAT_COMPLEX", torch.complex128: "C_DOUBLE_COMPLEX",
 }
 # Dtypes MPI has no type for: reduced by a user op on same-sized unsigned words.
-_USER_OP_TYPES: dict[torch.dtype, tuple[Any, str]] = {
-    torch.float16: (np.uint16, "UINT16_T"), torch.bfloat16: (np.uint16, "UINT16_T"),
-    torch.complex32: (np.uint32, "UINT32_T"),
+_USER_OP_TYPES: dict[torch.dtype, str] = {
+    torch.float16: "UINT16_T", torch.bfloat16: "UINT16_T", torch.complex32: "UINT32_T",
 }
 _MPI_OPS = {
     RedOpType.SUM: "SUM", RedOpType.AVG: "SUM", RedOpType.PREMUL_SUM: "SUM",
@@ -243,25 +237,32 @@ class MpiBackend(Backend):
                 f"collectives or disagree on their arguments: " + "; ".join(lines))
 
     def _reduction(self, name: str, op: Any, dtype: torch.dtype) -> tuple[Any, Any, RedOpType]:
-        """(NumPy view dtype and MPI datatype, MPI op, kind) for reducing ``dtype`` with ``op``."""
+        """(MPI datatype, MPI op, kind) for reducing ``dtype`` with ``op``."""
         MPI = self._mpi
         kind = check_reduce_op(op, dtype, name)
         if dtype in _MPI_TYPES:
-            np_dtype, type_name = _MPI_TYPES[dtype]
             ops = _BOOL_OPS if dtype is torch.bool else _MPI_OPS
-            return (np_dtype, getattr(MPI, type_name)), getattr(MPI, ops[kind]), kind
+            return getattr(MPI, _MPI_TYPES[dtype]), getattr(MPI, ops[kind]), kind
         if dtype in _USER_OP_TYPES:
-            np_dtype, type_name = _USER_OP_TYPES[dtype]
-            return (np_dtype, getattr(MPI, type_name)), _user_op(MPI, kind, dtype), kind
+            return getattr(MPI, _USER_OP_TYPES[dtype]), _user_op(MPI, kind, dtype), kind
         raise TypeError(f"{name}: the MPI backend cannot reduce dtype {dtype} with {kind.name}")
 
-    @staticmethod
-    def _typed(tensor: torch.Tensor, np_and_mpi: tuple[Any, Any]) -> list[Any]:
-        np_dtype, mpi_type = np_and_mpi
-        return [as_bytes(tensor).view(np_dtype), mpi_type]
+    def _typed(self, tensor: torch.Tensor, mpi_type: Any) -> list[Any]:
+        """[the tensor's memory, its MPI datatype]: what mpi4py's buffer methods take."""
+        return [self._memory(tensor), mpi_type]
 
     def _bytes(self, tensor: torch.Tensor) -> list[Any]:
-        return [as_bytes(tensor), self._mpi.BYTE]
+        return [self._memory(tensor), self._mpi.BYTE]
+
+    def _memory(self, tensor: torch.Tensor) -> Any:
+        """The tensor's own bytes as an mpi4py buffer (no copy, no NumPy round trip: 0.2 µs
+        where ``tensor.view(torch.uint8).numpy()`` costs 1.5-3 µs). The caller keeps the
+        tensor alive until MPI is done with it: every operation here completes before it
+        returns."""
+        if not tensor.is_contiguous():
+            raise ValueError("the MPI backend needs contiguous tensors (the ProcessGroup stages "
+                             "non-contiguous ones)")
+        return self._mpi.buffer.fromaddress(tensor.data_ptr(), tensor.nbytes)
 
     # -- collectives ----------------------------------------------------------------------
 
