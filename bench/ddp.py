@@ -1,0 +1,150 @@
+"""DDP training throughput: ringtorch's DDP against torch's DDP (gloo), side by side in one run.
+
+Same model, data, optimizer and world size for both; one process alone gives the baseline.
+For each configuration the ranks run warm-up steps, then timed steps (forward, backward,
+SGD step); a step's time is the slowest rank's. Reported per configuration:
+
+* samples/s: world_size * batch / median step time;
+* weak-scaling efficiency: samples/s / (world_size * single-process samples/s);
+* exposed communication: median DDP step time minus median single-process step time, i.e. the
+  communication not hidden behind backward (plus DDP's own overhead);
+* for ringtorch also the time backward waits for the buckets at its end, measured in the reducer.
+
+    python bench/ddp.py                      # MLP 1024-4096-4096-1024 (25.2 M params), batch 32
+    python bench/ddp.py --steps 40 --json bench/out/ddp.json
+
+The default model and batch are those of reference/PERFORMANCE.md section 2.6 (torch gloo:
+0.54 weak-scaling efficiency on 2 cores). One intra-op thread per rank, so that the ranks do
+not fight over the cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ringtorch.testing import run_ranks
+
+
+def make_model(widths: list[int]) -> nn.Module:
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for i in range(len(widths) - 1):
+        layers.append(nn.Linear(widths[i], widths[i + 1]))
+        if i < len(widths) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def _wrap(impl: str, model: nn.Module, bucket_cap_mb: float | None) -> tuple[nn.Module, Any]:
+    """The model wrapped in the implementation's DDP, and a list to collect bucket waits."""
+    waits: list[float] = []
+    if impl == "single":
+        return model, waits
+    if impl == "torch":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        return DDP(model, bucket_cap_mb=bucket_cap_mb), waits
+    from ringtorch.nn.parallel import DistributedDataParallel as DDP
+    ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
+    reducer = ddp.reducer
+    finalize = reducer._finalize_backward
+
+    def timed_finalize() -> None:
+        start = time.perf_counter()
+        finalize()
+        waits.append(time.perf_counter() - start)
+
+    reducer._finalize_backward = timed_finalize
+    return ddp, waits
+
+
+def rank_main(rank: int, world_size: int, impl: str, widths: list[int], batch: int, steps: int,
+              warmup: int, bucket_cap_mb: float | None) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    dist: Any = None
+    if impl == "torch":
+        import torch.distributed as dist
+    elif impl == "ringtorch":
+        from ringtorch import distributed as dist
+    if dist is not None:
+        dist.init_process_group("gloo", world_size=world_size)
+    model, waits = _wrap(impl, make_model(widths), bucket_cap_mb)
+    params = list(model.parameters())
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(batch, widths[0], generator=g)
+    y = torch.randn(batch, widths[-1], generator=g)
+    times = []
+    for step in range(warmup + steps):
+        if dist is not None:
+            dist.barrier()
+        start = time.perf_counter()
+        for p in params:
+            p.grad = None
+        nn.functional.mse_loss(model(x), y).backward()
+        with torch.no_grad():
+            for p in params:
+                p.add_(p.grad, alpha=-1e-3)
+        if step >= warmup:
+            times.append(time.perf_counter() - start)
+    if dist is not None:
+        dist.destroy_process_group()
+    return {"times": times, "waits": waits[warmup:]}
+
+
+def measure(impl: str, world_size: int, args: argparse.Namespace) -> dict[str, Any]:
+    results = run_ranks(rank_main, world_size, timeout=600,
+                        args=(impl, args.widths, args.batch, args.steps, args.warmup,
+                              args.bucket_cap_mb))
+    step_times = [max(r["times"][i] for r in results) for i in range(args.steps)]
+    median = statistics.median(step_times)
+    waits = results[0]["waits"]
+    return {"impl": impl, "world_size": world_size, "step_p50_s": median,
+            "samples_per_s": world_size * args.batch / median,
+            "bucket_wait_p50_s": statistics.median(waits) if waits else None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--widths", type=int, nargs="+", default=[1024, 4096, 4096, 1024])
+    parser.add_argument("--batch", type=int, default=32, help="per rank")
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--bucket-cap-mb", type=float, default=None)
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+
+    n_params = sum(p.numel() for p in make_model(args.widths).parameters())
+    print(f"model: MLP {'-'.join(map(str, args.widths))} ({n_params / 1e6:.1f} M params, "
+          f"{n_params * 4 / 2**20:.0f} MiB of gradients), batch {args.batch}/rank, "
+          f"{args.steps} timed steps, world size {args.world_size}, 1 thread per rank")
+    single = measure("single", 1, args)
+    rows = [single] + [measure(impl, args.world_size, args) for impl in ("torch", "ringtorch")]
+    print(f"{'configuration':<24}{'step p50':>10}{'samples/s':>11}{'efficiency':>12}"
+          f"{'exposed comm':>14}{'bucket wait':>13}")
+    for row in rows:
+        row["efficiency"] = row["samples_per_s"] / (row["world_size"] * single["samples_per_s"])
+        row["exposed_comm_s"] = row["step_p50_s"] - single["step_p50_s"]
+        wait = row["bucket_wait_p50_s"]
+        name = "one process" if row["impl"] == "single" else \
+            f"{row['impl']} DDP x{row['world_size']}"
+        print(f"{name:<24}{row['step_p50_s'] * 1e3:>8.1f}ms{row['samples_per_s']:>11.1f}"
+              f"{row['efficiency']:>12.2f}{row['exposed_comm_s'] * 1e3:>12.1f}ms"
+              f"{'-' if wait is None else f'{wait * 1e3:.1f}ms':>13}")
+    ratio = rows[2]["samples_per_s"] / rows[1]["samples_per_s"]
+    print(f"ringtorch / torch throughput: {ratio:.2f}x")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)},
+                                         "rows": rows, "ratio": ratio}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
