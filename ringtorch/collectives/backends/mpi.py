@@ -29,6 +29,7 @@ Rules it keeps (docs/mpi.md numbers them):
 
 from __future__ import annotations
 
+import struct
 import time
 import zlib
 from typing import Any
@@ -74,7 +75,10 @@ _COLLECTIVES = ("broadcast", "all_reduce", "reduce", "all_gather", "gather", "sc
                 "reduce_scatter", "all_to_all", "barrier")
 _DTYPE_CODES = {dtype: code for code, dtype in enumerate(
     [*_MPI_TYPES, *_USER_OP_TYPES, torch.float8_e4m3fn, torch.float8_e5m2])}
-_HEADER_FIELDS = 6  # seq, collective, reduce op, dtype, nbytes, root (-1: not compared)
+_COLLECTIVE_CODES = {name: code for code, name in enumerate(_COLLECTIVES)}
+# What each rank puts in the agreement check (rule 4), little-endian int64s; -1: not compared.
+#   seq | collective code | reduce op (RedOpType) | dtype code | nbytes | root
+_HEADER = struct.Struct("<6q")
 
 _SPIN_SECONDS = 100e-6  # a wait polls flat out this long, then sleeps between polls
 
@@ -111,8 +115,7 @@ class MpiBackend(Backend):
         with self._lock:
             self._comm = self._make_comm()
         self._check = MPI_CHECK.get() and ctx.size > 1
-        self._header = np.zeros(_HEADER_FIELDS, np.int64)
-        self._headers = np.zeros((ctx.size, _HEADER_FIELDS), np.int64)
+        self._headers = bytearray(_HEADER.size * ctx.size)
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -211,18 +214,18 @@ class MpiBackend(Backend):
         self._enter(name)
         if not self._check:
             return
-        header = self._header
-        header[:] = (seq, _COLLECTIVES.index(name), kind,
-                     -1 if dtype is None else _DTYPE_CODES.get(dtype, 99), nbytes, root)
-        int64 = self._mpi.INT64_T
-        self._collective(name, deadline, "Allgather", [header, int64], [self._headers, int64])
-        if (self._headers != header).any():
+        header = _HEADER.pack(seq, _COLLECTIVE_CODES[name], kind,
+                              -1 if dtype is None else _DTYPE_CODES.get(dtype, 99), nbytes, root)
+        self._collective(name, deadline, "Allgather", [header, self._mpi.BYTE],
+                         [self._headers, self._mpi.BYTE])
+        if self._headers != header * self.size:
             raise DistBackendError(self._describe_mismatch(name, seq))
 
     def _describe_mismatch(self, name: str, seq: int) -> str:
         codes = {code: dtype for dtype, code in _DTYPE_CODES.items()}
         lines = []
-        for rank, (r_seq, coll, kind, dt, nbytes, root) in enumerate(self._headers.tolist()):
+        for rank, (r_seq, coll, kind, dt, nbytes, root) in enumerate(
+                _HEADER.iter_unpack(self._headers)):
             parts = []
             if kind >= 0:
                 parts.append(RedOpType(kind).name)
