@@ -161,8 +161,10 @@ class MpiBackend(Backend):
             with self._lock:
                 return fn(*args)
         except self._mpi.Exception as exc:
+            # MPICH appends a call stack after the first line; the first line says what.
+            what = exc.Get_error_string().splitlines()[0].removesuffix(", error stack:")
             raise DistBackendError(f"{name} on group '{self.ctx.group_name}' failed in MPI: "
-                                   f"{exc.Get_error_string()}") from exc
+                                   f"{what}") from exc
 
     def _collective(self, name: str, deadline: float, method: str, *args: Any) -> None:
         """Rule 6: MPI's blocking collective with MPI_THREAD_MULTIPLE (the fast one); with
