@@ -292,9 +292,8 @@ class DistributedDataParallel(nn.Module, Joinable):
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         grad_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
         notified = _notify_join_context(self)
-        if notified is not None:
-            self.reducer.set_forward_pass_work_handle(*notified,
-                                                      self._divide_by_initial_world_size)
+        self.reducer.set_forward_pass_work_handle(
+            notified, self._divide_by_initial_world_size or notified is None)
         if self.will_sync_module_buffers():
             self._sync_buffers()
         if self._join_config.enable:

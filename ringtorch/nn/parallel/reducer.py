@@ -155,10 +155,11 @@ class Reducer:
                                "called once.")
         self._comm_hook = (hook, state)
 
-    def set_forward_pass_work_handle(self, work: Any, count: torch.Tensor,
+    def set_forward_pass_work_handle(self, notified: tuple[Any, torch.Tensor] | None,
                                      divide_by_initial_world_size: bool) -> None:
-        """Under Join: divide by the ranks still training instead of the world size."""
-        self._count_work = None if divide_by_initial_world_size else (work, count)
+        """Under Join: ``notified`` is (work, tensor) of the all_reduce that counts the ranks
+        still training; unless ``divide_by_initial_world_size``, gradients are divided by it."""
+        self._count_work = None if divide_by_initial_world_size else notified
 
     def remove_hooks(self) -> None:
         for handle in self._handles:
