@@ -78,10 +78,12 @@ class Channel(Protocol):
             PeerClosedError: the stream ended (EOF).
         """
 
-    def recv_some(self, buf: memoryview) -> int:
-        """Wait at most one wait slice (``WAIT_SLICE_S``) for data and receive what arrived;
-        returns the count, 0 when the slice passed without data. One system call when data
-        is there: the caller's loop gets control back every slice to check timeouts.
+    def recv_some(self, buffers: Sequence[memoryview], wait: bool = True) -> int:
+        """Receive what has arrived into ``buffers`` (filled in order, like readv).
+
+        With ``wait``, block at most one wait slice (``WAIT_SLICE_S``) for data; otherwise
+        return at once. Returns the byte count, 0 when nothing arrived. One system call:
+        the caller's loop gets control back every slice to check its timeouts.
 
         Raises:
             PeerClosedError: the stream ended (EOF).
@@ -231,10 +233,10 @@ class SocketChannel:
             raise self._closed_error("receiving")
         return n
 
-    def recv_some(self, buf: memoryview) -> int:
+    def recv_some(self, buffers: Sequence[memoryview], wait: bool = True) -> int:
         """See base class."""
         try:
-            n = self.sock.recv_into(buf)
+            n = self.sock.recvmsg_into(buffers, 0, 0 if wait else socket.MSG_DONTWAIT)[0]
         except _WOULD_BLOCK:
             return 0
         except _CLOSED as exc:
@@ -243,7 +245,7 @@ class SocketChannel:
             if exc.errno in (errno.ENOTCONN, errno.EBADF):
                 raise self._closed_error("receiving", exc) from exc
             raise
-        if n == 0 and len(buf):
+        if n == 0 and any(len(b) for b in buffers):
             raise self._closed_error("receiving")
         return n
 

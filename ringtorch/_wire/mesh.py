@@ -46,6 +46,7 @@ from ringtorch._wire.framing import BytesLike
 from ringtorch._wire.sockets import connect_tcp, connect_unix, listen_tcp, listen_unix
 
 COLL_HEADER = struct.Struct("<BBBBIQQQ")
+_HEAD = COLL_HEADER.size
 COLL_TAG = 0xC1
 NO_ROOT = 0xFFFFFFFF
 NO_REDOP = 0xFF
@@ -71,6 +72,17 @@ class PeerLost(PeerClosedError):
     def __init__(self, peer: int, message: str) -> None:
         super().__init__(message)
         self.peer = peer
+
+
+def spin_seconds(local_ranks: int) -> float:
+    """How long a receive polls before it blocks: RINGTORCH_SPIN_US while this host has a
+    core per local rank; 0 when ranks outnumber cores (a spinning rank would steal the CPU
+    its peer needs to send)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return _config.SPIN_US.get() * 1e-6 if local_ranks <= cores else 0.0
 
 
 def host_identity() -> str:
@@ -131,6 +143,8 @@ class PeerMesh:
         self.p2p = p2p
         self.same_host = same_host
         self.on_slow_wait: Callable[[list[int], float], None] | None = None
+        self.spin_s = spin_seconds(sum(same_host))
+        self._head = memoryview(bytearray(_HEAD))
         self._closed = False
 
     # -- collective frames -------------------------------------------------------------------
@@ -168,23 +182,54 @@ class PeerMesh:
                   recvs: Sequence[tuple[int, bytes, BytesLike]]) -> None:
         pending = []
         for peer, header, payload in sends:
-            views = [memoryview(header), memoryview(payload).cast("B")]
-            if not len(views[1]):
-                views.pop()
             ch = self.coll[peer]
-            total = sum(len(v) for v in views)
+            total = len(header) + memoryview(payload).nbytes
             try:
-                sent = ch.send_nowait(views)  # type: ignore[union-attr]
+                sent = ch.send_nowait((header, payload))  # type: ignore[union-attr]
             except PeerClosedError as exc:
                 raise PeerLost(peer, str(exc)) from exc
             if sent < total:
+                views = [memoryview(header), memoryview(payload).cast("B")]
                 pending.append(_Outgoing(ch, peer, views, sent))  # type: ignore[arg-type]
-        incoming = [_Incoming(self.coll[p], p, e, i) for p, e, i in recvs]  # type: ignore[arg-type]
         if pending:
+            incoming = [_Incoming(self.coll[p], p, e, i)  # type: ignore[arg-type]
+                        for p, e, i in recvs]
             self._drive(pending, incoming)
             return
-        for item in incoming:
-            item.finish(self._slow_hook)
+        for peer, expected, into in recvs:
+            self._recv_frame(peer, expected, into)
+
+    def _recv_frame(self, peer: int, expected: bytes, into: BytesLike) -> None:
+        """Receive one frame with all sends done: scatter-read header and payload (one system
+        call when the frame is there), spinning briefly before blocking (a blocking wake-up
+        costs tens of microseconds on these machines)."""
+        ch = self.coll[peer]
+        head = self._head
+        body = memoryview(into)
+        if body.format != "B" or body.ndim != 1:
+            body = body.cast("B")
+        total = _HEAD + len(body)
+        got = ch.recv_some((head, body), False)  # type: ignore[union-attr]
+        if got == 0 and self.spin_s:
+            until = time.perf_counter() + self.spin_s
+            while got == 0 and time.perf_counter() < until:
+                got = ch.recv_some((head, body), False)  # type: ignore[union-attr]
+        checked = False
+        start = 0.0
+        while True:
+            if not checked and got >= _HEAD:
+                if head != expected:
+                    raise FrameMismatch(peer, expected, bytes(head))
+                checked = True
+            if got >= total:
+                return
+            views = (head[got:], body) if got < _HEAD else (body[got - _HEAD:],)
+            n = ch.recv_some(views)  # type: ignore[union-attr]
+            if n == 0:
+                now = time.monotonic()
+                start = start or now - WAIT_SLICE_S
+                self._slow_hook([peer], now - start)
+            got += n
 
     def _slow_hook(self, peers: list[int], waited: float) -> None:
         if self.on_slow_wait is not None:
@@ -297,24 +342,6 @@ class _Incoming:
             if before < COLL_HEADER.size <= self.got:
                 self._check()
         return True
-
-    def finish(self, slow_hook: Callable[[list[int], float], None]) -> None:
-        """Receive the rest with blocking reads that return every wait slice when idle."""
-        start = 0.0
-        while self.got < self.total:
-            try:
-                n = self.ch.recv_some(self._view())
-            except PeerClosedError as exc:
-                raise PeerLost(self.peer, str(exc)) from exc
-            if n == 0:
-                now = time.monotonic()
-                start = start or now - WAIT_SLICE_S
-                slow_hook([self.peer], now - start)
-                continue
-            before = self.got
-            self.got += n
-            if before < COLL_HEADER.size <= self.got:
-                self._check()
 
 
 # -- building the mesh ---------------------------------------------------------------------

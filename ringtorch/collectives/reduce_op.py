@@ -270,9 +270,9 @@ def byte_reducer(op: Any, dtype: torch.dtype) -> ByteReducer:
 
 def as_bytes(tensor: torch.Tensor) -> np.ndarray:
     """The bytes of a contiguous CPU tensor as a uint8 NumPy array sharing its memory."""
-    if tensor.numel() == 0:
-        return np.empty(0, dtype=np.uint8)
-    return tensor.reshape(-1).view(torch.uint8).numpy()
+    if tensor.dim() != 1:
+        tensor = tensor.reshape(-1)
+    return tensor.view(torch.uint8).numpy()
 
 
 def reduce_into(dst: torch.Tensor, src: torch.Tensor, op: Any, *, src_first: bool = False) -> None:

@@ -15,11 +15,9 @@ cause at once. Collectives on one backend must not overlap (the ProcessGroup ord
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -55,6 +53,7 @@ from ringtorch.collectives.reduce_op import (
     byte_reducer,
     check_reduce_op,
     finish_avg,
+    op_type,
     premul_factor,
 )
 
@@ -79,6 +78,8 @@ class NativeBackend(Backend):
         self._warned = False
         self._scratch = ScratchPool()
         self._reducers: dict[tuple[RedOpType, torch.dtype], Any] = {}
+        self._choices: dict[tuple[str, int], tuple[str, int]] = {}
+        self._scope = _Scope(self)
         self._overrides = parse_overrides(_config.ALGORITHMS.get())
         self._mesh: PeerMesh | None = None
         self._mailbox: mb.Mailbox | None = None
@@ -163,31 +164,39 @@ class NativeBackend(Backend):
         if self._cause is not None:
             raise DistBackendError(f"{what} failed: the group was aborted: {self._cause}")
 
-    @contextlib.contextmanager
-    def _collective(self, op: str, seq: int, deadline: float) -> Iterator[None]:
-        what = self._what(op, seq)
-        self._check_usable(what)
+    def _collective(self, op: str, seq: int, deadline: float) -> _Scope:
+        """The scope of one collective: refuses to start on a failed group, records where
+        this rank is (for peers' status queries and for timeouts), turns transport failures
+        into DistBackendError and aborts the group on them."""
+        if self._closed or self._cause is not None:
+            self._check_usable(self._what(op, seq))
         self._board.progress = (op, seq, "running")
         self._current = (op, seq, deadline, time.monotonic())
         self._warned = False
-        try:
-            with np.errstate(all="ignore"):  # overflow wraps or goes to inf, as in torch
-                yield
-        except FrameMismatch as exc:
+        return self._scope
+
+    def _collective_failed(self, exc: BaseException) -> BaseException | None:
+        """The DistBackendError for a failure inside a collective (None: not ours)."""
+        op, seq = self._board.progress[:2]
+        what = self._what(str(op), seq)
+        if isinstance(exc, FrameMismatch):
             message = (f"{what}: mismatched collectives: {self._who(self.rank)} runs "
                        f"{describe_header(exc.expected)} but {self._who(exc.peer)} sent "
                        f"{describe_header(exc.got)}{frame_sizes(exc.expected, exc.got)}")
             self._abort_local(message, tell_peers=True)
-            raise DistBackendError(message) from None
-        except _Timeout as exc:
+            return DistBackendError(message)
+        if isinstance(exc, _Timeout):
             self._abort_local(str(exc), tell_peers=True)
-            raise DistBackendError(str(exc)) from None
-        except PeerClosedError as exc:
+            return DistBackendError(str(exc))
+        if isinstance(exc, PeerClosedError):
             peer = getattr(exc, "peer", -1)
-            raise DistBackendError(f"{what} failed: {self._peer_lost_cause(exc, peer)}") from None
-        finally:
-            self._current = None
-            self._board.progress = (op, seq, "finished")
+            return DistBackendError(f"{what} failed: {self._peer_lost_cause(exc, peer)}")
+        return None
+
+    def _collective_done(self) -> None:
+        op, seq = self._board.progress[:2]
+        self._current = None
+        self._board.progress = (op, seq, "finished")
 
     def _peer_lost_cause(self, exc: PeerClosedError, peer: int) -> str:
         # A reader thread usually explains the loss first (EOF of the dead peer, an ABORT
@@ -239,32 +248,43 @@ class NativeBackend(Backend):
                         root, seq, total_nbytes)
 
     def _choose(self, op: str, nbytes: int) -> tuple[str, int]:
-        choice = choose(op, nbytes, self.size, self._same_host, self._overrides)
-        return choice.algorithm, choice.segment_nbytes
+        key = (op, nbytes)
+        found = self._choices.get(key)
+        if found is None:
+            if len(self._choices) > 4096:
+                self._choices.clear()
+            choice = choose(op, nbytes, self.size, self._same_host, self._overrides)
+            found = self._choices[key] = (choice.algorithm, choice.segment_nbytes)
+        return found
 
     def _check_root(self, root: int, op: str) -> None:
         if not 0 <= root < self.size:
             raise ValueError(f"{op}: root {root} is not a rank of a group of size {self.size}")
 
-    def _reducer(self, kind: RedOpType, dtype: torch.dtype) -> Any:
-        key = (kind, dtype)
-        reducer = self._reducers.get(key)
+    def _plan_reduce(self, op: Any, dtype: torch.dtype, opname: str) -> tuple[RedOpType, Any]:
+        """(kind, byte reducer) for ``op`` on ``dtype``, checked once per pair.
+
+        Raises:
+            ValueError, RuntimeError: the pair has no meaning (reduce_op.check_reduce_op).
+        """
+        kind = op_type(op)
+        reducer = self._reducers.get((kind, dtype))
         if reducer is None:
-            reducer = self._reducers[key] = byte_reducer(kind, dtype)
-        return reducer
+            check_reduce_op(kind, dtype, opname)
+            reducer = self._reducers[(kind, dtype)] = byte_reducer(kind, dtype)
+        return kind, reducer
 
     # -- collectives -------------------------------------------------------------------------
 
     def all_reduce(self, buf: torch.Tensor, op: Any, seq: int, deadline: float) -> None:
         """See base class."""
-        kind = check_reduce_op(op, buf.dtype, "all_reduce")
+        kind, reducer = self._plan_reduce(op, buf.dtype, "all_reduce")
         with self._collective("all_reduce", seq, deadline):
             factor = premul_factor(op)
             if factor is not None:
                 buf.mul_(factor)
             data = as_bytes(buf)
             link = self._link("all_reduce", buf.dtype, int(kind), NO_ROOT, seq, data.nbytes)
-            reducer = self._reducer(kind, buf.dtype)
             algorithm, segment = self._choose("all_reduce", data.nbytes)
             if algorithm == "ring":
                 ring.all_reduce(link, data, reducer, buf.element_size(), segment)
@@ -289,7 +309,7 @@ class NativeBackend(Backend):
 
     def reduce(self, buf: torch.Tensor, op: Any, root: int, seq: int, deadline: float) -> None:
         """See base class."""
-        kind = check_reduce_op(op, buf.dtype, "reduce")
+        kind, reducer = self._plan_reduce(op, buf.dtype, "reduce")
         self._check_root(root, "reduce")
         with self._collective("reduce", seq, deadline):
             factor = premul_factor(op)
@@ -297,7 +317,6 @@ class NativeBackend(Backend):
                 buf.mul_(factor)
             data = as_bytes(buf)
             link = self._link("reduce", buf.dtype, int(kind), root, seq, data.nbytes)
-            reducer = self._reducer(kind, buf.dtype)
             algorithm, segment = self._choose("reduce", data.nbytes)
             if algorithm == "ring":
                 ring.reduce(link, data, root, reducer, buf.element_size(), segment)
@@ -347,7 +366,7 @@ class NativeBackend(Backend):
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: Any, seq: int,
                        deadline: float) -> None:
         """See base class."""
-        kind = check_reduce_op(op, inp.dtype, "reduce_scatter")
+        kind, reducer = self._plan_reduce(op, inp.dtype, "reduce_scatter")
         self._check_sizes("reduce_scatter", inp, out, self.size)
         with self._collective("reduce_scatter", seq, deadline):
             factor = premul_factor(op)
@@ -356,7 +375,6 @@ class NativeBackend(Backend):
             out_bytes, inp_bytes = as_bytes(out), as_bytes(inp)
             link = self._link("reduce_scatter", inp.dtype, int(kind), NO_ROOT, seq,
                               inp_bytes.nbytes)
-            reducer = self._reducer(kind, inp.dtype)
             algorithm, segment = self._choose("reduce_scatter", inp_bytes.nbytes)
             if algorithm == "ring":
                 ring.reduce_scatter(link, out_bytes, inp_bytes, reducer, inp.element_size(),
@@ -467,6 +485,52 @@ class NativeBackend(Backend):
             self._mailbox.join(1.0)
         if self._mesh is not None:
             self._mesh.close()
+
+
+class _Scope:
+    """Context manager of ``NativeBackend._collective`` (a class: cheaper than a generator)."""
+
+    __slots__ = ("_backend", "_token")
+
+    def __init__(self, backend: NativeBackend) -> None:
+        self._backend = backend
+        self._token: Any = None
+
+    def __enter__(self) -> None:
+        self._token = _ignore_fp_errors()
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+        _restore_fp_errors(self._token)
+        self._backend._collective_done()
+        if exc is not None:
+            error = self._backend._collective_failed(exc)
+            if error is not None:
+                raise error from None
+        return False
+
+
+# Overflow wraps (ints) or goes to inf (floats) silently, as in torch: NumPy's warnings are
+# switched off around a collective through its error-state context variable (what
+# np.errstate does, minus the cost of building a context manager on every call).
+try:
+    from numpy._core._ufunc_config import _extobj_contextvar as _FP_STATE
+
+    with np.errstate(all="ignore"):
+        _FP_IGNORE = _FP_STATE.get()
+
+    def _ignore_fp_errors() -> Any:
+        return _FP_STATE.set(_FP_IGNORE)
+
+    def _restore_fp_errors(token: Any) -> None:
+        _FP_STATE.reset(token)
+except (ImportError, AttributeError):  # another NumPy layout: the public, slower way
+    def _ignore_fp_errors() -> Any:
+        state = np.errstate(all="ignore")
+        state.__enter__()
+        return state
+
+    def _restore_fp_errors(token: Any) -> None:
+        token.__exit__(None, None, None)
 
 
 class _SoloLink:
