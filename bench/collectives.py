@@ -7,12 +7,13 @@
 For each world size, one world of processes per library runs every op and size in turn:
 torch.distributed on gloo, ringtorch's NativeBackend (driven directly, over its own socket
 mesh: Unix sockets on one host unless --transport tcp), and mpi4py's buffer methods under
-mpirun when mpi4py is importable. Each timed call is preceded by a barrier (OSU style); the
-time of an iteration is the slowest rank's; the table shows the median over iterations, the
-bus bandwidth with nccl-tests' factors (all_reduce 2(n-1)/n, all_gather (n-1)/n of the output
-size, broadcast 1) and the ratios (>1: ringtorch is faster). The first iteration of every
-case is checked for the right result. Sizes are per-rank buffer sizes (for all_gather, the
-gathered output).
+mpirun when mpi4py is importable; with --backend mpi, also ringtorch's MpiBackend (column
+ringtorch-mpi, driven directly under mpirun) and its overhead over raw mpi4py. Each timed
+call is preceded by a barrier (OSU style); the time of an iteration is the slowest rank's;
+the table shows the median over iterations, the bus bandwidth with nccl-tests' factors
+(all_reduce 2(n-1)/n, all_gather (n-1)/n of the output size, broadcast 1) and the ratios
+(>1: ringtorch is faster). The first iteration of every case is checked for the right
+result. Sizes are per-rank buffer sizes (for all_gather, the gathered output).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 UNITS = {"K": 1024, "M": 1024**2, "G": 1024**3}
-LIBS = ("gloo", "ringtorch", "mpi")
+LIBS = ("gloo", "ringtorch", "ringtorch-mpi", "mpi")
 
 
 def parse_size(text: str) -> int:
@@ -134,6 +135,23 @@ class _Ringtorch:
         self.backend.close()
 
 
+class _RingtorchMpi(_Ringtorch):
+    """ringtorch's MpiBackend, under mpirun, driven directly like the native one."""
+
+    def __init__(self) -> None:  # no super().__init__(): no store, no sockets
+        from ringtorch.collectives.backends import mpi_env
+        from ringtorch.collectives.backends.base import BackendContext
+        from ringtorch.collectives.backends.mpi import MpiBackend
+        from ringtorch.collectives.reduce_op import ReduceOp
+
+        rank, size = mpi_env.world_rank_and_size()
+        self.backend = MpiBackend(BackendContext(
+            store=None, rank=rank, size=size, timeout=timedelta(seconds=120),
+            group_name="bench", global_ranks=tuple(range(size))))
+        self.sum = ReduceOp.SUM
+        self.seq = 0
+
+
 class _Mpi:
     def __init__(self) -> None:
         from mpi4py import MPI
@@ -180,7 +198,8 @@ def run_rank(rank: int, world_size: int, lib: str, ops: list[str], sizes: list[i
 
     torch.set_num_threads(1)
     comm: Any = (_Gloo(rank, world_size, port) if lib == "gloo" else
-                 _Ringtorch(rank, world_size, port, transport) if lib == "ringtorch" else _Mpi())
+                 _Ringtorch(rank, world_size, port, transport) if lib == "ringtorch" else
+                 _RingtorchMpi() if lib == "ringtorch-mpi" else _Mpi())
     times: dict[str, list[float]] = {}
     for op in ops:
         for nbytes in sizes:
@@ -215,8 +234,8 @@ def _combine(per_rank: list[dict[str, list[float]]]) -> dict[str, float]:
 
 
 def run_world(lib: str, world_size: int, args: argparse.Namespace) -> dict[str, float] | None:
-    if lib == "mpi":
-        return _run_mpi(world_size, args)
+    if lib in ("mpi", "ringtorch-mpi"):
+        return _run_mpi(world_size, args, lib)
     from ringtorch._wire.sockets import free_port
     from ringtorch.testing import run_ranks
 
@@ -225,7 +244,7 @@ def run_world(lib: str, world_size: int, args: argparse.Namespace) -> dict[str, 
     return _combine(per_rank)
 
 
-def _run_mpi(world_size: int, args: argparse.Namespace) -> dict[str, float] | None:
+def _run_mpi(world_size: int, args: argparse.Namespace, lib: str) -> dict[str, float] | None:
     try:
         import mpi4py  # noqa: F401
     except ImportError:
@@ -235,7 +254,7 @@ def _run_mpi(world_size: int, args: argparse.Namespace) -> dict[str, float] | No
         return None
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     cmd = [mpirun, "--oversubscribe", "-n", str(world_size), sys.executable, __file__,
-           "--mpi-worker", "--ops", ",".join(args.ops),
+           "--mpi-worker", "--mpi-lib", lib, "--ops", ",".join(args.ops),
            "--sizes", ",".join(str(s) for s in args.sizes)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     for line in proc.stdout.splitlines():
@@ -249,7 +268,7 @@ def _mpi_worker(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    times = run_rank(comm.Get_rank(), comm.Get_size(), "mpi", args.ops, args.sizes, 0, "")
+    times = run_rank(comm.Get_rank(), comm.Get_size(), args.mpi_lib, args.ops, args.sizes, 0, "")
     gathered = comm.gather(times, root=0)
     if comm.Get_rank() == 0:
         print("RESULT " + json.dumps(_combine(gathered)), flush=True)
@@ -268,6 +287,9 @@ def report(results: dict[tuple[str, int], dict[str, float] | None],
     head = ["op", "world", "size", *[f"{lib} µs" for lib in libs],
             *[f"{lib} busbw GB/s" for lib in libs],
             *[f"{lib}/ringtorch" for lib in libs if lib != "ringtorch"]]
+    overhead = "ringtorch-mpi" in libs and "mpi" in libs  # the MPI backend over raw mpi4py
+    if overhead:
+        head.append("ringtorch-mpi/mpi")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for op in args.ops:
         for ws in args.world_sizes:
@@ -279,6 +301,9 @@ def report(results: dict[tuple[str, int], dict[str, float] | None],
                 ratio = [("—" if t[lib] is None or t["ringtorch"] is None else
                           f"{t[lib] / t['ringtorch']:.1f}x") for lib in libs if lib != "ringtorch"]
                 row = [op, str(ws), human(nbytes), *[_fmt_us(t[lib]) for lib in libs], *bw, *ratio]
+                if overhead:
+                    row.append("—" if t["mpi"] is None or t["ringtorch-mpi"] is None else
+                               f"{t['ringtorch-mpi'] / t['mpi']:.2f}")
                 lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -289,20 +314,24 @@ def main() -> int:
     parser.add_argument("--sizes", default="1K..64M")
     parser.add_argument("--ops", default="all_reduce,broadcast,all_gather")
     parser.add_argument("--libs", default="gloo,ringtorch,mpi")
-    parser.add_argument("--backend", default="native", choices=["native"],
-                        help="ringtorch backend to measure (the native socket backend)")
+    parser.add_argument("--backend", default="native", choices=["native", "mpi"],
+                        help="native: the socket backend; mpi: also the MPI backend (mpirun)")
     parser.add_argument("--transport", default="auto", choices=["auto", "tcp", "unix"])
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--mpi-lib", default="mpi", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.ops = args.ops.split(",")
     args.sizes = parse_sizes(args.sizes)
     if args.mpi_worker:
         return _mpi_worker(args)
     args.world_sizes = [int(w) for w in args.world_sizes.split(",")]
+    libs = args.libs.split(",")
+    if args.backend == "mpi" and "ringtorch-mpi" not in libs:
+        libs.append("ringtorch-mpi")
     results: dict[tuple[str, int], dict[str, float] | None] = {}
     for ws in args.world_sizes:
-        for lib in args.libs.split(","):
+        for lib in libs:
             started = time.monotonic()
             results[(lib, ws)] = run_world(lib, ws, args)
             state = "not available" if results[(lib, ws)] is None else "done"
