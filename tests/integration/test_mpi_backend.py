@@ -386,3 +386,45 @@ def test_a_rank_that_dies_makes_the_launcher_end_the_whole_job() -> None:
     assert "rank 0 returned" not in done.stdout
     assert done.returncode != 0
     assert time.monotonic() - start < 30
+
+
+def test_abort_ends_the_whole_job_through_mpi_abort_and_says_why() -> None:
+    start = time.monotonic()
+    done = _run([*_mpirun(), "-n", "2", sys.executable, str(SCRIPTS / "dead_rank.py"), "abort"],
+                timeout=60)
+    assert ("ringtorch: the MPI backend of group 'default' aborts the MPI job: the test asked "
+            "for it") in done.stdout
+    assert "returned" not in done.stdout
+    assert done.returncode != 0
+    assert time.monotonic() - start < 30
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4"}, (2, 4)),      # Open MPI
+    ({"PMI_RANK": "1", "PMI_SIZE": "3"}, (1, 3)),                              # MPICH Hydra
+    ({"PMIX_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}, (0, 2)),                 # PMIx
+    ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8"}, (5, 8)),                      # srun
+    ({"PMI_RANK": "x", "PMI_SIZE": "3"}, None),                                # garbage
+    ({}, None),                                                                # no launcher
+])
+def test_the_launcher_is_recognised_from_its_environment_without_loading_mpi(
+        monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: tuple[int, int] | None) -> None:
+    from ringtorch.collectives.backends import mpi_env
+
+    for name in [v for pair in mpi_env._LAUNCHER_VARIABLES for v in pair]:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert mpi_env.launcher_rank_and_size() == expected
+    assert mpi_env.launched_by_mpi() == (expected is not None)
+
+
+def test_without_mpi4py_the_backend_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ringtorch.collectives.backends import mpi_env
+
+    monkeypatch.setattr(mpi_env, "_mpi_available", False)
+    monkeypatch.setattr(mpi_env, "_MPI", None)  # as in a process that never loaded MPI
+    assert not mpi_env.is_mpi_available()
+    with pytest.raises(RuntimeError, match=r"^the MPI backend needs mpi4py and an MPI library, and "
+                       r"mpi4py cannot be imported: install them with `pip install ringtorch\[mpi\]`"):
+        mpi_env.init_mpi()

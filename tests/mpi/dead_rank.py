@@ -1,7 +1,10 @@
-"""Runs under `mpirun -n 2`: rank 1 dies while rank 0 waits for it in a receive.
+"""Runs under `mpirun -n 2`: one rank ends the job while the other waits for it in a receive.
 
-MPI cannot tell one rank that another died; the launcher ends the whole job instead. Rank 0
-prints "rank 0 returned" only if its receive ever returned, which must not happen.
+Usage: mpirun -n 2 python tests/mpi/dead_rank.py [exit|abort]
+
+exit: rank 1 exits (os._exit(3)); abort: rank 1 calls MpiBackend.abort(reason), which calls
+MPI_Abort. MPI cannot tell one rank that another died; the launcher ends the whole job instead.
+Rank 0 prints "rank 0 returned" only if its receive ever returned, which must not happen.
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ rank, size = mpi_env.world_rank_and_size()
 backend = MpiBackend(BackendContext(store=None, rank=rank, size=size, timeout=timedelta(seconds=30),
                                     group_name="default", global_ranks=tuple(range(size))))
 backend.barrier(1, D())
-if rank == 1:
+if rank == 1 and sys.argv[1:] == ["abort"]:
+    backend.abort("the test asked for it")
+    print("rank 1 returned from abort", flush=True)
+elif rank == 1:
     print("rank 1 exits now", flush=True)
     os._exit(3)
 backend.recv(torch.zeros(4), 1, 0, D())

@@ -30,6 +30,7 @@ Rules it keeps (docs/mpi.md numbers them):
 from __future__ import annotations
 
 import struct
+import sys
 import time
 import zlib
 from typing import Any
@@ -384,6 +385,8 @@ class MpiBackend(Backend):
         the group's communicator: the launcher then stops every rank of the job."""
         self._failed = reason
         if self._comm is not None:
+            print(f"ringtorch: the MPI backend of group '{self.ctx.group_name}' aborts the MPI "
+                  f"job: {reason}", file=sys.stderr, flush=True)
             self._comm.Abort(1)
 
     def close(self) -> None:
