@@ -57,6 +57,7 @@ class Agent:
         self._saved_handlers: dict[int, Any] = {}
         self._keep_files = False
         self._guardian: Guardian | None = None
+        self._in_rendezvous = False
 
     # -- signals ---------------------------------------------------------------------------
 
@@ -65,6 +66,10 @@ class Agent:
             self._signal = signum
         else:
             self._force = True  # a second signal: do not wait out the grace period
+        if self._in_rendezvous:
+            # No worker runs: interrupt whatever blocking call the rendezvous is in (a connect
+            # that retries for join_timeout) rather than wait for it to notice the flag.
+            raise RendezvousError(f"interrupted by {signal.Signals(signum).name}")
 
     def _install_signal_handlers(self) -> None:
         for sig in self.config.signals_to_handle:
@@ -94,8 +99,11 @@ class Agent:
             with _config.override(SECRET=self.config.secret):
                 return self._run(run_dir)
         except (RendezvousError, WorkerStartError) as exc:
+            if self._signal is not None:
+                say(f"received {signal.Signals(self._signal).name} during the rendezvous")
+                return 128 + self._signal
             say(f"error: {exc}")
-            return 128 + self._signal if self._signal else EXIT_FAILED
+            return EXIT_FAILED
         finally:
             if self._group is not None:
                 self._stop_group(signal.SIGKILL if self._force else signal.SIGTERM)
@@ -120,7 +128,11 @@ class Agent:
     def _run(self, run_dir: str) -> int:
         attempt = 0
         while True:
-            assignment = self.rendezvous.next_round(self._stopping)
+            self._in_rendezvous = True
+            try:
+                assignment = self.rendezvous.next_round(self._stopping)
+            finally:
+                self._in_rendezvous = False
             if self._signal is not None:
                 return self._stopped_by_signal()
             restart_count = self.config.max_restarts - self.remaining_restarts
@@ -132,34 +144,48 @@ class Agent:
             if not self.config.is_single_node or attempt > 0:
                 say(self._describe_round(assignment, restart_count))
             group.start()
-            action = self._watch(group)
             attempt += 1
-            if action is Action.FINISH:
-                self._stop_group(signal.SIGTERM)
-                self.rendezvous.finish(self._stopping)
-                return 0
-            if action is Action.STOP_FOR_SIGNAL:
-                return self._stopped_by_signal()
-            failures = list(group.failures.values())
-            if failures:
-                others = sum(1 for code in group.exit_codes() if code is None)
-                say(one_line(root_cause(failures))
-                    + (f"; stopping {others} other running worker(s)" if others else ""))
-            self._stop_group(signal.SIGTERM)
-            if action is Action.RESTART:
-                self.remaining_restarts -= 1
-            elif action is Action.REJOIN:
-                say(f"{self.rendezvous.num_nodes_waiting()} node(s) waiting to join; restarting "
-                    f"the worker group in a new round to admit them")
-            elif action is Action.STOP_FOR_PEER:
-                say(f"stopped: {self.rendezvous.closed_reason()}")
-                return EXIT_FAILED
-            else:  # GIVE_UP
-                self.rendezvous.close(f"node {group.assignment.group_rank}: "
-                                      f"{one_line(root_cause(failures))}")
-                print(format_summary(self.title, failures, keep_files=self._keep_files),
-                      file=sys.stderr, flush=True)
-                return EXIT_FAILED
+            exit_code = self._act(self._watch(group), group)
+            if exit_code is not None:
+                return exit_code
+
+    def _act(self, action: Action, group: LocalWorkerGroup) -> int | None:
+        """Carry out ``action`` on the finished watch of ``group``; the launcher's exit code,
+        or None to go on with a new round."""
+        if action is Action.FINISH:
+            self._stop_group(signal.SIGTERM)  # leftovers in the workers' process groups
+            self.rendezvous.finish(self._stopping)
+            return 0
+        if action is Action.STOP_FOR_SIGNAL:
+            return self._stopped_by_signal()
+        failures = list(group.failures.values())
+        running = sum(1 for code in group.exit_codes() if code is None)
+        if failures:
+            say(one_line(root_cause(failures))
+                + (f"; stopping {running} other running worker(s)" if running else ""))
+        elif action in (Action.RESTART, Action.GIVE_UP):
+            say(f"another node restarts round {group.assignment.round}; stopping {running} "
+                f"running worker(s)")
+        self._stop_group(signal.SIGTERM)
+        node = group.assignment.group_rank
+        if action is Action.RESTART:
+            self.remaining_restarts -= 1
+        elif action is Action.REJOIN:
+            say("node(s) waiting to join: restarting the worker group in a new round to admit "
+                "them")
+        elif action is Action.STOP_FOR_PEER:
+            say(f"stopped: {self.rendezvous.closed_reason()}")
+            return EXIT_FAILED
+        elif not failures:  # GIVE_UP: a peer restarts the round, no restart is left here
+            self.rendezvous.close(f"node {node} has no restart left")
+            say("no restart left (--max-restarts): the job fails")
+            return EXIT_FAILED
+        else:  # GIVE_UP
+            self.rendezvous.close(f"node {node}: {one_line(root_cause(failures))}")
+            print(format_summary(self.title, failures, keep_files=self._keep_files),
+                  file=sys.stderr, flush=True)
+            return EXIT_FAILED
+        return None
 
     def _describe_round(self, assignment: Assignment, restart_count: int) -> str:
         text = f"round {assignment.round}"
@@ -179,7 +205,8 @@ class Agent:
             action = decide(Observation(
                 group=group_state(codes), remaining_restarts=self.remaining_restarts,
                 nodes_waiting=self.rendezvous.num_nodes_waiting(),
-                job_closed=self.rendezvous.closed_reason() is not None, signal=self._signal))
+                job_closed=self.rendezvous.closed_reason() is not None,
+                peer_restart=self.rendezvous.restart_requested(), signal=self._signal))
             if action is not Action.WATCH:
                 return action
 

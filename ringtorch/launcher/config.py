@@ -84,21 +84,26 @@ def parse_nnodes(text: str) -> tuple[int, int]:
     return low, high
 
 
-def visible_gpu_count(environ: dict[str, str] | None = None, proc_dir: str = "/proc") -> int:
+def visible_gpu_count(environ: dict[str, str] | None = None, proc_dir: str = "/proc",
+                      dev_dir: str = "/dev") -> int:
     """NVIDIA GPUs this process may use, without importing torch: the driver's device list
-    (``/proc/driver/nvidia/gpus``) narrowed by CUDA_VISIBLE_DEVICES."""
+    (``/proc/driver/nvidia/gpus``, else the ``/dev/nvidiaN`` nodes) narrowed by
+    CUDA_VISIBLE_DEVICES."""
     environ = dict(os.environ) if environ is None else environ
     try:
         installed = len(os.listdir(os.path.join(proc_dir, "driver", "nvidia", "gpus")))
     except OSError:
-        installed = 0
+        try:
+            installed = sum(1 for name in os.listdir(dev_dir)
+                            if name.startswith("nvidia") and name[6:].isdigit())
+        except OSError:
+            installed = 0
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return installed
-    names = [v for v in visible.split(",") if v.strip()]
     # CUDA stops at the first invalid entry; "-1" or "" hides every device.
     count = 0
-    for name in names:
+    for name in (v for v in visible.split(",") if v.strip()):
         if name.strip().startswith("-"):
             break
         count += 1
@@ -244,7 +249,7 @@ class LaunchConfig:
     signals_to_handle: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
                                           signal.SIGQUIT)
     virtual_local_rank: bool = False
-    secret: str = ""
+    secret: str = field(default="", repr=False)
 
     @property
     def is_single_node(self) -> bool:

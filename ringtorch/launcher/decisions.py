@@ -9,8 +9,11 @@ lets a table of cases (tests/unit/test_launcher_decisions.py) pin the policy dow
   remain (each costs one) and the job is still open, else give up;
 - another node gave up on the job (it closed the rendezvous): stop our workers too;
 - all our workers succeeded: finish;
-- healthy, but nodes wait to join: restart into a new round to admit them (free of charge,
-  as in torch: membership changes do not count as restarts);
+- another node restarted its group: restart ours too, and count it, so that every node spends
+  the same restart budget and sees the same TORCHELASTIC_RESTART_COUNT (torch counts it only
+  on the failing node);
+- healthy, but new nodes wait to join: restart into a new round to admit them (free of
+  charge, as in torch: membership changes do not count as restarts);
 - otherwise keep watching.
 """
 
@@ -48,6 +51,7 @@ class Observation:
     remaining_restarts: int
     nodes_waiting: int = 0
     job_closed: bool = False  # another node gave up and closed the rendezvous
+    peer_restart: bool = False  # another node of our round left it to restart its workers
     signal: int | None = None  # a signal the launcher received (SIGINT, SIGTERM, ...)
 
 
@@ -62,6 +66,8 @@ def decide(obs: Observation) -> Action:
         return Action.STOP_FOR_PEER
     if obs.group is GroupState.SUCCEEDED:
         return Action.FINISH
+    if obs.peer_restart:
+        return Action.RESTART if obs.remaining_restarts > 0 else Action.GIVE_UP
     if obs.nodes_waiting > 0:
         return Action.REJOIN
     return Action.WATCH

@@ -51,6 +51,10 @@ class NodeRendezvous:
         """Nodes waiting to join a new round (they make healthy nodes restart to admit them)."""
         return 0
 
+    def restart_requested(self) -> bool:
+        """Another node of the current round left it to restart its workers."""
+        return False
+
     def closed_reason(self) -> str | None:
         """Why another node closed the job, or None while it is open."""
         return None

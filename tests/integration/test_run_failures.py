@@ -74,7 +74,7 @@ sys.exit(3)
 
 def ringrun(args: list[str], env: dict[str, str] | None = None,
             timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ringtorch.distributed.run", *args],
+    return subprocess.run([sys.executable, "-m", "ringtorch.launcher", *args],
                           env={**os.environ, **(env or {})}, capture_output=True, text=True,
                           timeout=timeout)
 

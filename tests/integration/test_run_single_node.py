@@ -1,7 +1,10 @@
-"""ringrun on one node, run as users run it: ``python -m ringtorch.distributed.run ...``.
+"""ringrun on one node, run as users run it, in a subprocess.
 
-Workers are tiny scripts without torch that report what they saw (environment, arguments)
-into files the test reads; expected values are written out literally.
+The first test goes through ``python -m ringtorch.distributed.run`` and one through the
+``ringrun`` console script; the others use ``python -m ringtorch.launcher``, the same command
+line without the 1.5 s torch import that ``ringtorch.distributed`` costs. Workers are tiny
+scripts without torch that report what they saw (environment, arguments) into files the test
+reads; expected values are written out literally.
 """
 
 from __future__ import annotations
@@ -34,12 +37,12 @@ sys.stdout.write("no newline at the end " + rank)
 """
 
 
-def ringrun(args: list[str], env: dict[str, str] | None = None,
-            timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run the real CLI to completion."""
+def ringrun(args: list[str], env: dict[str, str] | None = None, timeout: float = 60,
+            module: str = "ringtorch.launcher") -> subprocess.CompletedProcess[str]:
+    """Run the CLI to completion."""
     full_env = {**os.environ, **(env or {})}
     full_env.pop("OMP_NUM_THREADS", None)
-    return subprocess.run([sys.executable, "-m", "ringtorch.distributed.run", *args],
+    return subprocess.run([sys.executable, "-m", module, *args],
                           env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -51,7 +54,8 @@ def test_every_worker_gets_torchruns_environment(tmp_path: Path) -> None:
     script = tmp_path / "report.py"
     script.write_text(REPORT)
     result = ringrun(["--nproc-per-node", "3", "--max-restarts", "2", "--rdzv-id", "job42",
-                      str(script), "--lr", "0.5"], env={"REPORT_DIR": str(tmp_path)})
+                      str(script), "--lr", "0.5"], env={"REPORT_DIR": str(tmp_path)},
+                     module="ringtorch.distributed.run")
     assert result.returncode == 0, result.stderr
     seen = reports(tmp_path, 3)
     ports = {r["env"]["MASTER_PORT"] for r in seen}

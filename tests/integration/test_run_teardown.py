@@ -64,7 +64,7 @@ def start_job(tmp_path: Path, nproc: int) -> tuple[subprocess.Popen[str], set[in
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "ringtorch.distributed.run", "--nproc-per-node", str(nproc),
+        [sys.executable, "-m", "ringtorch.launcher", "--nproc-per-node", str(nproc),
          "--shutdown-timeout", "3", str(script)],
         env={**os.environ, "OUT_DIR": str(tmp_path)}, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30

@@ -41,6 +41,27 @@ def test_decide_follows_the_policy_table(group: GroupState, remaining: int, wait
     assert decide(obs) is expected
 
 
+# (group, remaining restarts, a peer restarted our round, nodes waiting) -> action
+PEER_RESTART_CASES = [
+    (H, 2, True, 0, Action.RESTART),  # follow the peer, and count it like the peer did
+    (H, 1, True, 3, Action.RESTART),
+    (H, 0, True, 0, Action.GIVE_UP),  # the budget is spent: the job cannot go on
+    (F, 1, True, 0, Action.RESTART),  # our own failure: the same restart
+    (S, 1, True, 0, Action.FINISH),  # our workers are done; nothing to restart
+    (H, 1, False, 0, Action.WATCH),
+]
+
+
+@pytest.mark.parametrize(("group", "remaining", "peer_restart", "waiting", "expected"),
+                         PEER_RESTART_CASES)
+def test_a_peer_restart_restarts_this_node_too(group: GroupState, remaining: int,
+                                               peer_restart: bool, waiting: int,
+                                               expected: Action) -> None:
+    obs = Observation(group=group, remaining_restarts=remaining, nodes_waiting=waiting,
+                      peer_restart=peer_restart)
+    assert decide(obs) is expected
+
+
 @pytest.mark.parametrize(("codes", "expected"), [
     ([None, None], H),
     ([0, None, None], H),

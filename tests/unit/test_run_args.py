@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from ringtorch.distributed import launch as legacy
-from ringtorch.distributed import run
 from ringtorch.launcher import (
     Assignment,
     LaunchConfig,
@@ -26,6 +24,7 @@ from ringtorch.launcher import (
     resolve_nproc_per_node,
     worker_env,
 )
+from ringtorch.launcher import cli as run
 from ringtorch.launcher.config import choose_job_secret, visible_gpu_count
 
 
@@ -84,11 +83,11 @@ def test_module_flag_runs_python_dash_m() -> None:
 
 
 def test_legacy_launch_passes_local_rank_argument_before_script_args(script: str) -> None:
-    args = legacy.parse_args(["--nproc_per_node", "2", script, "a"])
+    args = run.parse_legacy_args(["--nproc_per_node", "2", script, "a"])
     config = run.config_from_args(args, use_env=args.use_env,
-                                  local_rank_arg=legacy.LEGACY_LOCAL_RANK_ARG)
+                                  local_rank_arg=run.LEGACY_LOCAL_RANK_ARG)
     assert config.argv == (sys.executable, "-u", script, "--local_rank=${local_rank}", "a")
-    args = legacy.parse_args(["--use_env", script])
+    args = run.parse_legacy_args(["--use_env", script])
     assert run.config_from_args(args, use_env=args.use_env).argv == (sys.executable, "-u", script)
 
 
@@ -176,7 +175,14 @@ def test_gpu_count_reads_the_driver_and_cuda_visible_devices(tmp_path: Path) -> 
     assert visible_gpu_count({"CUDA_VISIBLE_DEVICES": "0,2"}, proc_dir=str(tmp_path)) == 2
     assert visible_gpu_count({"CUDA_VISIBLE_DEVICES": "1,-1,0"}, proc_dir=str(tmp_path)) == 1
     assert visible_gpu_count({"CUDA_VISIBLE_DEVICES": ""}, proc_dir=str(tmp_path)) == 0
-    assert visible_gpu_count({}, proc_dir=str(tmp_path / "none")) == 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert visible_gpu_count({}, proc_dir=str(empty), dev_dir=str(empty)) == 0
+    devices = tmp_path / "dev"
+    devices.mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "null"):
+        (devices / name).touch()
+    assert visible_gpu_count({}, proc_dir=str(empty), dev_dir=str(devices)) == 2
 
 
 def test_single_node_job_makes_its_own_secret() -> None:
@@ -223,3 +229,12 @@ def test_worker_env_keeps_a_users_omp_num_threads() -> None:
     assignment = Assignment(1, 0, 1, 0, 2, "127.0.0.1", 1)
     env = worker_env({"OMP_NUM_THREADS": "8"}, config, assignment, 0, 0, "/tmp/e")
     assert env["OMP_NUM_THREADS"] == "8"
+
+
+def test_torch_named_modules_are_this_cli() -> None:
+    from ringtorch.distributed import launch
+    from ringtorch.distributed import run as dist_run
+
+    assert dist_run.main is run.main and dist_run.get_args_parser is run.get_args_parser
+    assert dist_run.config_from_args is run.config_from_args
+    assert launch.main is run.legacy_main and launch.parse_args is run.parse_legacy_args
