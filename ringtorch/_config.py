@@ -136,6 +136,12 @@ SPIN_US = _knob(
     "costs 25-60 us on virtual machines); 0 blocks at once. Ignored when ranks outnumber cores",
 )
 
+STORE_MAX_VALUE_BYTES = _knob(
+    "RINGTORCH_STORE_MAX_VALUE_BYTES", 64 * 1024 * 1024, int,
+    "largest value (bytes) a TCPStore accepts in one set; a larger one is refused with a "
+    "ValueError naming the key, and the server drops a request announcing more",
+)
+
 
 @contextlib.contextmanager
 def override(**values: Any) -> Iterator[None]:

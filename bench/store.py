@@ -1,0 +1,119 @@
+"""TCPStore throughput: ringtorch vs torch, side by side in one run.
+
+For each store, the master lives in this process (its server thread serves, it issues no
+operations) and ``--clients`` client processes hammer it with one operation at a time:
+``set`` (a key per client, a small value), ``get`` (an existing key) and ``add`` (one key
+shared by every client). Each client runs ``--seconds`` per operation after a common start
+signal; the table shows total operations per second over all clients, and the ratio
+ringtorch / torch.
+
+    .venv/bin/python bench/store.py                 # 4 clients, 2 s per operation
+    .venv/bin/python bench/store.py --clients 8 --seconds 3 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from datetime import timedelta
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+OPS = ("set", "get", "add")
+
+
+def _make_store(kind: str, port: int, is_master: bool):
+    if kind == "torch":
+        import torch.distributed as dist
+
+        return dist.TCPStore("127.0.0.1", port, None, is_master, timedelta(seconds=60),
+                             wait_for_workers=False)
+    from ringtorch.store import TCPStore
+
+    return TCPStore("127.0.0.1", port, None, is_master, timedelta(seconds=60),
+                    wait_for_workers=False)
+
+
+def _client(kind: str, port: int, index: int, seconds: float, round_: int, out) -> None:
+    store = _make_store(kind, port, False)
+    value = b"v" * 16
+    key = f"key{index}"
+    store.set(key, value)
+    results = {}
+    for op in OPS:
+        store.add(f"ready/{round_}/{op}", 1)
+        store.wait([f"go/{round_}/{op}"])
+        if op == "set":
+            fn = lambda: store.set(key, value)
+        elif op == "get":
+            fn = lambda: store.get(key)
+        else:
+            fn = lambda: store.add("counter", 1)
+        count = 0
+        start = time.perf_counter()
+        end = start + seconds
+        while True:
+            for _ in range(50):
+                fn()
+            count += 50
+            now = time.perf_counter()
+            if now >= end:
+                break
+        results[op] = (count, now - start)
+    out.send(results)
+
+
+def _run(kind: str, clients: int, seconds: float, round_: int) -> dict[str, float]:
+    master = _make_store(kind, 0, True)
+    ctx = mp.get_context("spawn")
+    pipes, procs = [], []
+    for index in range(clients):
+        parent, child = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_client, args=(kind, master.port, index, seconds, round_,
+                                                 child))
+        proc.start()
+        pipes.append(parent)
+        procs.append(proc)
+    for op in OPS:
+        while int(master.add(f"ready/{round_}/{op}", 0)) < clients:
+            time.sleep(0.005)
+        master.set(f"go/{round_}/{op}", b"1")
+    results = [p.recv() for p in pipes]
+    for proc in procs:
+        proc.join()
+    if kind == "torch":
+        del master
+    else:
+        master.close()
+    return {op: sum(r[op][0] for r in results) / max(r[op][1] for r in results) for op in OPS}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="alternate torch and ringtorch this many times; report medians")
+    args = parser.parse_args()
+    samples: dict[str, dict[str, list[float]]] = {k: {op: [] for op in OPS}
+                                                  for k in ("torch", "ringtorch")}
+    for round_ in range(args.rounds):
+        for kind in ("torch", "ringtorch"):
+            for op, rate in _run(kind, args.clients, args.seconds, round_).items():
+                samples[kind][op].append(rate)
+    print(f"TCPStore throughput, {args.clients} client processes, {args.seconds:g} s per op, "
+          f"{args.rounds} round(s), median ops/s ({os.cpu_count()} CPUs)")
+    print("| op | torch TCPStore | ringtorch TCPStore | ringtorch / torch |")
+    print("|---|---|---|---|")
+    for op in OPS:
+        t = statistics.median(samples["torch"][op])
+        r = statistics.median(samples["ringtorch"][op])
+        print(f"| {op} | {t:,.0f} | {r:,.0f} | {r / t:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,380 @@
+"""The TCPStore server: one selectors event loop serving every client of a store.
+
+Each accepted connection first runs the ringtorch handshake in a short thread of its own (a
+slow or hostile client never stalls the loop), then its socket is handed to the loop, which
+reads request frames (``_protocol.py``), applies them to one KeyValueTable and answers.
+
+Guarantees kept here:
+- bytes only: nothing received is unpickled or evaluated; a frame that does not parse (unknown
+  op, lengths over the caps, a wrong field count) closes that connection and is logged, and
+  every other client is served on as if nothing happened;
+- blocking ``get``/``wait``/``multi_get``/``queue_pop`` are parked, never polled: a parked request
+  watches one missing key and is re-examined when that key changes; a timer heap answers
+  STATUS_TIMEOUT at its deadline and drops it;
+- a client silent in the middle of a frame for longer than the handshake timeout is closed
+  (slowloris), as is a client that closes mid-frame;
+- the loop never raises: an unexpected error closes the connection it came from.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import queue
+import selectors
+import socket
+import threading
+import time
+
+from ringtorch import _config
+from ringtorch._wire.errors import HandshakeError
+from ringtorch._wire.handshake import SERVICE_STORE, handshake_deadline, server_handshake
+from ringtorch._wire.sockets import listen_tcp, tune_tcp
+from ringtorch.store import _protocol as P
+from ringtorch.store._table import KeyValueTable
+from ringtorch.store._tcp_ops import ARITY, Conn, StoreOps, Waiter
+
+log = logging.getLogger("ringtorch.store")
+
+MAX_CONNECTIONS = 1024
+MAX_HANDSHAKES_IN_FLIGHT = 128
+RECV_NBYTES = 256 * 1024
+OUT_HIGH_WATER_NBYTES = 16 * 1024 * 1024
+
+_LISTENER = "listener"
+_WAKE = "wake"
+
+
+class _ProtocolError(Exception):
+    """The client sent something that is not a valid request; its connection is closed."""
+
+
+class StoreServer(StoreOps):
+    """A TCPStore server listening on ``host:port`` (``port=0`` picks one; read ``.port``)."""
+
+    def __init__(self, host: str, port: int, listen_fd: int | None = None) -> None:
+        if listen_fd is not None:
+            self._listener = socket.socket(fileno=listen_fd)
+            tune_tcp(self._listener)
+        else:
+            self._listener = listen_tcp(host, port)
+        self._listener.setblocking(False)
+        self.host = host
+        self.port = int(self._listener.getsockname()[1])
+        self._pid = os.getpid()
+        self._table = KeyValueTable()
+        self._waiters: dict[bytes, list[Waiter]] = {}
+        self._timers: list[tuple[float, int, object]] = []
+        self._live_timers = 0
+        self._seq = itertools.count()
+        self._conns: set[Conn] = set()
+        self._dirty: list[Conn] = []
+        self._handshakes = 0
+        self._handshakes_lock = threading.Lock()
+        self._pending: queue.SimpleQueue[tuple[socket.socket, str]] = queue.SimpleQueue()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._listener, selectors.EVENT_READ, _LISTENER)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, _WAKE)
+        self._stopping = False
+        self._rbuf = bytearray(RECV_NBYTES)
+        self._rview = memoryview(self._rbuf)
+        self._max_frame = _config.STORE_MAX_VALUE_BYTES.get() + P.FRAME_SLACK_NBYTES
+        self._idle_limit = _config.HANDSHAKE_TIMEOUT.get()
+        self._handlers = self._op_handlers()
+        self._thread = threading.Thread(target=self._run, name=f"ringtorch-store-{self.port}",
+                                        daemon=True)
+
+    @property
+    def owner_pid(self) -> int:
+        """The process whose thread serves (a forked child holds copies of the sockets)."""
+        return self._pid
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self) -> StoreServer:
+        self._thread.start()
+        log.info("TCPStore server listening on %s", self.address)
+        return self
+
+    def close(self) -> None:
+        """Stop the loop, close every connection and the listening socket."""
+        if self._stopping:
+            return
+        self._stopping = True
+        if os.getpid() != self._pid:  # a forked child holds copies only: the parent serves on
+            for sock in (self._listener, self._wake_r, self._wake_w):
+                sock.close()
+            return
+        self._wake()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(5.0)
+
+    def serve_forever(self) -> None:
+        """Run the loop in the calling thread until close() (the standalone server)."""
+        self._run()
+
+    # ----- loop -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                events = self._sel.select(self._next_timeout())
+                for key, mask in events:
+                    self._on_event(key.data, mask)
+                self._fire_timers()
+                self._flush_dirty()
+        except Exception:  # a bug: keep it loud, but never leave clients hanging
+            log.exception("TCPStore server on %s stopped on an unexpected error", self.address)
+        finally:
+            self._shutdown()
+
+    def _on_event(self, data: object, mask: int) -> None:
+        if data is _LISTENER:
+            self._accept()
+        elif data is _WAKE:
+            self._adopt_pending()
+        else:
+            assert isinstance(data, Conn)
+            try:
+                if mask & selectors.EVENT_READ:
+                    self._on_readable(data)
+                if mask & selectors.EVENT_WRITE and not data.closed:
+                    self._flush(data)
+            except _ProtocolError as exc:
+                self._close_conn(data, f"bad request ({exc})")
+            except Exception as exc:
+                log.exception("TCPStore server on %s: error serving %s", self.address, data.peer)
+                self._close_conn(data, f"server error {exc!r}")
+
+    def _shutdown(self) -> None:
+        for conn in list(self._conns):
+            self._close_conn(conn, None)
+        while not self._pending.empty():
+            self._pending.get_nowait()[0].close()
+        self._sel.close()
+        for sock in (self._listener, self._wake_r, self._wake_w):
+            sock.close()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass  # the pipe is already full (a wake-up is pending) or closed
+
+    # ----- connections ------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, addr = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # e.g. EMFILE: keep serving the connections we have
+                log.warning("TCPStore server on %s: accept failed: %s", self.address, exc)
+                return
+            peer = f"{addr[0]}:{addr[1]}"
+            with self._handshakes_lock:
+                busy = self._handshakes >= MAX_HANDSHAKES_IN_FLIGHT
+                full = len(self._conns) + self._handshakes >= MAX_CONNECTIONS
+                if not (busy or full):
+                    self._handshakes += 1
+            if busy or full:
+                log.warning("TCPStore server on %s: refused %s: too many %s", self.address, peer,
+                            "handshakes in flight" if busy else "connections")
+                sock.close()
+                continue
+            threading.Thread(target=self._handshake, args=(sock, peer), daemon=True,
+                             name=f"ringtorch-store-handshake-{peer}").start()
+
+    def _handshake(self, sock: socket.socket, peer: str) -> None:
+        try:
+            sock.setblocking(True)
+            tune_tcp(sock)
+            server_handshake(sock, SERVICE_STORE, handshake_deadline(), peer)
+            sock.settimeout(None)
+            sock.setblocking(False)
+        except (HandshakeError, OSError) as exc:
+            log.warning("TCPStore server on %s: auth failed from %s: %s", self.address, peer, exc)
+            sock.close()
+            return
+        finally:
+            with self._handshakes_lock:
+                self._handshakes -= 1
+        self._pending.put((sock, peer))
+        self._wake()
+
+    def _adopt_pending(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        while not self._pending.empty():
+            sock, peer = self._pending.get_nowait()
+            conn = Conn(sock, peer)
+            self._conns.add(conn)
+            self._sel.register(sock, selectors.EVENT_READ, conn)
+
+    def _close_conn(self, conn: Conn, reason: str | None) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        if reason is not None:
+            log.warning("TCPStore server on %s: closed the connection from %s: %s",
+                        self.address, conn.peer, reason)
+        try:
+            self._sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+        self._conns.discard(conn)
+        for waiter in list(conn.parked):
+            self._retire(waiter)
+        conn.out.clear()
+
+    # ----- reading and parsing ----------------------------------------------------------
+
+    def _on_readable(self, conn: Conn) -> None:
+        try:
+            n = conn.sock.recv_into(self._rview)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._close_conn(conn, f"connection error ({exc})" if conn.inbuf else None)
+            return
+        if not n:
+            self._close_conn(conn, f"closed in the middle of a request ({len(conn.inbuf)} "
+                                   f"bytes unparsed)" if conn.inbuf else None)
+            return
+        was_partial = bool(conn.inbuf)
+        if was_partial:
+            conn.inbuf += self._rview[:n]
+            consumed = self._parse(conn, conn.inbuf, len(conn.inbuf))
+            del conn.inbuf[:consumed]
+        else:
+            consumed = self._parse(conn, self._rbuf, n)
+            if consumed < n and not conn.closed:
+                conn.inbuf = bytearray(self._rview[consumed:n])
+        if conn.inbuf and not conn.closed:
+            conn.last_progress = time.monotonic()
+            if not was_partial:
+                self._push_timer(conn.last_progress + self._idle_limit, conn)
+
+    def _parse(self, conn: Conn, buf: bytearray, total: int) -> int:
+        """Serve every complete request in buf[:total]; the number of bytes consumed."""
+        pos = 0
+        head_size = P.REQUEST_HEAD.size
+        unpack_head = P.REQUEST_HEAD.unpack_from
+        unpack_length = P.FIELD_LENGTH.unpack_from
+        data = self._table.data
+        with memoryview(buf) as view:
+            while total - pos >= head_size and not conn.closed:
+                nbytes, rid, op, _flags, nfields, tmo, arg = unpack_head(buf, pos)
+                if nbytes > self._max_frame:
+                    raise _ProtocolError(f"a request of {nbytes} bytes, over the cap of "
+                                         f"{self._max_frame}")
+                start = pos + head_size
+                end = start + nbytes
+                if end > total:
+                    break
+                if op == P.OP_SET and nfields == 2 and nbytes >= 8:  # the hot path, inlined
+                    key_end = start + 4 + unpack_length(buf, start)[0]
+                    if key_end + 4 <= end and key_end + 4 + unpack_length(buf, key_end)[0] == end:
+                        key = bytes(view[start + 4:key_end])
+                        data[key] = bytes(view[key_end + 4:end])
+                        if key in self._waiters:
+                            self._notify(key)
+                        pos = end
+                        continue
+                fields = P.decode_fields(view[start:end], nfields)
+                arity = ARITY.get(op, -1)
+                if arity == -1:
+                    raise _ProtocolError(f"unknown op {op}")
+                if fields is None:
+                    raise _ProtocolError("field lengths do not add up to the request size")
+                if (arity is not None and nfields != arity) or (
+                        op == P.OP_MULTI_SET and nfields % 2):
+                    raise _ProtocolError(f"op {op} with {nfields} fields")
+                self._handlers[op](conn, rid, op, fields, tmo, arg)
+                pos = end
+        return pos
+
+    # ----- writing ----------------------------------------------------------------------
+
+    def _reply(self, conn: Conn, rid: int, status: int = P.STATUS_OK, value: int = 0,
+               fields: list[bytes] | None = None) -> None:
+        if conn.closed:
+            return
+        if fields:
+            parts = P.encode_fields(fields)
+            nbytes = sum(len(f) for f in fields) + 4 * len(fields)
+            conn.out.append(P.RESPONSE_HEAD.pack(nbytes, rid, status, 0, len(fields), value))
+            conn.out.extend(parts)
+        else:
+            conn.out.append(P.RESPONSE_HEAD.pack(0, rid, status, 0, 0, value))
+        if not conn.dirty:
+            conn.dirty = True
+            self._dirty.append(conn)
+
+    def _flush_dirty(self) -> None:
+        dirty, self._dirty = self._dirty, []
+        for conn in dirty:
+            conn.dirty = False
+            if conn.out and not conn.closed and not conn.writing:
+                self._flush(conn)
+
+    def _flush(self, conn: Conn) -> None:
+        data = conn.out[0] if len(conn.out) == 1 else b"".join(conn.out)
+        try:
+            sent = conn.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            self._close_conn(conn, None if isinstance(exc, ConnectionError) else str(exc))
+            return
+        rest = data[sent:]
+        conn.out = [rest] if rest else []
+        writing = bool(rest)
+        if writing != conn.writing:
+            conn.writing = writing
+            # Backpressure: a client that does not read its answers is not read from.
+            events = selectors.EVENT_WRITE if len(rest) > OUT_HIGH_WATER_NBYTES else (
+                selectors.EVENT_READ | selectors.EVENT_WRITE if writing else selectors.EVENT_READ)
+            self._sel.modify(conn.sock, events, conn)
+
+    # ----- timers -----------------------------------------------------------------------
+
+    def _push_timer(self, deadline: float, item: object) -> None:
+        heapq.heappush(self._timers, (deadline, next(self._seq), item))
+
+    def _next_timeout(self) -> float | None:
+        if not self._timers:
+            return None
+        return max(0.0, self._timers[0][0] - time.monotonic())
+
+    def _fire_timers(self) -> None:
+        timers = self._timers
+        if not timers:
+            return
+        now = time.monotonic()
+        while timers and timers[0][0] <= now:
+            _, _, item = heapq.heappop(timers)
+            if isinstance(item, Waiter):
+                if not item.done:
+                    self._expire(item)
+            elif isinstance(item, Conn) and item.inbuf and not item.closed:
+                idle = now - item.last_progress
+                if idle >= self._idle_limit:
+                    self._close_conn(item, f"silent for {idle:.1f} s in the middle of a request")
+                else:
+                    self._push_timer(item.last_progress + self._idle_limit, item)
+        if len(timers) > 1024 and len(timers) > 4 * self._live_timers:
+            self._timers = [t for t in timers if not (isinstance(t[2], Waiter) and t[2].done)]
+            heapq.heapify(self._timers)

@@ -1,0 +1,475 @@
+"""TCPStore: torch's TCP key-value store, a server in the master process and a client in each.
+
+``TCPStore(host_name, port, world_size=None, is_master=False, timeout=timedelta(seconds=300),
+wait_for_workers=True, multi_tenant=False)`` has torch's arguments and meaning: the master
+process runs the server (``_tcp_server.StoreServer``, in a daemon thread) and is a client of it
+too; ``port=0`` picks a free port (read ``.port``); ``wait_for_workers`` makes the master wait
+at construction until ``world_size`` clients (itself included) have joined; ``multi_tenant``
+shares one server per (host, port) in the process.
+
+The client keeps one connection, guarded by a lock (one request in flight), sends each request
+with one system call and reads the answer into a reusable buffer. Blocking operations carry
+their timeout to the server, which answers STATUS_TIMEOUT at the deadline; the client itself
+waits one grace second longer, so a server that died or hangs is reported, naming host:port,
+instead of waited on forever. After a fork, the child reconnects on its first operation and
+never touches the parent's stream.
+
+Binding (DESIGN.md, Security): a master whose host name is a loopback address listens on that
+address only; any other host name binds every interface, and without a job secret
+(RINGTORCH_SECRET) that logs a loud warning.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+import weakref
+from datetime import timedelta
+
+from ringtorch import _config
+from ringtorch._errors import DistNetworkError, DistStoreError
+from ringtorch._wire.errors import DeadlineExceeded, HandshakeError
+from ringtorch._wire.handshake import SERVICE_STORE, client_handshake, job_secret
+from ringtorch._wire.sockets import connect_tcp
+from ringtorch.store import _protocol as P
+from ringtorch.store._table import INTERNAL_PREFIX, display_key
+from ringtorch.store._tcp_server import StoreServer
+from ringtorch.store.base import DEFAULT_TIMEOUT, Store
+
+log = logging.getLogger("ringtorch.store")
+
+JOIN_KEY = INTERNAL_PREFIX + b"joined"
+GRACE_S = 1.0
+_RECV_BUFFER_NBYTES = 64 * 1024
+_TIMEVAL = struct.Struct("@ll")
+_SET_HEAD = struct.Struct(P.REQUEST_HEAD.format + "I")  # the head and the key's length
+
+
+class StoreAddressInUseError(DistNetworkError, OSError):
+    """The master could not listen: the port is taken. Both a DistNetworkError (torch's type)
+    and an OSError (errno EADDRINUSE), so either ``except`` clause catches it."""
+
+
+# ----- servers shared in-process (multi_tenant) ------------------------------------------
+
+_servers_lock = threading.Lock()
+_servers: dict[tuple[str, int], list] = {}  # (host, port) -> [server, users]
+
+
+def bind_address(host_name: str) -> str:
+    """Where a master for ``host_name`` listens: that loopback address, else every interface."""
+    try:
+        infos = socket.getaddrinfo(host_name, None, type=socket.SOCK_STREAM)
+        addrs = [info[4][0] for info in infos]
+    except (socket.gaierror, UnicodeError):
+        addrs = []
+    if addrs and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs):
+        return next((a for a in addrs if ":" not in a), addrs[0])
+    return "0.0.0.0"
+
+
+def _acquire_server(host_name: str, port: int, multi_tenant: bool,
+                    listen_fd: int | None) -> StoreServer:
+    with _servers_lock:
+        entry = _servers.get((host_name, port)) if multi_tenant and port else None
+        if entry is not None and entry[0].owner_pid == os.getpid():
+            entry[1] += 1
+            return entry[0]
+        bind = bind_address(host_name)
+        try:
+            server = StoreServer(bind, port, listen_fd)
+        except OSError as exc:
+            error = StoreAddressInUseError(
+                f"The server socket has failed to listen on any local network address. "
+                f"port: {port}, host: {bind}: {exc.strerror or exc}")
+            error.errno = exc.errno
+            raise error from None
+        if bind == "0.0.0.0" and job_secret() is None:
+            log.warning(
+                "TCPStore server listens on every interface (0.0.0.0:%d, for host %r) WITHOUT a "
+                "job secret: anyone who can reach this port can read and write the store. Set "
+                "RINGTORCH_SECRET on every process of the job (ringrun does), or use a loopback "
+                "MASTER_ADDR for a single-host job.", server.port, host_name)
+        server.start()
+        if multi_tenant:
+            _servers[(host_name, server.port)] = [server, 1]
+        return server
+
+
+def _release_server(server: StoreServer, host_name: str, multi_tenant: bool) -> None:
+    with _servers_lock:
+        entry = _servers.get((host_name, server.port))
+        if multi_tenant and entry is not None and entry[0] is server:
+            entry[1] -= 1
+            if entry[1] > 0:
+                return
+            del _servers[(host_name, server.port)]
+    server.close()
+
+
+class _Resources:
+    """What a TCPStore must release even when it is garbage-collected without close()."""
+
+    __slots__ = ("host", "multi_tenant", "server", "sock")
+
+    def __init__(self, server: StoreServer | None, host: str, multi_tenant: bool) -> None:
+        self.server = server
+        self.host = host
+        self.multi_tenant = multi_tenant
+        self.sock: socket.socket | None = None
+
+    def release(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        server, self.server = self.server, None
+        if server is not None and server.owner_pid == os.getpid():
+            _release_server(server, self.host, self.multi_tenant)
+
+
+# ----- fork safety -----------------------------------------------------------------------
+
+_clients: weakref.WeakSet[TCPStore] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_clients):
+        store._forget_connection()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class TCPStore(Store):
+    """torch's ``TCPStore``; see the module docstring."""
+
+    def __init__(self, host_name: str, port: int, world_size: int | None = None,
+                 is_master: bool = False, timeout: timedelta = DEFAULT_TIMEOUT,
+                 wait_for_workers: bool = True, multi_tenant: bool = False,
+                 master_listen_fd: int | None = None, use_libuv: bool = True) -> None:
+        super().__init__(timeout)
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
+            raise ValueError(f"port must have value from 0 to 65535 but was {port}.")
+        if not is_master and port == 0:
+            raise ValueError("a TCPStore client needs the server's port; port=0 only makes "
+                             "sense with is_master=True")
+        self._host = host_name
+        self._world_size = world_size if world_size is not None and world_size > 0 else None
+        self._multi_tenant = multi_tenant
+        self._server: StoreServer | None = None
+        self._connect_host = host_name
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._pid = os.getpid()
+        self._next_id = 0
+        self._rcvtimeo = -1.0
+        self._buf = bytearray(_RECV_BUFFER_NBYTES)
+        self._max_value = _config.STORE_MAX_VALUE_BYTES.get()
+        if is_master:
+            self._server = _acquire_server(host_name, port, multi_tenant, master_listen_fd)
+            port = self._server.port
+            bound = self._server.host
+            self._connect_host = "127.0.0.1" if bound == "0.0.0.0" else bound
+        self._port = port
+        self._res = _Resources(self._server, host_name, multi_tenant)
+        self._finalizer = weakref.finalize(self, self._res.release)
+        try:
+            self._connect(time.monotonic() + self._timeout.total_seconds())
+            self._request(P.OP_ADD, [JOIN_KEY], 1)
+            if is_master and wait_for_workers and self._world_size is not None:
+                self._wait_for_workers(self._world_size)
+        except BaseException:
+            self.close()
+            raise
+        _clients.add(self)
+
+    @property
+    def host(self) -> str:
+        """The host name the store was created with."""
+        return self._host
+
+    @property
+    def port(self) -> int:
+        """The server's port (the one picked when created with port=0)."""
+        return self._port
+
+    def clone(self) -> TCPStore:
+        """A new client connection to the same server (no join, no server of its own)."""
+        twin = TCPStore.__new__(TCPStore)
+        Store.__init__(twin, self._timeout)
+        twin.__dict__.update(
+            _host=self._host, _world_size=self._world_size, _multi_tenant=False, _server=None,
+            _connect_host=self._connect_host, _lock=threading.Lock(), _sock=None,
+            _pid=os.getpid(), _next_id=0, _rcvtimeo=-1.0,
+            _buf=bytearray(_RECV_BUFFER_NBYTES), _max_value=self._max_value, _port=self._port,
+            _res=_Resources(None, self._host, False))
+        twin._finalizer = weakref.finalize(twin, twin._res.release)
+        twin._connect(time.monotonic() + self._timeout.total_seconds())
+        _clients.add(twin)
+        return twin
+
+    def _describe(self) -> str:
+        return f"TCPStore {self._host}:{self._port}"
+
+    def _close(self) -> None:
+        with self._lock:
+            self._drop_connection()
+        self._finalizer()
+
+    # ----- connection -------------------------------------------------------------------
+
+    def _connect(self, deadline: float) -> None:
+        peer = f"{self._host}:{self._port}"
+        try:
+            sock = connect_tcp(self._connect_host, self._port, deadline)
+        except DeadlineExceeded as exc:
+            raise DistNetworkError(
+                f"TCPStore client could not connect to {peer} within {self._timeout}: "
+                f"{exc}") from None
+        except OSError as exc:
+            raise DistNetworkError(f"TCPStore client could not connect to {peer}: {exc}") from None
+        try:
+            client_handshake(sock, SERVICE_STORE, min(deadline, time.monotonic() + max(
+                _config.HANDSHAKE_TIMEOUT.get(), 0.1)), peer)
+        except HandshakeError:
+            sock.close()
+            raise
+        sock.settimeout(None)  # blocking: SO_RCVTIMEO bounds each wait, without a poll() per recv
+        self._sock = self._res.sock = sock
+        self._set_recv_timeout(sock, max(self._timeout.total_seconds(), GRACE_S))
+
+    def _drop_connection(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = self._res.sock = None
+
+    def _forget_connection(self) -> None:
+        """In a forked child: leave the parent's socket alone and reconnect when used."""
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        # Closing our copy of the descriptor sends nothing: the parent's stream is untouched.
+        self._drop_connection()
+
+    def _set_recv_timeout(self, sock: socket.socket, seconds: float) -> None:
+        whole = int(seconds)
+        value = _TIMEVAL.pack(whole, max(1, int((seconds - whole) * 1e6)))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+        self._rcvtimeo = seconds
+
+    # ----- one request, one answer --------------------------------------------------------
+
+    def _request(self, op: int, fields: list[bytes], arg: int = 0,
+                 timeout: timedelta | None = None) -> tuple[int, int, list[bytes]]:
+        """Send one request and return the answer's (status, value, fields).
+
+        ``timeout`` is given for blocking ops: the server parks the request that long; we wait
+        a grace second more. Other ops must be answered within the store timeout. "No answer"
+        ops (set, multi_set, append, queue_push) return (STATUS_OK, 0, []) once sent.
+        """
+        nbytes = 0
+        for field in fields:
+            nbytes += 4 + len(field)
+        if nbytes > self._max_value + P.FRAME_SLACK_NBYTES or len(fields) > P.MAX_FIELDS:
+            raise ValueError(f"a request of {nbytes} bytes in {len(fields)} fields is over the "
+                             f"TCPStore limits ({self._max_value} bytes per value, see "
+                             f"RINGTORCH_STORE_MAX_VALUE_BYTES; {P.MAX_FIELDS} keys)")
+        if timeout is None:
+            tmo_ms, wait_s = 0, max(self._timeout.total_seconds(), GRACE_S)
+        else:
+            seconds = timeout.total_seconds()
+            tmo_ms, wait_s = P.timeout_ms(seconds), seconds + GRACE_S
+        with self._lock:
+            sock = self._sock or self._reconnect()
+            self._next_id = rid = (self._next_id + 1) & 0xFFFFFFFF
+            head = P.REQUEST_HEAD.pack(nbytes, rid, op, 0, len(fields), tmo_ms, arg)
+            try:
+                if wait_s != self._rcvtimeo:
+                    self._set_recv_timeout(sock, wait_s)
+                if nbytes < 65536:
+                    sock.sendall(b"".join([head, *P.encode_fields(fields)]))
+                else:
+                    self._send_large(sock, [head, *P.encode_fields(fields)])
+                if op in P.NO_ANSWER_OPS:
+                    return P.STATUS_OK, 0, []
+                return self._recv_answer(sock, rid)
+            except (BlockingIOError, TimeoutError):
+                self._drop_connection()
+                raise DistStoreError(
+                    f"TCPStore {self._host}:{self._port} did not answer within "
+                    f"{timedelta(seconds=wait_s)}: the server is hung or unreachable") from None
+            except OSError as exc:
+                self._drop_connection()
+                raise DistNetworkError(
+                    f"lost the connection to TCPStore {self._host}:{self._port} ({exc}); "
+                    f"did the server process (the master, rank 0) exit or crash?") from None
+
+    def _reconnect(self) -> socket.socket:
+        self._connect(time.monotonic() + self._timeout.total_seconds())
+        assert self._sock is not None
+        return self._sock
+
+    def _send_large(self, sock: socket.socket, buffers: list[bytes]) -> None:
+        views = [memoryview(b) for b in buffers if b]
+        while views:
+            sent = sock.sendmsg(views[:512])
+            while sent:
+                if sent >= len(views[0]):
+                    sent -= len(views.pop(0))
+                else:
+                    views[0] = views[0][sent:]
+                    sent = 0
+
+    def _recv_answer(self, sock: socket.socket, rid: int) -> tuple[int, int, list[bytes]]:
+        buf = self._buf
+        head_size = P.RESPONSE_HEAD.size
+        with memoryview(buf) as view:
+            got = 0
+            while got < head_size:
+                n = sock.recv_into(view[got:])
+                if n == 0:
+                    raise ConnectionResetError("the server closed the connection")
+                got += n
+            nbytes, answer_id, status, _, nfields, value = P.RESPONSE_HEAD.unpack_from(buf)
+            total = head_size + nbytes
+            if answer_id != rid or got > total:
+                raise ConnectionResetError(f"protocol error: answer {answer_id} to request {rid}")
+            if nfields == 0 and nbytes == 0:
+                return status, value, []
+            if total <= len(buf):
+                while got < total:
+                    n = sock.recv_into(view[got:total])
+                    if n == 0:
+                        raise ConnectionResetError("the server closed the connection")
+                    got += n
+                fields = P.decode_fields(view[head_size:total], nfields)
+            else:
+                big = bytearray(nbytes)
+                big[:got - head_size] = view[head_size:got]
+                self._fill(sock, big, got - head_size)
+                fields = P.decode_fields(big, nfields)
+        if fields is None:
+            raise ConnectionResetError("protocol error: a malformed answer")
+        return status, value, fields
+
+    @staticmethod
+    def _fill(sock: socket.socket, big: bytearray, got: int) -> None:
+        with memoryview(big) as view:
+            while got < len(big):
+                n = sock.recv_into(view[got:])
+                if n == 0:
+                    raise ConnectionResetError("the server closed the connection")
+                got += n
+
+    def _call(self, op: int, fields: list[bytes], arg: int = 0,
+              timeout: timedelta | None = None) -> tuple[int, int, list[bytes]]:
+        """_request, with the server's errors raised as exceptions."""
+        status, value, out = self._request(op, fields, arg, timeout)
+        if status == P.STATUS_ERROR:
+            message = out[0].decode(errors="replace") if out else "unknown error"
+            raise (ValueError if value == P.ERROR_VALUE else DistStoreError)(message)
+        return status, value, out
+
+    def _check_sizes(self, key: bytes, value: bytes | None = None) -> None:
+        if len(key) > P.MAX_KEY_NBYTES:
+            raise ValueError(f"key {display_key(key[:40])!r}... is {len(key)} bytes; TCPStore "
+                             f"keys are at most {P.MAX_KEY_NBYTES} bytes")
+        if value is not None and len(value) > self._max_value:
+            raise ValueError(f"value for key {display_key(key)!r} is {len(value)} bytes; "
+                             f"TCPStore values are at most {self._max_value} bytes "
+                             f"(RINGTORCH_STORE_MAX_VALUE_BYTES)")
+
+    def _wait_for_workers(self, world_size: int) -> None:
+        status, count, _ = self._call(P.OP_WAIT_COUNT, [JOIN_KEY], world_size, self._timeout)
+        if status == P.STATUS_TIMEOUT:
+            seconds = self._timeout.total_seconds()
+            shown = int(seconds) if seconds == int(seconds) else seconds
+            raise DistStoreError(f"Timed out after {shown} seconds waiting for clients. "
+                                 f"{count}/{world_size} clients joined.")
+
+    # ----- the medium -------------------------------------------------------------------
+
+    def _set(self, key: bytes, value: bytes) -> None:
+        if len(key) > P.MAX_KEY_NBYTES or len(value) >= 65536:
+            self._check_sizes(key, value)
+            self._request(P.OP_SET, [key, value])
+            return
+        # The hot path: one bytes object, one send, no answer to wait for.
+        frame = b"".join((_SET_HEAD.pack(8 + len(key) + len(value), 0, P.OP_SET, 0, 2, 0, 0,
+                                         len(key)), key, P.FIELD_LENGTH.pack(len(value)), value))
+        with self._lock:
+            sock = self._sock or self._reconnect()
+            try:
+                sock.sendall(frame)
+            except OSError as exc:
+                self._drop_connection()
+                raise DistNetworkError(
+                    f"lost the connection to TCPStore {self._host}:{self._port} ({exc}); "
+                    f"did the server process (the master, rank 0) exit or crash?") from None
+
+    def _get(self, key: bytes, timeout: timedelta) -> bytes | None:
+        self._check_sizes(key)
+        status, _, out = self._call(P.OP_GET, [key], 0, timeout)
+        return out[0] if status == P.STATUS_OK else None
+
+    def _add(self, key: bytes, amount: int) -> int:
+        self._check_sizes(key)
+        if not -(2**63) <= amount < 2**63:
+            raise ValueError(f"add amount {amount} does not fit in 64 bits")
+        return self._call(P.OP_ADD, [key], amount)[1]
+
+    def _compare_set(self, key: bytes, expected: bytes, desired: bytes) -> bytes:
+        self._check_sizes(key, desired)
+        return self._call(P.OP_COMPARE_SET, [key, expected, desired])[2][0]
+
+    def _wait(self, keys: list[bytes], timeout: timedelta) -> bool:
+        for key in keys:
+            self._check_sizes(key)
+        return self._call(P.OP_WAIT, keys, 0, timeout)[0] == P.STATUS_OK
+
+    def _check(self, keys: list[bytes]) -> bool:
+        return bool(self._call(P.OP_CHECK, keys)[1])
+
+    def _delete_key(self, key: bytes) -> bool:
+        return bool(self._call(P.OP_DELETE, [key])[1])
+
+    def _num_keys(self) -> int:
+        return self._call(P.OP_NUM_KEYS, [])[1]
+
+    def _multi_get(self, keys: list[bytes], timeout: timedelta) -> list[bytes] | None:
+        status, _, out = self._call(P.OP_MULTI_GET, keys, 0, timeout)
+        return out if status == P.STATUS_OK else None
+
+    def _multi_set(self, keys: list[bytes], values: list[bytes]) -> None:
+        fields: list[bytes] = []
+        for key, value in zip(keys, values, strict=True):
+            self._check_sizes(key, value)
+            fields += (key, value)
+        self._call(P.OP_MULTI_SET, fields)
+
+    def _append(self, key: bytes, value: bytes) -> None:
+        self._check_sizes(key, value)
+        self._call(P.OP_APPEND, [key, value])
+
+    def _list_keys(self) -> list[bytes]:
+        return self._call(P.OP_LIST_KEYS, [])[2]
+
+    def _queue_push(self, key: bytes, value: bytes) -> None:
+        self._check_sizes(key, value)
+        self._call(P.OP_QUEUE_PUSH, [key, value])
+
+    def _queue_pop(self, key: bytes, block: bool, timeout: timedelta) -> bytes | None:
+        status, _, out = self._call(P.OP_QUEUE_POP, [key], int(block),
+                                    timeout if block else None)
+        return out[0] if status == P.STATUS_OK else None
+
+    def _queue_len(self, key: bytes) -> int:
+        return self._call(P.OP_QUEUE_LEN, [key])[1]
+
+
+__all__ = ["StoreAddressInUseError", "TCPStore"]
