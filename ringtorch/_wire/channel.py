@@ -78,11 +78,14 @@ class Channel(Protocol):
             PeerClosedError: the stream ended (EOF).
         """
 
-    def recv_some(self, buffers: Sequence[memoryview], wait: bool = True) -> int:
+    def recv_some(self, buffers: Sequence[memoryview], wait: bool = True,
+                  fill: bool = False) -> int:
         """Receive what has arrived into ``buffers`` (filled in order, like readv).
 
         With ``wait``, block at most one wait slice (``WAIT_SLICE_S``) for data; otherwise
-        return at once. Returns the byte count, 0 when nothing arrived. One system call:
+        return at once. With ``fill`` (and ``wait``), keep waiting inside the kernel until the
+        buffers are full or the slice passes (MSG_WAITALL: no wake-up per arriving packet).
+        Returns the byte count, 0 when nothing arrived. One system call:
         the caller's loop gets control back every slice to check its timeouts.
 
         Raises:
@@ -233,10 +236,12 @@ class SocketChannel:
             raise self._closed_error("receiving")
         return n
 
-    def recv_some(self, buffers: Sequence[memoryview], wait: bool = True) -> int:
+    def recv_some(self, buffers: Sequence[memoryview], wait: bool = True,
+                  fill: bool = False) -> int:
         """See base class."""
+        flags = (socket.MSG_WAITALL if fill else 0) if wait else socket.MSG_DONTWAIT
         try:
-            n = self.sock.recvmsg_into(buffers, 0, 0 if wait else socket.MSG_DONTWAIT)[0]
+            n = self.sock.recvmsg_into(buffers, 0, flags)[0]
         except _WOULD_BLOCK:
             return 0
         except _CLOSED as exc:

@@ -47,6 +47,9 @@ from ringtorch._wire.sockets import connect_tcp, connect_unix, listen_tcp, liste
 
 COLL_HEADER = struct.Struct("<BBBBIQQQ")
 _HEAD = COLL_HEADER.size
+# A send the kernel did not take at once is handed to the sender thread from this size on
+# (below it, the poll loop's few iterations cost less than a thread wake-up).
+_HANDOFF_NBYTES = 128 * 1024
 COLL_TAG = 0xC1
 NO_ROOT = 0xFFFFFFFF
 NO_REDOP = 0xFF
@@ -145,6 +148,7 @@ class PeerMesh:
         self.on_slow_wait: Callable[[list[int], float], None] | None = None
         self.spin_s = spin_seconds(sum(same_host))
         self._head = memoryview(bytearray(_HEAD))
+        self._sender = _Sender(f"ringtorch-send-{rank}")
         self._closed = False
 
     # -- collective frames -------------------------------------------------------------------
@@ -191,6 +195,16 @@ class PeerMesh:
             if sent < total:
                 views = [memoryview(header), memoryview(payload).cast("B")]
                 pending.append(_Outgoing(ch, peer, views, sent))  # type: ignore[arg-type]
+        if (len(pending) == 1 and len(recvs) <= 1 and self.spin_s
+                and pending[0].remaining() >= _HANDOFF_NBYTES):
+            # one big send and one receive (ring, chain, pairwise), a core per rank: the
+            # sender thread pushes while this thread receives, both blocking in the kernel
+            out = pending[0]
+            self._sender.start(out.ch, out.peer, out.views)
+            for peer, expected, into in recvs:
+                self._recv_frame(peer, expected, into)
+            self._sender.wait(out.peer, self._slow_hook)
+            return
         if pending:
             incoming = [_Incoming(self.coll[p], p, e, i)  # type: ignore[arg-type]
                         for p, e, i in recvs]
@@ -224,7 +238,7 @@ class PeerMesh:
             if got >= total:
                 return
             views = (head[got:], body) if got < _HEAD else (body[got - _HEAD:],)
-            n = ch.recv_some(views)  # type: ignore[union-attr]
+            n = ch.recv_some(views, True, checked)  # type: ignore[union-attr]
             if n == 0:
                 now = time.monotonic()
                 start = start or now - WAIT_SLICE_S
@@ -269,9 +283,65 @@ class PeerMesh:
         if self._closed:
             return
         self._closed = True
+        self._sender.stop()
         for ch in (*self.coll, *self.p2p):
             if ch is not None:
                 ch.close()
+
+
+class _Sender:
+    """A persistent thread that sends one large frame while the collective's thread receives
+    (full duplex without a poll loop: each side blocks inside the kernel, which wakes it far
+    less often than a poll loop that returns to Python for every arriving packet)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._cond = threading.Condition()
+        self._job: tuple[Channel, int, list[memoryview]] | None = None
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def start(self, ch: Channel, peer: int, views: list[memoryview]) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, daemon=True, name=self._name)
+            self._thread.start()
+        self._done.clear()
+        self._error = None
+        with self._cond:
+            self._job = (ch, peer, views)
+            self._cond.notify()
+
+    def wait(self, peer: int, slow_hook: Callable[[list[int], float], None]) -> None:
+        start = time.monotonic()
+        while not self._done.wait(WAIT_SLICE_S):
+            slow_hook([peer], time.monotonic() - start)
+        if self._error is not None:
+            raise self._error
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._job is None and not self._stopped:
+                    self._cond.wait()
+                if self._stopped:
+                    return
+                ch, peer, views = self._job  # type: ignore[misc]
+                self._job = None
+            try:
+                ch.send(views)
+            except PeerClosedError as exc:
+                self._error = PeerLost(peer, str(exc))
+            except BaseException as exc:  # handed to the waiting collective
+                self._error = exc
+            finally:
+                self._done.set()
 
 
 class _Outgoing:
@@ -283,6 +353,9 @@ class _Outgoing:
         self.fd = ch.fileno()
         self.views = views
         self._skip(sent)
+
+    def remaining(self) -> int:
+        return sum(len(v) for v in self.views)
 
     def _skip(self, sent: int) -> None:
         while sent:

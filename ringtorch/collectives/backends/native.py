@@ -222,10 +222,14 @@ class NativeBackend(Backend):
             return
         op, seq, deadline, start = current
         now = time.monotonic()
+        if self._cause is not None:  # aborted meanwhile (e.g. another rank timed out first)
+            raise PeerClosedError("the group was aborted while this rank waited")
         if now >= deadline:
             elapsed = timedelta(seconds=round(now - start))
-            raise _Timeout(f"{self._what(op, seq)} timed out after {elapsed}: "
-                           f"{self._missing_report(seq, peers)}")
+            report = self._missing_report(seq, peers)
+            if self._cause is not None:  # another rank's abort beat ours: report its cause
+                raise PeerClosedError("the group was aborted while this rank waited")
+            raise _Timeout(f"{self._what(op, seq)} timed out after {elapsed}: {report}")
         if now - start >= _config.STALL_WARNING_S.get() and not self._warned:
             self._warned = True
             log.warning("%s has waited %.0f s: %s", self._what(op, seq), now - start,
