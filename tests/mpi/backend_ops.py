@@ -2,6 +2,10 @@
 
 Usage: mpirun -n N python tests/mpi/backend_ops.py OUTDIR [THREAD_LEVEL]
 
+Then the same processes run the collectives issue's own rank code
+(tests/integration/_collectives_ranks.py) through ringtorch.distributed on the "mpi" backend,
+and a few facade scenarios of their own (subgroups, async p2p, object collectives).
+
 Each rank runs the same cases in the same order and pickles, into OUTDIR/rank{R}.pkl, a dict
 case name -> {"in": its input as NumPy, "out": its output as NumPy, "error": (type, message),
 ...}. The rank computes nothing it is checked against: tests/integration/test_mpi_backend.py
@@ -17,6 +21,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from datetime import timedelta
 
 if len(sys.argv) > 2:  # the MPI threading level to ask for (before mpi4py.MPI is imported)
@@ -355,6 +360,79 @@ def timeout_cases(w: Ranks) -> None:
     w.record("timeout/after_collective_timeout", lambda: w.world.barrier(w.next_seq(w.world), D()))
 
 
+class OnMpi:
+    """ringtorch.distributed, except that init_process_group always asks for the MPI backend:
+    lets the collectives issue's rank code, written for "gloo", run unchanged on MPI. Its one
+    gloo-only call, monitored_barrier (torch refuses it on other backends; facade_cases checks
+    that refusal), becomes a barrier."""
+
+    def __init__(self, real: object) -> None:
+        self._real = real
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+    def init_process_group(self, backend: object = None, **kwargs: object) -> None:
+        self._real.init_process_group("mpi", **kwargs)
+
+    def monitored_barrier(self, group: object = None, timeout: object = None,
+                          wait_all_ranks: bool = False) -> None:
+        self._real.barrier(group)
+
+
+def collectives_suite(w: Ranks) -> None:
+    def run() -> dict:
+        from tests.integration import _collectives_ranks as suite
+
+        real = suite.dist
+        suite.dist = OnMpi(real)
+        try:
+            return {"out": suite.run_all_ops(w.rank, w.size)}
+        finally:
+            suite.dist = real
+    w.record("facade/collectives_suite", run)
+
+
+def facade_cases(w: Ranks) -> None:
+    """init_process_group("mpi") itself, and what the suite above does not cover."""
+    import ringtorch.distributed as dist
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        w.record("facade/init", lambda: dist.init_process_group("mpi", rank=7, world_size=9))
+    w.results["facade/init"]["warnings"] = [str(m.message) for m in caught]
+    w.record("facade/identity", lambda: {"out": (dist.get_rank(), dist.get_world_size(),
+                                                 dist.get_backend(), dist.is_mpi_available())})
+
+    def subgroup() -> dict:
+        g = dist.new_group(list(range(w.size - 1, -1, -2)))   # the last rank and every 2nd below
+        t = torch.full((2,), float(w.rank + 1))
+        if g != dist.GroupMember.NON_GROUP_MEMBER:
+            dist.all_reduce(t, group=g)
+        return {"out": t.tolist(), "member": g != dist.GroupMember.NON_GROUP_MEMBER}
+    w.record("facade/subgroup", subgroup)
+
+    def ring_isend_irecv() -> dict:
+        mine = torch.full((300_000,), float(w.rank))          # large: past every eager limit
+        got = torch.full((300_000,), -1.0)
+        ops = [dist.P2POp(dist.isend, mine, (w.rank + 1) % w.size),
+               dist.P2POp(dist.irecv, got, (w.rank - 1) % w.size)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        return {"out": (got.min().item(), got.max().item())}
+    w.record("facade/ring_isend_irecv", ring_isend_irecv)
+
+    def objects() -> dict:
+        gathered = [None] * w.size
+        dist.all_gather_object(gathered, {"rank": w.rank, "tag": "x" * w.rank})
+        box = [f"from rank 0 of {w.size}"] if w.rank == 0 else [None]
+        dist.broadcast_object_list(box, src=0)
+        return {"out": (gathered, box[0])}
+    w.record("facade/objects", objects)
+    w.record("facade/monitored_barrier", dist.monitored_barrier)
+    w.record("facade/destroy", dist.destroy_process_group)
+
+
 def main() -> None:
     w = Ranks(sys.argv[1])
     w.results["meta"] = {"rank": w.rank, "size": w.size,
@@ -364,6 +442,8 @@ def main() -> None:
         part(w)
     w.world.close()
     w.record("errors/after_close", lambda: w.world.barrier(0, D()))
+    collectives_suite(w)
+    facade_cases(w)
     w.save()
 
 
