@@ -33,8 +33,8 @@ from ringtorch._wire.mesh import (
     NO_ROOT,
     FrameMismatch,
     PeerMesh,
-    connect_mesh,
 )
+from ringtorch._wire.mesh_setup import connect_mesh
 from ringtorch.collectives.algorithms import direct, recursive_doubling, ring, tree
 from ringtorch.collectives.algorithms.link import MeshLink, ScratchPool
 from ringtorch.collectives.algorithms.select import choose, parse_overrides
