@@ -42,7 +42,12 @@ from ringtorch.collectives.backends.base import Backend, BackendContext
 from ringtorch.collectives.backends.native_status import (
     DTYPE_CODES,
     OP_CODES,
+    Scope,
+    SoloLink,
     StatusBoard,
+    check_peer,
+    check_sizes,
+    check_splits,
     describe_header,
     frame_sizes,
     missing_report,
@@ -79,7 +84,7 @@ class NativeBackend(Backend):
         self._scratch = ScratchPool()
         self._reducers: dict[tuple[RedOpType, torch.dtype], Any] = {}
         self._choices: dict[tuple[str, int], tuple[str, int]] = {}
-        self._scope = _Scope(self)
+        self._scope = Scope(self)
         self._overrides = parse_overrides(_config.ALGORITHMS.get())
         self._mesh: PeerMesh | None = None
         self._mailbox: mb.Mailbox | None = None
@@ -164,7 +169,7 @@ class NativeBackend(Backend):
         if self._cause is not None:
             raise DistBackendError(f"{what} failed: the group was aborted: {self._cause}")
 
-    def _collective(self, op: str, seq: int, deadline: float) -> _Scope:
+    def _collective(self, op: str, seq: int, deadline: float) -> Scope:
         """The scope of one collective: refuses to start on a failed group, records where
         this rank is (for peers' status queries and for timeouts), turns transport failures
         into DistBackendError and aborts the group on them."""
@@ -247,7 +252,7 @@ class NativeBackend(Backend):
     def _link(self, op: str, dtype: torch.dtype, redop: int, root: int, seq: int,
               total_nbytes: int) -> Any:
         if self._mesh is None:
-            return _SoloLink(self._scratch)
+            return SoloLink(self._scratch)
         return MeshLink(self._mesh, self._scratch, OP_CODES[op], DTYPE_CODES.get(dtype, 0), redop,
                         root, seq, total_nbytes)
 
@@ -331,7 +336,7 @@ class NativeBackend(Backend):
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, seq: int, deadline: float) -> None:
         """See base class."""
-        self._check_sizes("all_gather", out, inp, self.size)
+        check_sizes("all_gather", out, inp, self.size)
         with self._collective("all_gather", seq, deadline):
             out_bytes, inp_bytes = as_bytes(out), as_bytes(inp)
             link = self._link("all_gather", inp.dtype, NO_REDOP, NO_ROOT, seq, inp_bytes.nbytes)
@@ -348,7 +353,7 @@ class NativeBackend(Backend):
         if self.rank == root:
             if out is None:
                 raise ValueError("gather: the root must pass an output tensor")
-            self._check_sizes("gather", out, inp, self.size)
+            check_sizes("gather", out, inp, self.size)
         with self._collective("gather", seq, deadline):
             inp_bytes = as_bytes(inp)
             link = self._link("gather", inp.dtype, NO_REDOP, root, seq, inp_bytes.nbytes)
@@ -361,7 +366,7 @@ class NativeBackend(Backend):
         if self.rank == root:
             if inp is None:
                 raise ValueError("scatter: the root must pass an input tensor")
-            self._check_sizes("scatter", inp, out, self.size)
+            check_sizes("scatter", inp, out, self.size)
         with self._collective("scatter", seq, deadline):
             out_bytes = as_bytes(out)
             link = self._link("scatter", out.dtype, NO_REDOP, root, seq, out_bytes.nbytes)
@@ -371,7 +376,7 @@ class NativeBackend(Backend):
                        deadline: float) -> None:
         """See base class."""
         kind, reducer = self._plan_reduce(op, inp.dtype, "reduce_scatter")
-        self._check_sizes("reduce_scatter", inp, out, self.size)
+        check_sizes("reduce_scatter", inp, out, self.size)
         with self._collective("reduce_scatter", seq, deadline):
             factor = premul_factor(op)
             if factor is not None:
@@ -391,7 +396,7 @@ class NativeBackend(Backend):
     def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
                    in_splits: list[int], seq: int, deadline: float) -> None:
         """See base class."""
-        self._check_splits(out, inp, out_splits, in_splits)
+        check_splits(self.rank, self.size, out, inp, out_splits, in_splits)
         with self._collective("all_to_all", seq, deadline):
             size = inp.element_size()
             out_offsets = [0, *np.cumsum(out_splits).tolist()]
@@ -405,44 +410,12 @@ class NativeBackend(Backend):
         with self._collective("barrier", seq, deadline):
             recursive_doubling.barrier(self._link("barrier", torch.uint8, NO_REDOP, NO_ROOT, seq, 0))
 
-    # -- checks --------------------------------------------------------------------------------
-
-    def _check_sizes(self, op: str, big: torch.Tensor, small: torch.Tensor, factor: int) -> None:
-        if big.dtype != small.dtype:
-            raise TypeError(f"{op}: input and output dtypes differ ({big.dtype} vs {small.dtype})")
-        if big.numel() != factor * small.numel():
-            raise ValueError(f"{op}: expected {factor} x {small.numel()} = "
-                             f"{factor * small.numel()} elements, got {big.numel()}")
-
-    def _check_splits(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
-                      in_splits: list[int]) -> None:
-        if out.dtype != inp.dtype:
-            raise TypeError(f"all_to_all: input and output dtypes differ ({inp.dtype} vs "
-                            f"{out.dtype})")
-        for name, splits, tensor in (("out_splits", out_splits, out),
-                                     ("in_splits", in_splits, inp)):
-            if len(splits) != self.size or any(s < 0 for s in splits):
-                raise ValueError(f"all_to_all: {name} must have {self.size} non-negative "
-                                 f"entries, got {splits}")
-            if sum(splits) != tensor.numel():
-                raise ValueError(f"all_to_all: {name} sum to {sum(splits)} but the tensor has "
-                                 f"{tensor.numel()} elements")
-        if out_splits[self.rank] != in_splits[self.rank]:
-            raise ValueError(f"all_to_all: this rank sends itself {in_splits[self.rank]} elements "
-                             f"but expects {out_splits[self.rank]}")
-
-    def _check_peer(self, peer: int, what: str) -> None:
-        if not 0 <= peer < self.size:
-            raise ValueError(f"{what}: rank {peer} is not in a group of size {self.size}")
-        if peer == self.rank:
-            raise ValueError(f"{what}: a rank cannot send to or receive from itself")
-
     # -- point to point ------------------------------------------------------------------------
 
     def send(self, buf: torch.Tensor, dst: int, tag: int, deadline: float) -> None:
         """See base class."""
         what = f"send to rank {dst} (tag {tag}) on group '{self.ctx.group_name}'"
-        self._check_peer(dst, what)
+        check_peer(self.rank, self.size, dst, what)
         self._check_usable(what)
         assert self._mailbox is not None
         try:
@@ -459,7 +432,7 @@ class NativeBackend(Backend):
         source = "any rank" if src is None else f"rank {src}"
         what = f"recv from {source} (tag {tag}) on group '{self.ctx.group_name}'"
         if src is not None:
-            self._check_peer(src, what)
+            check_peer(self.rank, self.size, src, what)
         self._check_usable(what)
         if self._mailbox is None:
             raise ValueError(f"{what}: a group of one rank has nobody to receive from")
@@ -489,73 +462,6 @@ class NativeBackend(Backend):
             self._mailbox.join(1.0)
         if self._mesh is not None:
             self._mesh.close()
-
-
-class _Scope:
-    """Context manager of ``NativeBackend._collective`` (a class: cheaper than a generator)."""
-
-    __slots__ = ("_backend", "_token")
-
-    def __init__(self, backend: NativeBackend) -> None:
-        self._backend = backend
-        self._token: Any = None
-
-    def __enter__(self) -> None:
-        self._token = _ignore_fp_errors()
-
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
-        _restore_fp_errors(self._token)
-        self._backend._collective_done()
-        if exc is not None:
-            error = self._backend._collective_failed(exc)
-            if error is not None:
-                raise error from None
-        return False
-
-
-# Overflow wraps (ints) or goes to inf (floats) silently, as in torch: NumPy's warnings are
-# switched off around a collective through its error-state context variable (what
-# np.errstate does, minus the cost of building a context manager on every call).
-try:
-    from numpy._core._ufunc_config import _extobj_contextvar as _FP_STATE
-
-    with np.errstate(all="ignore"):
-        _FP_IGNORE = _FP_STATE.get()
-
-    def _ignore_fp_errors() -> Any:
-        return _FP_STATE.set(_FP_IGNORE)
-
-    def _restore_fp_errors(token: Any) -> None:
-        _FP_STATE.reset(token)
-except (ImportError, AttributeError):  # another NumPy layout: the public, slower way
-    def _ignore_fp_errors() -> Any:
-        state = np.errstate(all="ignore")
-        state.__enter__()
-        return state
-
-    def _restore_fp_errors(token: Any) -> None:
-        token.__exit__(None, None, None)
-
-
-class _SoloLink:
-    """The Link of a group of one: nothing to exchange."""
-
-    rank = 0
-    size = 1
-
-    def __init__(self, scratch: ScratchPool) -> None:
-        self._scratch = scratch
-
-    def send(self, peer: int, data: np.ndarray) -> None:
-        raise AssertionError("a group of one has no peers")
-
-    recv = send
-
-    def exchange(self, sends: Any, recvs: Any) -> None:
-        assert not sends and not recvs
-
-    def scratch(self, nbytes: int) -> np.ndarray:
-        return self._scratch.get(nbytes)
 
 
 __all__ = ["NativeBackend"]

@@ -1,4 +1,5 @@
-"""The native backend's vocabulary on the wire and its answers to "where are you?".
+"""The native backend's vocabulary on the wire, its answers to "where are you?", its input
+checks and its per-call scaffolding (kept here so native.py reads as the operations).
 
 Codes for ops and dtypes in collective frame headers (the table is append-only: a code never
 changes meaning), the words a mismatch error uses for a header, and the StatusBoard: each
@@ -15,10 +16,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from ringtorch._wire import mailbox as mb
 from ringtorch._wire.mesh import COLL_HEADER, NO_REDOP, NO_ROOT
+from ringtorch.collectives.algorithms.link import ScratchPool
 from ringtorch.collectives.reduce_op import RedOpType
 
 STATUS_WAIT_S = 1.0
@@ -112,5 +115,115 @@ def missing_report(seq: int, statuses: dict[int, dict[str, Any]], peers: list[in
     return f"ranks {missing} did not arrive ({'; '.join(where)})"
 
 
-__all__ = ["DTYPES", "DTYPE_CODES", "OP_CODES", "OP_NAMES", "StatusBoard", "describe_header",
-           "frame_sizes", "missing_report"]
+# -- input checks (before anything is sent) -----------------------------------------------
+
+
+def check_sizes(op: str, big: torch.Tensor, small: torch.Tensor, factor: int) -> None:
+    """``big`` must hold ``factor`` times ``small``'s elements, in the same dtype."""
+    if big.dtype != small.dtype:
+        raise TypeError(f"{op}: input and output dtypes differ ({big.dtype} vs {small.dtype})")
+    if big.numel() != factor * small.numel():
+        raise ValueError(f"{op}: expected {factor} x {small.numel()} = "
+                         f"{factor * small.numel()} elements, got {big.numel()}")
+
+
+def check_splits(rank: int, size: int, out: torch.Tensor, inp: torch.Tensor,
+                 out_splits: list[int], in_splits: list[int]) -> None:
+    """all_to_all's splits must cover the tensors, one entry per rank, self-sizes equal."""
+    if out.dtype != inp.dtype:
+        raise TypeError(f"all_to_all: input and output dtypes differ ({inp.dtype} vs "
+                        f"{out.dtype})")
+    for name, splits, tensor in (("out_splits", out_splits, out),
+                                 ("in_splits", in_splits, inp)):
+        if len(splits) != size or any(s < 0 for s in splits):
+            raise ValueError(f"all_to_all: {name} must have {size} non-negative "
+                             f"entries, got {splits}")
+        if sum(splits) != tensor.numel():
+            raise ValueError(f"all_to_all: {name} sum to {sum(splits)} but the tensor has "
+                             f"{tensor.numel()} elements")
+    if out_splits[rank] != in_splits[rank]:
+        raise ValueError(f"all_to_all: this rank sends itself {in_splits[rank]} elements "
+                         f"but expects {out_splits[rank]}")
+
+
+def check_peer(rank: int, size: int, peer: int, what: str) -> None:
+    """A point-to-point peer must be another rank of the group."""
+    if not 0 <= peer < size:
+        raise ValueError(f"{what}: rank {peer} is not in a group of size {size}")
+    if peer == rank:
+        raise ValueError(f"{what}: a rank cannot send to or receive from itself")
+
+
+# -- per-call scaffolding of NativeBackend ---------------------------------------------
+
+
+class Scope:
+    """Context manager of ``NativeBackend._collective`` (a class: cheaper than a generator)."""
+
+    __slots__ = ("_backend", "_token")
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+        self._token: Any = None
+
+    def __enter__(self) -> None:
+        self._token = _ignore_fp_errors()
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+        _restore_fp_errors(self._token)
+        self._backend._collective_done()
+        if exc is not None:
+            error = self._backend._collective_failed(exc)
+            if error is not None:
+                raise error from None
+        return False
+
+
+# Overflow wraps (ints) or goes to inf (floats) silently, as in torch: NumPy's warnings are
+# switched off around a collective through its error-state context variable (what
+# np.errstate does, minus the cost of building a context manager on every call).
+try:
+    from numpy._core._ufunc_config import _extobj_contextvar as _FP_STATE
+
+    with np.errstate(all="ignore"):
+        _FP_IGNORE = _FP_STATE.get()
+
+    def _ignore_fp_errors() -> Any:
+        return _FP_STATE.set(_FP_IGNORE)
+
+    def _restore_fp_errors(token: Any) -> None:
+        _FP_STATE.reset(token)
+except (ImportError, AttributeError):  # another NumPy layout: the public, slower way
+    def _ignore_fp_errors() -> Any:
+        state = np.errstate(all="ignore")
+        state.__enter__()
+        return state
+
+    def _restore_fp_errors(token: Any) -> None:
+        token.__exit__(None, None, None)
+
+
+class SoloLink:
+    """The Link of a group of one: nothing to exchange."""
+
+    rank = 0
+    size = 1
+
+    def __init__(self, scratch: ScratchPool) -> None:
+        self._scratch = scratch
+
+    def send(self, peer: int, data: np.ndarray) -> None:
+        raise AssertionError("a group of one has no peers")
+
+    recv = send
+
+    def exchange(self, sends: Any, recvs: Any) -> None:
+        assert not sends and not recvs
+
+    def scratch(self, nbytes: int) -> np.ndarray:
+        return self._scratch.get(nbytes)
+
+
+__all__ = ["DTYPES", "DTYPE_CODES", "OP_CODES", "OP_NAMES", "Scope", "SoloLink", "StatusBoard",
+           "check_peer", "check_sizes", "check_splits", "describe_header", "frame_sizes",
+           "missing_report"]
