@@ -99,15 +99,13 @@ class _Gloo:
 
 class _Ringtorch:
     def __init__(self, rank: int, world_size: int, port: int, transport: str) -> None:
-        import torch.distributed as tdist
-
         from ringtorch import _config
         from ringtorch.collectives.backends.base import BackendContext
         from ringtorch.collectives.backends.native import NativeBackend
         from ringtorch.collectives.reduce_op import ReduceOp
+        from ringtorch.store import TCPStore
 
-        store = tdist.TCPStore("127.0.0.1", port, world_size, rank == 0,
-                               timeout=timedelta(seconds=120))
+        store = TCPStore("127.0.0.1", port, world_size, rank == 0, timeout=timedelta(seconds=120))
         ctx = BackendContext(store=store, rank=rank, size=world_size,
                              timeout=timedelta(seconds=120), group_name="bench",
                              global_ranks=tuple(range(world_size)))

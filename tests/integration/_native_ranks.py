@@ -16,12 +16,12 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-import torch.distributed as tdist
 
 from ringtorch import _config
 from ringtorch.collectives.backends.base import BackendContext
 from ringtorch.collectives.backends.native import NativeBackend
 from ringtorch.collectives.reduce_op import ReduceOp, make_premul_sum
+from ringtorch.store import PrefixStore, TCPStore
 
 PREMUL_FACTOR = 2.0
 _store: Any = None
@@ -31,15 +31,15 @@ def store(rank: int, world_size: int) -> Any:
     """This process's connection to the world's store (rank 0 hosts it)."""
     global _store
     if _store is None:
-        _store = tdist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), world_size,
-                                rank == 0, timeout=timedelta(seconds=30))
+        _store = TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), world_size, rank == 0,
+                          timeout=timedelta(seconds=30))
     return _store
 
 
 def backend(rank: int, world_size: int, name: str, algorithms: str = "",
             timeout_s: float = 30.0) -> NativeBackend:
     """A NativeBackend for group ``name`` with forced ``algorithms`` (RINGTORCH_ALGORITHMS)."""
-    ctx = BackendContext(store=tdist.PrefixStore(f"{name}/", store(rank, world_size)), rank=rank,
+    ctx = BackendContext(store=PrefixStore(f"{name}/", store(rank, world_size)), rank=rank,
                          size=world_size, timeout=timedelta(seconds=timeout_s), group_name=name,
                          global_ranks=tuple(range(world_size)))
     with _config.override(ALGORITHMS=algorithms):
