@@ -395,7 +395,7 @@ class TCPStore(Store):
     # ----- the medium -------------------------------------------------------------------
 
     def _set(self, key: bytes, value: bytes) -> None:
-        if len(key) > P.MAX_KEY_NBYTES or len(value) >= 65536:
+        if len(key) > P.MAX_KEY_NBYTES or len(value) >= 65536 or len(value) > self._max_value:
             self._check_sizes(key, value)
             self._request(P.OP_SET, [key, value])
             return

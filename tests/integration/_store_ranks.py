@@ -1,0 +1,119 @@
+"""Rank functions for the store and rendezvous integration tests (run by run_ranks).
+
+Each runs in its own process. The TCPStore master lives in rank 0, so every function ends with
+``_leave``: rank 0 waits until every other rank is done with the store before it returns (and
+its server goes away with it).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+
+from ringtorch.store import FileStore, Store, TCPStore
+
+TIMEOUT = timedelta(seconds=30)
+
+
+def _tcp(rank: int, world_size: int) -> TCPStore:
+    return TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                    rank == 0, TIMEOUT)
+
+
+def _leave(store: Store, rank: int, world_size: int) -> None:
+    store.set(f"left/{rank}", b"1")
+    if rank == 0:
+        store.wait([f"left/{r}" for r in range(world_size)])
+
+
+def add_many(rank: int, world_size: int, times: int, kind: str, path: str = "") -> int:
+    """Every rank adds 1 to one key ``times`` times; returns the total once all are done."""
+    store = _tcp(rank, world_size) if kind == "tcp" else FileStore(path, world_size)
+    for _ in range(times):
+        store.add("total", 1)
+    if store.add("done", 1) == world_size:
+        store.set("all_done", b"1")
+    store.wait(["all_done"])
+    total = int(store.get("total"))
+    _leave(store, rank, world_size)
+    store.close()
+    return total
+
+
+def race_compare_set(rank: int, world_size: int, kind: str, path: str = "") -> bytes:
+    """Every rank tries to claim "leader" at once; returns what compare_set returned."""
+    store = _tcp(rank, world_size) if kind == "tcp" else FileStore(path, world_size)
+    store.add("ready", 1)
+    if rank == 0:
+        _wait_count_then_set(store, "ready", world_size)
+    store.wait(["ready_all"])
+    result = store.compare_set("leader", "", f"rank{rank}")
+    _leave(store, rank, world_size)
+    store.close()
+    return result
+
+
+def _wait_count_then_set(store: Store, key: str, count: int) -> None:
+    while int(store.add(key, 0)) < count:
+        time.sleep(0.001)
+    store.set(key + "_all", b"1")
+
+
+def get_before_set(rank: int, world_size: int, kind: str, path: str = "") -> bytes:
+    """Ranks > 0 block in get/wait on keys that rank 0 sets only after they are waiting."""
+    store = _tcp(rank, world_size) if kind == "tcp" else FileStore(path, world_size)
+    if rank == 0:
+        while int(store.add("waiting", 0)) < world_size - 1:
+            time.sleep(0.005)
+        time.sleep(0.05)
+        store.set("first", b"from rank 0")
+        store.set("second", b"2")
+        value = b""
+    else:
+        store.add("waiting", 1)
+        value = store.get("first")
+        store.wait(["first", "second"])
+    _leave(store, rank, world_size)
+    store.close()
+    return value
+
+
+def rendezvous_and_exchange(rank: int, world_size: int, url: str,
+                            drop_env: tuple[str, ...] = (), extra_env: dict | None = None,
+                            args: tuple[int, int] | None = None) -> tuple[int, int, list[bytes]]:
+    """Rendezvous through ``url``; every rank publishes its rank and reads everyone's."""
+    from ringtorch.rendezvous import rendezvous
+
+    for name in drop_env:
+        os.environ.pop(name, None)
+    os.environ.update({k: v.format(rank=rank, world_size=world_size)
+                       for k, v in (extra_env or {}).items()})
+    gen = rendezvous(url, *args) if args else rendezvous(url)
+    store, got_rank, got_world = next(gen)
+    store.set(f"rank/{got_rank}", str(got_rank))
+    seen = [store.get(f"rank/{r}") for r in range(got_world)]
+    _leave(store, got_rank, got_world)
+    try:
+        next(gen)
+    except RuntimeError as exc:
+        seen.append(str(exc).encode())
+    return got_rank, got_world, seen
+
+
+def client_of_external_store(rank: int, world_size: int) -> bytes:
+    """Connect to a store the test process hosts (MASTER_ADDR/MASTER_PORT point at it)."""
+    store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
+                     TIMEOUT)
+    store.set(f"hello/{rank}", b"hi")
+    return store.get("greeting")
+
+
+def connect_and_report(rank: int, world_size: int) -> str:
+    """Connect to the test process's store; return the error text (or "connected")."""
+    try:
+        TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
+                 timedelta(seconds=5))
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "connected"

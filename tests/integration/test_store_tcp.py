@@ -1,0 +1,337 @@
+"""TCPStore between real processes: atomicity, blocking semantics, races, and faults.
+
+The server must keep serving honest clients while others send garbage, half frames or the
+wrong secret; a client must get an error, never a hang, when its server dies or hangs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+
+from ringtorch import _config
+from ringtorch._errors import DistNetworkError, DistStoreError
+from ringtorch._wire.framing import recv_exactly
+from ringtorch._wire.handshake import SERVICE_STORE, client_handshake, handshake_deadline
+from ringtorch.store import StoreAddressInUseError, TCPStore
+from ringtorch.store import _protocol as P
+from ringtorch.store.tcp import bind_address
+from ringtorch.testing import run_ranks
+from tests.integration import _store_ranks as ranks
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+T30 = timedelta(seconds=30)
+
+
+@pytest.fixture
+def master():
+    store = TCPStore("127.0.0.1", 0, 1, True, T30)
+    yield store
+    store.close()
+
+
+def test_four_processes_adding_to_one_key_get_the_exact_total():
+    assert run_ranks(ranks.add_many, 4, args=(300, "tcp")) == [4 * 300] * 4
+
+
+def test_get_and_wait_in_other_processes_block_until_the_keys_are_set():
+    assert run_ranks(ranks.get_before_set, 3, args=("tcp",)) == [b"", b"from rank 0",
+                                                                  b"from rank 0"]
+
+
+def test_compare_set_race_has_exactly_one_winner():
+    results = run_ranks(ranks.race_compare_set, 4, args=("tcp",))
+    assert len(set(results)) == 1, results
+    assert results[0] in {b"rank0", b"rank1", b"rank2", b"rank3"}
+
+
+def test_wait_for_workers_times_out_naming_how_many_joined():
+    started = time.monotonic()
+    with pytest.raises(DistStoreError, match=r"^Timed out after 1 seconds waiting for clients\. "
+                                             r"1/3 clients joined\.$"):
+        TCPStore("127.0.0.1", 0, 3, True, timedelta(seconds=1))
+    assert time.monotonic() - started < 10.0
+
+
+def test_port_in_use_names_the_port(master):
+    port = master.port
+    with pytest.raises(StoreAddressInUseError, match=(
+            rf"^The server socket has failed to listen on any local network address\. "
+            rf"port: {port}, host: 127\.0\.0\.1: port {port} on 127\.0\.0\.1 is already in use")
+    ) as info:
+        TCPStore("127.0.0.1", port, 1, True, T30)
+    assert isinstance(info.value, OSError) and isinstance(info.value, DistNetworkError)
+
+
+def test_port_zero_picks_a_port_and_reports_it(master):
+    assert 0 < master.port < 65536
+    assert master.host == "127.0.0.1"
+    client = TCPStore("127.0.0.1", master.port, None, False, T30)
+    client.set("k", "v")
+    assert master.get("k") == b"v"
+
+
+def test_multi_tenant_masters_share_one_server(master):
+    first = TCPStore("127.0.0.1", 0, 1, True, T30, multi_tenant=True)
+    second = TCPStore("127.0.0.1", first.port, 1, True, T30, multi_tenant=True)
+    first.set("shared", "yes")
+    assert second.get("shared") == b"yes"
+    first.close()
+    assert second.get("shared") == b"yes"  # the server lives while one tenant does
+    second.close()
+
+
+def test_a_client_with_the_wrong_port_fails_within_its_timeout_naming_host_and_port():
+    from ringtorch.testing import free_port
+
+    port = free_port()
+    started = time.monotonic()
+    with pytest.raises(DistNetworkError, match=rf"^TCPStore client could not connect to "
+                                               rf"127\.0\.0\.1:{port} within 0:00:00.500000"):
+        TCPStore("127.0.0.1", port, None, False, timedelta(milliseconds=500))
+    assert time.monotonic() - started < 5.0
+
+
+def test_oversized_values_are_refused_naming_the_key():
+    with _config.override(STORE_MAX_VALUE_BYTES=1000):
+        store = TCPStore("127.0.0.1", 0, 1, True, T30)
+    with pytest.raises(ValueError, match=r"^value for key 'big' is 1001 bytes; TCPStore values "
+                                         r"are at most 1000 bytes"):
+        store.set("big", b"x" * 1001)
+    store.set("ok", b"x" * 1000)
+    assert store.get("ok") == b"x" * 1000
+    store.close()
+
+
+def test_large_values_round_trip(master):
+    value = os.urandom(3 * 1024 * 1024)
+    master.set("big", value)
+    assert master.get("big") == value
+    assert master.multi_get(["big", "big"]) == [value, value]
+
+
+def test_values_are_never_unpickled(master, tmp_path):
+    canary = tmp_path / "canary"
+
+    class Boom:
+        def __reduce__(self):
+            return (open, (str(canary), "w"))
+
+    payload = pickle.dumps(Boom())
+    master.set("evil", payload)
+    assert master.get("evil") == payload
+    assert master.compare_set("evil", payload, payload) == payload
+    assert not canary.exists()
+
+
+def test_store_and_rendezvous_sources_import_no_deserializer():
+    sources = [os.path.join(ROOT, "ringtorch", "rendezvous.py")] + [
+        os.path.join(ROOT, "ringtorch", "store", name)
+        for name in os.listdir(os.path.join(ROOT, "ringtorch", "store")) if name.endswith(".py")]
+    pattern = re.compile(r"^\s*(import|from)\s+(pickle|marshal|dill|cloudpickle)\b|\beval\(",
+                         re.M)
+    offenders = [path for path in sources if pattern.search(open(path).read())]
+    assert offenders == []
+
+
+def _raw_client(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port))
+    client_handshake(sock, SERVICE_STORE, handshake_deadline(), "test server")
+    sock.settimeout(5.0)
+    return sock
+
+
+def _request(op: int, fields: list[bytes], rid: int = 7, tmo: int = 0, arg: int = 0) -> bytes:
+    body = b"".join(P.encode_fields(fields))
+    return P.REQUEST_HEAD.pack(len(body), rid, op, 0, len(fields), tmo, arg) + body
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_server_closes_bad_connections_and_keeps_serving_the_others(caplog):
+    caplog.set_level(logging.WARNING, logger="ringtorch.store")
+    with _config.override(HANDSHAKE_TIMEOUT=1.0):
+        store = TCPStore("127.0.0.1", 0, 1, True, T30)
+        port = store.port
+        store.set("kept", "value")
+        garbage = socket.create_connection(("127.0.0.1", port), timeout=5)
+        garbage.sendall(b"GET / HTTP/1.1\r\nHost: example.org\r\nUser-Agent: scanner\r\n\r\n")
+        huge = _raw_client(port)
+        huge.sendall(P.REQUEST_HEAD.pack(2**32 - 1, 1, P.OP_SET, 0, 2, 0, 0))
+        unknown = _raw_client(port)
+        unknown.sendall(_request(99, []))
+        lying = _raw_client(port)
+        lying.sendall(P.REQUEST_HEAD.pack(8, 1, P.OP_GET, 0, 1, 0, 0) + P.FIELD_LENGTH.pack(5000)
+                      + b"kept")
+        half = _raw_client(port)
+        half.sendall(_request(P.OP_SET, [b"kept", b"clobbered"])[:30])
+        for sock in (garbage, huge, unknown, lying, half):
+            assert _closed_by_server(sock)
+        store.set("during", "ok")
+        assert store.get("kept") == b"value"
+        assert store.get("during") == b"ok"
+        honest = _raw_client(port)
+        honest.sendall(_request(P.OP_GET, [b"kept"]))
+        answer = bytes(recv_exactly(honest, P.RESPONSE_HEAD.size + 9))
+    assert answer == P.RESPONSE_HEAD.pack(9, 7, P.STATUS_OK, 0, 1, 0) + b"\x05\x00\x00\x00value"
+    log = caplog.text
+    assert "auth failed from 127.0.0.1:" in log and "does not speak the ringtorch protocol" in log
+    assert "unknown op 99" in log and "over the cap" in log and "do not add up" in log
+    assert "silent for" in log
+    for sock in (garbage, huge, unknown, lying, half, honest):
+        sock.close()
+    store.close()
+
+
+def test_wrong_secret_clients_are_refused_and_the_server_keeps_serving(caplog):
+    caplog.set_level(logging.WARNING, logger="ringtorch.store")
+    with _config.override(SECRET="right secret"):
+        store = TCPStore("127.0.0.1", 0, 1, True, T30)
+        store.set("k", "v")
+        wrong, none, right = (run_ranks(ranks.connect_and_report, 1, env={
+            "MASTER_PORT": str(store.port), "RINGTORCH_SECRET": secret})[0]
+            for secret in ("wrong secret", "", "right secret"))
+        assert store.get("k") == b"v"
+    assert re.match(r"^HandshakeError: 127\.0\.0\.1:\d+ failed to prove the job secret: "
+                    r"RINGTORCH_SECRET differs between this process and the server$", wrong)
+    assert re.match(r"^HandshakeError: 127\.0\.0\.1:\d+ requires a job secret and this process "
+                    r"has none: set RINGTORCH_SECRET", none)
+    assert right == "connected"
+    assert "auth failed from 127.0.0.1:" in caplog.text
+    store.close()
+
+
+def _start_standalone(*extra: str) -> tuple[subprocess.Popen, int]:
+    proc = subprocess.Popen([sys.executable, "-m", "ringtorch.store", "--port", "0",
+                             "--host", "127.0.0.1", *extra], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    match = re.match(r"^ringtorch store listening on 127\.0\.0\.1:(\d+)$", line.strip())
+    assert match, (line, proc.stderr.read() if proc.poll() is not None else "")
+    return proc, int(match.group(1))
+
+
+def test_standalone_server_serves_until_sigterm():
+    proc, port = _start_standalone()
+    client = TCPStore("127.0.0.1", port, None, False, T30)
+    client.set("k", "v")
+    assert TCPStore("127.0.0.1", port, None, False, T30).get("k") == b"v"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=10)
+    assert proc.returncode == 0 and out.strip() == "ringtorch store stopped"
+
+
+def test_client_of_a_dead_server_gets_an_error_not_a_hang():
+    proc, port = _start_standalone()
+    waiter = TCPStore("127.0.0.1", port, None, False, T30)
+    other = TCPStore("127.0.0.1", port, None, False, T30)
+    errors: list[BaseException] = []
+    thread = threading.Thread(target=lambda: _record(errors, lambda: waiter.get("never")))
+    thread.start()
+    time.sleep(0.2)
+    started = time.monotonic()
+    proc.kill()
+    proc.wait()
+    thread.join(10)
+    assert not thread.is_alive() and time.monotonic() - started < 5.0
+    assert isinstance(errors[0], DistNetworkError)
+    assert re.match(rf"^lost the connection to TCPStore 127\.0\.0\.1:{port} ", str(errors[0]))
+    with pytest.raises(DistNetworkError, match=rf"TCPStore 127\.0\.0\.1:{port}"):
+        other.add("k", 1)
+
+
+def test_client_of_a_hung_server_gets_an_error_within_its_timeout():
+    proc, port = _start_standalone()
+    client = TCPStore("127.0.0.1", port, None, False, timedelta(milliseconds=500))
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(DistStoreError, match=rf"^TCPStore 127\.0\.0\.1:{port} did not "
+                                                 rf"answer within 0:00:01(\.0+)?: the server is "
+                                                 rf"hung or unreachable$"):
+            client.add("k", 1)
+        assert time.monotonic() - started < 5.0
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+        proc.wait()
+
+
+def _record(errors: list[BaseException], fn) -> None:
+    try:
+        fn()
+    except BaseException as exc:
+        errors.append(exc)
+
+
+def test_a_forked_child_reconnects_and_leaves_the_parents_stream_alone(master):
+    master.set("k", "parent")
+    pid = os.fork()
+    if pid == 0:  # child: use the inherited client hard, then leave without cleanup
+        code = 1
+        try:
+            for _ in range(200):
+                master.add("child_adds", 1)
+                assert master.get("k") == b"parent"
+            code = 0
+        finally:
+            os._exit(code)
+    for _ in range(200):
+        master.add("parent_adds", 1)
+        assert master.get("k") == b"parent"
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert master.get("child_adds") == b"200" and master.get("parent_adds") == b"200"
+
+
+def test_clients_from_external_processes_meet_at_a_store_hosted_here(master):
+    master.set("greeting", "welcome")
+    assert run_ranks(ranks.client_of_external_store, 2,
+                     env={"MASTER_PORT": str(master.port)}) == [b"welcome", b"welcome"]
+    assert master.check(["hello/0", "hello/1"])
+
+
+@pytest.mark.parametrize("host, bound", [("127.0.0.1", "127.0.0.1"), ("localhost", "127.0.0.1"),
+                                         ("10.1.2.3", "0.0.0.0"), ("0.0.0.0", "0.0.0.0")])
+def test_a_loopback_master_listens_on_loopback_only(host, bound):
+    assert bind_address(host) == bound
+
+
+def test_binding_every_interface_without_a_secret_warns_loudly(caplog):
+    caplog.set_level(logging.WARNING, logger="ringtorch.store")
+    store = TCPStore("0.0.0.0", 0, 1, True, T30)
+    assert "WITHOUT a job secret" in caplog.text and f"0.0.0.0:{store.port}" in caplog.text
+    store.close()
+    caplog.clear()
+    with _config.override(SECRET="s"):
+        store = TCPStore("0.0.0.0", 0, 1, True, T30)
+        store.close()
+    assert "WITHOUT" not in caplog.text
+
+
+def test_a_get_blocked_in_a_thread_returns_when_another_client_sets_the_key(master):
+    master.set_timeout(timedelta(seconds=5))
+    results: list[bytes] = []
+    getter = threading.Thread(target=lambda: results.append(master.get("later")))
+    getter.start()
+    time.sleep(0.05)
+    setter = TCPStore("127.0.0.1", master.port, None, False, T30)
+    setter.set("later", "now")
+    getter.join(5)
+    assert results == [b"now"]
