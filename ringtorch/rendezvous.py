@@ -143,7 +143,10 @@ def merge_rank_into_url(url: str, rank: int, world_size_opt: int | None,
         query["rank"] = str(rank)
     if world_size != -1 or world_size_opt is None:
         query["world_size"] = str(world_size)
-    return urlunparse(result._replace(query="&".join(f"{k}={v}" for k, v in query.items())))
+    merged = urlunparse(result._replace(query="&".join(f"{k}={v}" for k, v in query.items())))
+    if url.startswith(f"{result.scheme}://") and not merged.startswith(f"{result.scheme}://"):
+        merged = merged.replace(":", "://", 1)  # keep env:// (urlunparse writes env:?rank=0)
+    return merged
 
 
 def _error(scheme: str, message: str) -> ValueError:

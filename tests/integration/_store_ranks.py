@@ -117,3 +117,22 @@ def connect_and_report(rank: int, world_size: int) -> str:
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return "connected"
+
+
+def tcp_with_query(rank: int, world_size: int, url: str) -> tuple[int, int, list[bytes]]:
+    """rendezvous_and_exchange on a tcp:// URL template filled with this rank's values."""
+    return rendezvous_and_exchange(rank, world_size, url.format(
+        port=os.environ["MASTER_PORT"], rank=rank, world_size=world_size))
+
+
+def tcp_with_arguments(rank: int, world_size: int) -> tuple[int, int, list[bytes]]:
+    """rendezvous_and_exchange with rank and world size given as arguments, not in the URL."""
+    return rendezvous_and_exchange(rank, world_size,
+                                   f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
+                                   args=(rank, world_size))
+
+
+def file_scheme(rank: int, world_size: int, path: str) -> tuple[int, int, list[bytes]]:
+    """rendezvous_and_exchange through file://path."""
+    return rendezvous_and_exchange(rank, world_size,
+                                   f"file://{path}?rank={rank}&world_size={world_size}")
