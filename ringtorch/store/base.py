@@ -13,7 +13,6 @@ Values are bytes; a str value is encoded as UTF-8. Keys are str (bytes are accep
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -69,7 +68,7 @@ def check_timeout(timeout: Any) -> timedelta:
     return timeout
 
 
-class Store(ABC):
+class Store:
     """A key-value store shared by processes; the base of every store.
 
     Blocking operations (``get``, ``wait``, ``multi_get``, ``queue_pop``) wait at most the
@@ -77,6 +76,9 @@ class Store(ABC):
     ``DistStoreError`` naming the keys and the timeout. A zero timeout checks once.
     Stores are thread-safe.
     """
+
+    _timeout = DEFAULT_TIMEOUT  # class defaults: a subclass may skip Store.__init__, as torch's
+    _closed = False
 
     def __init__(self, timeout: timedelta = DEFAULT_TIMEOUT) -> None:
         self._timeout = check_timeout(timeout)
@@ -252,55 +254,60 @@ class Store(ABC):
     def _describe(self) -> str:
         return type(self).__name__
 
-    def _close(self) -> None:  # noqa: B027 - most stores hold nothing to release
+    def _close(self) -> None:
         """Release resources (called once by close())."""
 
     # ----- the medium: implementations move bytes -------------------------------------
+    # Not abstract: a user's Python subclass may override the public methods instead (as
+    # with torch's dist.Store); whatever it leaves out says so when called.
 
-    @abstractmethod
-    def _set(self, key: bytes, value: bytes) -> None: ...
+    def _missing(self, method: str) -> NotImplementedError:
+        return NotImplementedError(f"{type(self).__name__} does not implement {method}()")
 
-    @abstractmethod
+    def _set(self, key: bytes, value: bytes) -> None:
+        raise self._missing("set")
+
     def _get(self, key: bytes, timeout: timedelta) -> bytes | None:
         """The value, or None when it was not set within ``timeout``."""
+        raise self._missing("get")
 
-    @abstractmethod
-    def _add(self, key: bytes, amount: int) -> int: ...
+    def _add(self, key: bytes, amount: int) -> int:
+        raise self._missing("add")
 
-    @abstractmethod
-    def _compare_set(self, key: bytes, expected: bytes, desired: bytes) -> bytes: ...
+    def _compare_set(self, key: bytes, expected: bytes, desired: bytes) -> bytes:
+        raise self._missing("compare_set")
 
-    @abstractmethod
     def _wait(self, keys: list[bytes], timeout: timedelta) -> bool:
         """True once every key exists; False when ``timeout`` passed first."""
+        raise self._missing("wait")
 
-    @abstractmethod
-    def _check(self, keys: list[bytes]) -> bool: ...
+    def _check(self, keys: list[bytes]) -> bool:
+        raise self._missing("check")
 
-    @abstractmethod
-    def _delete_key(self, key: bytes) -> bool: ...
+    def _delete_key(self, key: bytes) -> bool:
+        raise self._missing("delete_key")
 
-    @abstractmethod
-    def _num_keys(self) -> int: ...
+    def _num_keys(self) -> int:
+        raise self._missing("num_keys")
 
-    @abstractmethod
-    def _multi_get(self, keys: list[bytes], timeout: timedelta) -> list[bytes] | None: ...
+    def _multi_get(self, keys: list[bytes], timeout: timedelta) -> list[bytes] | None:
+        raise self._missing("multi_get")
 
-    @abstractmethod
-    def _multi_set(self, keys: list[bytes], values: list[bytes]) -> None: ...
+    def _multi_set(self, keys: list[bytes], values: list[bytes]) -> None:
+        raise self._missing("multi_set")
 
-    @abstractmethod
-    def _append(self, key: bytes, value: bytes) -> None: ...
+    def _append(self, key: bytes, value: bytes) -> None:
+        raise self._missing("append")
 
-    @abstractmethod
-    def _list_keys(self) -> list[bytes]: ...
+    def _list_keys(self) -> list[bytes]:
+        raise self._missing("list_keys")
 
-    @abstractmethod
-    def _queue_push(self, key: bytes, value: bytes) -> None: ...
+    def _queue_push(self, key: bytes, value: bytes) -> None:
+        raise self._missing("queue_push")
 
-    @abstractmethod
     def _queue_pop(self, key: bytes, block: bool, timeout: timedelta) -> bytes | None:
         """The front value; None when empty (not block) or on timeout (block)."""
+        raise self._missing("queue_pop")
 
-    @abstractmethod
-    def _queue_len(self, key: bytes) -> int: ...
+    def _queue_len(self, key: bytes) -> int:
+        raise self._missing("queue_len")
