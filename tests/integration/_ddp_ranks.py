@@ -261,3 +261,23 @@ def overlap(rank: int, world_size: int) -> list[tuple[str, Any]]:
         return events
     finally:
         dist.destroy_process_group()
+
+
+def subgroup(rank: int, world_size: int) -> dict[str, Any] | None:
+    """DDP over new_group([1, 2]) of a 3-rank world: rank 0 stays out of it."""
+    _init(world_size)
+    try:
+        group = dist.new_group([1, 2])
+        result = None
+        if rank != 0:
+            torch.manual_seed(rank)  # ranks start apart; DDP broadcasts from the group's rank 0
+            ddp = DDP(Net(), process_group=group)
+            start = _state(ddp.module)
+            x, y = make_data(world_size)[0][rank][0]
+            nn.functional.mse_loss(ddp(x), y).backward()
+            sgd_step(ddp.parameters())
+            result = {"start": start, "state": _state(ddp.module)}
+        dist.barrier()  # rank 0 hosts the store: it stays until the others are done
+        return result
+    finally:
+        dist.destroy_process_group()

@@ -107,3 +107,19 @@ def test_buckets_run_in_reverse_parameter_order():
     world = _world(2)
     assert world["bucket-per-parameter"][0][0]["buckets"] == [[7], [6], [5], [4], [3], [2], [1], [0]]
     assert world["default-buckets"][0][0]["buckets"] == [[7, 6, 5, 4, 3, 2, 1, 0]]
+
+
+def test_ddp_over_a_subgroup_starts_from_its_first_rank_and_averages_within_it():
+    results = run_ranks(ranks.subgroup, 3, timeout=60)
+    assert results[0] is None
+    torch.manual_seed(1)
+    model = ranks.Net()  # global rank 1 is the subgroup's rank 0: its weights win
+    for result in results[1:]:
+        for name, value in result["start"].items():
+            torch.testing.assert_close(value, model.state_dict()[name])
+    step = ranks.make_data(3)[0]
+    loss = torch.stack([nn.functional.mse_loss(model(*step[r][0][:1]), step[r][0][1])
+                        for r in (1, 2)]).mean()
+    loss.backward()
+    ranks.sgd_step(model.parameters())
+    _assert_matches(results[1:], model)
