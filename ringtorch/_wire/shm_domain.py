@@ -1,0 +1,421 @@
+"""A same-host group's shared memory: one segment per rank, rounds, descriptors and waits.
+
+Every rank of the group owns one segment (shm.py) and maps all the others. Ranks move in
+lock-step *rounds*: to enter round t a rank finishes writing what it publishes for round t,
+stores t in its round word, and waits until every peer's round word is at least t. The rules
+that make the double-buffered data area safe without any other synchronisation:
+
+* round t's data lives in slot ``t % 2`` of each segment's data area;
+* a rank writes its slot for round t only after it has waited for round t - 1, and reads a
+  peer's round-t data only after waiting for round t, finishing before it enters round t + 1
+  — so nobody overwrites what someone may still read;
+* data written after the round-t wait (a staged all_reduce's reduced slices) is read in round
+  t + 1, in a part of the slot that round t + 2's writes leave alone; the collective then
+  skips a round number (:meth:`ShmDomain.skip_round`) so the next collective's writes cannot
+  reach it either.
+
+Every collective also publishes a descriptor (sequence number, op, detail, bytes): ``now``
+(what the rank is doing, any transport) and, for its first shared-memory round, a per-slot
+copy that every peer compares with its own after the round. Ranks that called different
+collectives, sizes, dtypes or roots therefore fail at their first round, before any data is
+read; a rank stuck in a socket collective is reported by the ``now`` descriptor.
+
+Waits spin on the peer's round word (0.3 µs a hand-off), then yield the CPU (ranks may
+outnumber cores), then sleep with back-off. Every millisecond or so a waiting rank also checks
+the ranks it waits for: alive (shm.py's lock probe), not aborted, not in another collective,
+and the deadline. Knows bytes, never tensors.
+
+Segment header (little-endian u64 words; what each rank writes into its *own* segment):
+
+    offset    0  magic b"RTSHM\\0\\0\\1" as u64
+    offset    8  layout version (1)
+    offset   16  owner pid
+    offset   24  half: bytes of each of the two data slots the owner offers
+    offset   64  round: rounds entered so far (its own cache line; the signal)
+    offset  128  aborted: 0, or 1 once the owner aborted the group
+    offset  136  length of the abort reason; offset 144..399: reason, UTF-8
+    offset  448  now descriptor: seq, kind, detail, nbytes (seq written last, read twice)
+    offset  512  round descriptor of the op whose first round used slot 0 (same 4 words)
+    offset  576  round descriptor, slot 1
+    offset 4096  data: slot 0 = [4096, 4096 + half), slot 1 = [4096 + half, 4096 + 2 half)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any, NamedTuple
+
+from ringtorch._errors import DistBackendError
+from ringtorch._wire.shm import PAGE, Segment, shm_supported, sweep_stale_segments
+
+MAGIC = int.from_bytes(b"RTSHM\0\0\1", "little")
+VERSION = 1
+W_MAGIC, W_VERSION, W_PID, W_HALF = 0, 1, 2, 3
+W_ROUND = 8
+W_ABORTED, W_REASON_LEN = 16, 17
+REASON_OFFSET, REASON_MAX = 144, 256
+W_NOW = 56
+W_ROUND_DESC = (64, 72)
+DATA_OFFSET = 4096
+
+INITIAL_HALF = 64 * 1024
+CHECK_INTERVAL_S = 0.001   # how often a waiting rank checks liveness, aborts and the deadline
+YIELD_PHASE_S = 0.002      # then it sleeps, doubling from SLEEP_MIN_S up to SLEEP_MAX_S
+SLEEP_MIN_S, SLEEP_MAX_S = 20e-6, 500e-6
+
+
+class Desc(NamedTuple):
+    """What a collective is, as every rank must agree on it. ``kind`` and ``detail`` are
+    codes the caller defines (op; dtype, reduction, root); ``describe`` names them."""
+
+    seq: int
+    kind: int
+    detail: int
+    nbytes: int
+
+
+class ShmPeerError(DistBackendError):
+    """A shared-memory collective could not complete; ``ranks`` are the peers at fault."""
+
+    def __init__(self, message: str, ranks: Sequence[int]) -> None:
+        super().__init__(message)
+        self.ranks = list(ranks)
+
+
+class ShmDomain:
+    """The mapped segments of one group whose ranks all share this host. Build with :meth:`open`.
+
+    Attributes:
+        rank, size: this rank and the group size.
+        segments: ``segments[r]`` is rank r's segment (this rank's own at ``rank``).
+        half: bytes of each data slot, the same on every rank (the smallest any rank offers).
+        generation: incremented whenever mappings change (views built on them are stale).
+        oversubscribed: more ranks here than CPUs this process may run on; waits yield at once.
+        settings: rank 0's ``settings`` given to :meth:`open`.
+        poll_failure: optional callable a waiting rank polls every millisecond; a string it
+            returns (another transport saw a peer die, say) fails the wait with that cause.
+        on_failure: optional callable given the message of every failure this domain raises,
+            before it raises (the backend aborts the group with it).
+    """
+
+    def __init__(self, rank: int, size: int, segments: list[Segment], half_ceiling: int,
+                 describe: Callable[[Desc], str], group: str) -> None:
+        self.rank, self.size = rank, size
+        self.segments = segments
+        self.words = [seg.buf.cast("Q") for seg in segments]
+        self.peers = [r for r in range(size) if r != rank]
+        self.half = INITIAL_HALF
+        self.half_ceiling = max(INITIAL_HALF, half_ceiling)
+        self.generation = 0
+        self.round = 0
+        self.describe = describe
+        self.group = group
+        self.oversubscribed = size > len(os.sched_getaffinity(0))
+        self.spin_iters = 50 if self.oversubscribed else 3000
+        self.settings: dict[str, int] = {}
+        self.poll_failure: Callable[[], str | None] | None = None
+        self.on_failure: Callable[[str], None] | None = None
+        self._failure: str | None = None
+        self._op_start = 0.0
+
+    # -- construction --------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, store: Any, rank: int, size: int, group: str, host: str, enabled: bool,
+             max_bytes: int, deadline: float, describe: Callable[[Desc], str],
+             settings: dict[str, int] | None = None,
+             prefix: str = "rt_shm") -> tuple[ShmDomain | None, str]:
+        """Set up shared memory for the group through its store, or decide not to.
+
+        Every rank publishes its host, its segment, its cap and its ``settings``; the group
+        uses shared memory only if every rank is on one host, has it enabled and created its
+        segment (so all ranks decide alike). Each rank unlinks its segment's name once every
+        rank mapped it. The cap in force is the smallest; the settings are rank 0's (plans
+        computed from them must agree everywhere), in ``domain.settings``.
+
+        Returns:
+            (domain, "") or (None, the reason shared memory is not used).
+
+        Raises:
+            DistBackendError: a rank did not publish its records before ``deadline``.
+        """
+        why = "" if enabled else "disabled (RINGTORCH_SHM=0)"
+        why = why or shm_supported()
+        own: Segment | None = None
+        if not why:
+            try:
+                sweep_stale_segments()
+                own = Segment.create(DATA_OFFSET + 2 * INITIAL_HALF)
+                _init_header(own)
+            except OSError as exc:
+                why = f"rank {rank} could not create a shared-memory segment: {exc}"
+        record = {"host": host, "pid": os.getpid(), "name": own.name if own else None,
+                  "why": why, "max_bytes": max_bytes, "settings": settings or {}}
+        segments: list[Segment] | None = None
+        try:
+            store.set(f"{prefix}/seg/{rank}", json.dumps(record))
+            records = [json.loads(v) for v in _wait_keys(
+                store, [f"{prefix}/seg/{r}" for r in range(size)], deadline)]
+            why = _group_reason(records)
+            segments = None if why else _attach_all(records, rank, own)
+            store.set(f"{prefix}/mapped/{rank}",
+                      "ok" if segments or why else f"rank {rank} could not map the segments")
+            verdicts = [v.decode() for v in _wait_keys(
+                store, [f"{prefix}/mapped/{r}" for r in range(size)], deadline)]
+            why = why or next((v for v in verdicts if v != "ok"), "")
+        except BaseException:
+            for seg in segments or ([own] if own else []):
+                seg.close()
+            raise
+        finally:
+            if own is not None:
+                own.unlink()  # every rank has mapped it (or given up): nothing can leak now
+        if why or not segments:
+            for seg in segments or ([own] if own else []):
+                seg.close()
+            return None, why
+        ceiling = (min(r["max_bytes"] for r in records) - DATA_OFFSET) // 2 // PAGE * PAGE
+        domain = cls(rank, size, segments, ceiling, describe, group)
+        domain.settings = dict(records[0]["settings"])
+        return domain, ""
+
+    # -- descriptors and rounds ----------------------------------------------------------------
+
+    def enter(self, desc: Desc) -> None:
+        """Publish what this rank is doing now (every collective, whatever its transport)."""
+        self._write_desc(W_NOW, desc)
+
+    def arrive(self, desc: Desc, deadline: float) -> None:
+        """Enter the first round of collective ``desc``: publish it, wait for every peer and
+        check that each peer is in the same collective.
+
+        Raises:
+            ShmPeerError: a peer is in another collective, died, aborted, or did not arrive
+                before ``deadline``; the message names the ranks and their collectives.
+        """
+        t = self.round + 1
+        self._op_start = time.monotonic()
+        self._write_desc(W_ROUND_DESC[t & 1], desc)
+        self._write_desc(W_NOW, desc)
+        self._signal_and_wait(t, desc, deadline)
+        for j in self.peers:
+            theirs = self._read_desc(j, W_ROUND_DESC[t & 1])
+            if theirs != desc:
+                self._fail(self._mismatch(desc, j, theirs), [j])
+
+    def step(self, desc: Desc, deadline: float) -> None:
+        """Enter the next round of the current collective (data published before; see module)."""
+        self._signal_and_wait(self.round + 1, desc, deadline)
+
+    def skip_round(self) -> None:
+        """Leave one round number unused (every rank alike, no waiting).
+
+        A collective that reads data a round after it was written (the staged all_reduce
+        collects round t's reduced slices during round t + 1) calls this last, so that the
+        next collective's first writes go to the other slot than the one still being read.
+        """
+        self.round += 1
+
+    def _signal_and_wait(self, t: int, desc: Desc, deadline: float) -> None:
+        if self._failure is not None:
+            raise DistBackendError(self._failure)
+        self.words[self.rank][W_ROUND] = t
+        words = self.words
+        for j in self.peers:
+            if words[j][W_ROUND] < t:
+                self._wait_peer(j, t, desc, deadline)
+        self.round = t
+
+    def _wait_peer(self, j: int, t: int, desc: Desc, deadline: float) -> None:
+        word = self.words[j]
+        for _ in range(self.spin_iters):
+            if word[W_ROUND] >= t:
+                return
+        start = now = time.monotonic()
+        next_check = start + CHECK_INTERVAL_S
+        nap = SLEEP_MIN_S
+        while word[W_ROUND] < t:
+            if now >= next_check:
+                self._check_late(t, desc, deadline, now)
+                next_check = now + CHECK_INTERVAL_S
+            if now - start < YIELD_PHASE_S:
+                os.sched_yield()
+            else:
+                time.sleep(nap)
+                nap = min(nap * 2, SLEEP_MAX_S)
+            now = time.monotonic()
+
+    def _check_late(self, t: int, desc: Desc, deadline: float, now: float) -> None:
+        """Raise if this wait cannot end well: a late peer died, aborted or is elsewhere."""
+        if self._failure is not None:
+            raise DistBackendError(self._failure)
+        external = self.poll_failure() if self.poll_failure is not None else None
+        if external is not None:
+            self._fail(f"{self._what(desc)} failed: {external}", [])
+        late = [j for j in self.peers if self.words[j][W_ROUND] < t]
+        for j in late:
+            if self.words[j][W_ABORTED]:
+                self._fail(f"{self._what(desc)} failed: rank {j} aborted the group: "
+                           f"{self._reason(j)}", [j])
+            theirs = self._read_desc(j, W_NOW)
+            if theirs.seq == desc.seq and theirs != desc:
+                self._fail(self._mismatch(desc, j, theirs), [j])
+            if not self.segments[j].owner_alive():
+                pid = self.words[j][W_PID]
+                self._fail(f"{self._what(desc)} failed: rank {j} (pid {pid}) died or left the "
+                           f"group (its process no longer holds its shared-memory segment)", [j])
+        if now > deadline:
+            where = "; ".join(f"rank {j} is at {self.describe(self._read_desc(j, W_NOW))}"
+                              for j in late)
+            waited = timedelta(seconds=round(now - self._op_start))
+            self._fail(f"{self._what(desc)} timed out after {waited}: ranks {late} did not "
+                       f"arrive ({where})", late)
+
+    # -- growth --------------------------------------------------------------------------------
+
+    def ensure_half(self, needed: int, desc: Desc, deadline: float) -> int:
+        """Grow every rank's data slots to at least ``needed`` bytes if the cap allows;
+        returns the slot size now in force (the same on every rank).
+
+        Growth is one extra round: each rank grows its own segment first (keeping its size if
+        the memory cannot be reserved), publishes what it got, and after the round everyone
+        takes the smallest offer and maps the peers' new sizes. All ranks call this with the
+        same arguments, so they grow at the same points.
+        """
+        if needed <= self.half or self.half >= self.half_ceiling:
+            return self.half
+        target = min(max(_round_up(needed, PAGE), 2 * self.half), self.half_ceiling)
+        own = self.segments[self.rank]
+        offer = target if own.grow(DATA_OFFSET + 2 * target) else self.half
+        self.words[self.rank] = own.buf.cast("Q")
+        self.words[self.rank][W_HALF] = offer
+        self.arrive(desc, deadline)
+        agreed = min(self.words[r][W_HALF] for r in range(self.size))
+        for j in self.peers:
+            self.segments[j].remap()
+            self.words[j] = self.segments[j].buf.cast("Q")
+        if agreed < target:
+            self.half_ceiling = agreed  # some rank is out of memory: stop trying
+        self.half = agreed
+        self.generation += 1
+        return agreed
+
+    def slot_offset(self, t: int) -> int:
+        """Byte offset, in every segment, of the data slot that round ``t`` uses."""
+        return DATA_OFFSET + (t & 1) * self.half
+
+    # -- failure -------------------------------------------------------------------------------
+
+    def abort(self, reason: str) -> None:
+        """Tell every peer (through this rank's segment) that the group is aborted; later
+        rounds raise here. Safe to call from any thread."""
+        if self._failure is None:
+            self._failure = reason
+        data = reason.encode()[:REASON_MAX]
+        own = self.segments[self.rank]
+        if own.size:
+            own.buf[REASON_OFFSET:REASON_OFFSET + len(data)] = data
+            self.words[self.rank][W_REASON_LEN] = len(data)
+            self.words[self.rank][W_ABORTED] = 1
+
+    def _fail(self, message: str, ranks: Sequence[int]) -> None:
+        self.abort(message)
+        if self.on_failure is not None:
+            self.on_failure(message)
+        raise ShmPeerError(message, ranks)
+
+    def close(self) -> None:
+        """Unmap every segment (this rank's lock goes with it, which peers see as leaving)."""
+        for view in self.words:
+            view.release()
+        self.words = []
+        for seg in self.segments:
+            seg.close()
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _what(self, desc: Desc) -> str:
+        return f"{self.describe(desc)} on group '{self.group}' (rank {self.rank})"
+
+    def _mismatch(self, mine: Desc, j: int, theirs: Desc) -> str:
+        return (f"collective mismatch on group '{self.group}': rank {self.rank} called "
+                f"{self.describe(mine)} but rank {j} called {self.describe(theirs)}")
+
+    def _reason(self, j: int) -> str:
+        n = min(self.words[j][W_REASON_LEN], REASON_MAX)
+        return bytes(self.segments[j].buf[REASON_OFFSET:REASON_OFFSET + n]).decode(errors="replace")
+
+    def _write_desc(self, at: int, desc: Desc) -> None:
+        w = self.words[self.rank]
+        w[at + 1], w[at + 2], w[at + 3] = desc.kind, desc.detail, desc.nbytes
+        w[at] = desc.seq
+
+    def _read_desc(self, j: int, at: int) -> Desc:
+        w = self.words[j]
+        while True:
+            seq = w[at]
+            desc = Desc(seq, w[at + 1], w[at + 2], w[at + 3])
+            if w[at] == seq:
+                return desc
+
+
+def _init_header(seg: Segment) -> None:
+    w = seg.buf.cast("Q")
+    w[W_MAGIC], w[W_VERSION], w[W_PID], w[W_HALF] = MAGIC, VERSION, os.getpid(), INITIAL_HALF
+    w.release()
+
+
+def _group_reason(records: list[dict[str, Any]]) -> str:
+    """Why this group cannot use shared memory, decided alike on every rank ("" if it can)."""
+    for r, rec in enumerate(records):
+        if rec["why"]:
+            return f"rank {r}: {rec['why']}"
+    hosts = sorted({rec["host"] for rec in records})
+    if len(hosts) > 1:
+        return f"the group spans {len(hosts)} hosts"
+    return ""
+
+
+def _attach_all(records: list[dict[str, Any]], rank: int, own: Segment | None) -> list[Segment] | None:
+    segments: list[Segment] = []
+    try:
+        for r, rec in enumerate(records):
+            seg = own if r == rank else Segment.attach(rec["name"])
+            w = seg.buf.cast("Q")  # type: ignore[union-attr]
+            ok = w[W_MAGIC] == MAGIC and w[W_VERSION] == VERSION
+            w.release()
+            if not ok:
+                raise OSError(f"segment {rec['name']} of rank {r} has a foreign header")
+            segments.append(seg)  # type: ignore[arg-type]
+    except (OSError, ValueError):
+        for seg in segments:
+            if seg is not own:
+                seg.close()
+        return None
+    return segments
+
+
+def _wait_keys(store: Any, keys: list[str], deadline: float) -> list[bytes]:
+    remaining = max(0.001, deadline - time.monotonic())
+    try:
+        store.wait(keys, timedelta(seconds=remaining))
+    except Exception as exc:  # every store names its timeout error differently
+        missing = []
+        with contextlib.suppress(Exception):
+            missing = [k for k in keys if not store.check([k])]
+        raise DistBackendError(
+            f"setting up shared memory failed: store keys {missing or keys} did not appear "
+            f"within {remaining:.1f} s ({exc})") from exc
+    return [store.get(k) for k in keys]
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+__all__ = ["DATA_OFFSET", "Desc", "ShmDomain", "ShmPeerError"]

@@ -1,0 +1,60 @@
+"""Broadcast, all_gather and barrier through shared memory: copy in, one round, copy out.
+
+A message larger than a round's chunk goes through the two data slots chunk by chunk: while
+the readers copy chunk c out of one slot, the writers already copy chunk c + 1 into the other
+(shm_domain.py's round rules make that safe), so copying overlaps across ranks. Each rank
+copies its own data straight from its private buffer; only what a peer needs goes through
+shared memory.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ringtorch._wire.shm_domain import Desc
+from ringtorch.collectives.algorithms.shm_plan import plan
+from ringtorch.collectives.algorithms.shm_space import ShmSpace
+
+
+def broadcast(space: ShmSpace, buf: np.ndarray, root: int, itemsize: int, desc: Desc,
+              deadline: float) -> None:
+    """Copy root's ``buf`` (uint8) into every rank's ``buf``."""
+    half = space.begin("broadcast", buf.nbytes, desc, deadline)
+    steps = plan("broadcast", buf.nbytes, itemsize, space.size, half, space.chunk_nbytes,
+                 space.oneshot_nbytes)
+    r = space.rank
+    for i, (a, b) in enumerate(steps.chunks):
+        base = space.next_slot()
+        if r == root:
+            np.copyto(space.view(r, base, b - a), buf[a:b])
+        space.round(i == 0, desc, deadline)
+        # after the round root's chunk is in its slot until round + 2
+        if r != root:
+            np.copyto(buf[a:b], space.view(root, base, b - a))
+
+
+def all_gather(space: ShmSpace, out: np.ndarray, inp: np.ndarray, itemsize: int, desc: Desc,
+               deadline: float) -> None:
+    """``out`` (size * inp.nbytes, uint8) receives every rank's ``inp`` in rank order."""
+    m = inp.nbytes
+    half = space.begin("all_gather", m, desc, deadline)
+    steps = plan("all_gather", m, itemsize, space.size, half, space.chunk_nbytes,
+                 space.oneshot_nbytes)
+    r, p = space.rank, space.size
+    np.copyto(out[r * m:(r + 1) * m], inp)
+    for i, (a, b) in enumerate(steps.chunks):
+        base = space.next_slot()
+        np.copyto(space.view(r, base, b - a), inp[a:b])
+        space.round(i == 0, desc, deadline)
+        # after the round every rank's chunk [a, b) is in its slot
+        for j in range(p):
+            if j != r:
+                np.copyto(out[j * m + a:j * m + b], space.view(j, base, b - a))
+
+
+def barrier(space: ShmSpace, desc: Desc, deadline: float) -> None:
+    """Return once every rank has entered the barrier (one round)."""
+    space.domain.arrive(desc, deadline)
+
+
+__all__ = ["all_gather", "barrier", "broadcast"]

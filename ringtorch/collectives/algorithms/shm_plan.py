@@ -1,0 +1,120 @@
+"""Pure planning for the shared-memory collectives: how big a round is, where chunks fall.
+
+Every rank calls these with the same arguments (the collective's size, the group size and the
+slot size in force, which is the same everywhere) and gets the same plan; that is what keeps
+the ranks' rounds in step. Ranges are half-open byte ranges ``(start, stop)`` that never split
+an element, and pieces that several ranks write side by side start on 64-byte lines where the
+sizes allow, so that no two ranks write the same cache line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LINE = 64
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one collective moves through the data slots.
+
+    Attributes:
+        chunks: byte ranges of the per-rank message (or of each per-rank piece), one per round.
+        chunk_nbytes: the largest chunk; the slot holds ``slot_factor`` of them per round.
+        oneshot: the all_reduce is done in one round, every rank reducing everything.
+    """
+
+    chunks: tuple[tuple[int, int], ...]
+    chunk_nbytes: int
+    oneshot: bool = False
+
+
+def split_bytes(nbytes: int, parts: int, itemsize: int) -> list[tuple[int, int]]:
+    """Cut ``nbytes`` (whole elements of ``itemsize``) into ``parts`` contiguous ranges, each
+    starting on a 64-byte line when the range is big enough; ranges may be empty.
+
+    Raises:
+        ValueError: ``parts`` < 1, or ``nbytes`` is not a whole number of elements.
+    """
+    if parts < 1:
+        raise ValueError(f"parts must be at least 1, got {parts}")
+    if nbytes % itemsize:
+        raise ValueError(f"{nbytes} bytes is not a whole number of {itemsize}-byte elements")
+    unit = itemsize * LINE // _gcd(itemsize, LINE)  # smallest whole-element multiple of a line
+    units = nbytes // unit
+    base, extra = divmod(units, parts)
+    ranges, start = [], 0
+    for i in range(parts):
+        stop = start + (base + (1 if i < extra else 0)) * unit
+        ranges.append((start, stop))
+        start = stop
+    last_start = ranges[-1][0]
+    ranges[-1] = (last_start, nbytes)  # the tail that is smaller than a unit goes to the last
+    return ranges
+
+
+def chunk_ranges(nbytes: int, chunk_nbytes: int) -> tuple[tuple[int, int], ...]:
+    """Consecutive ranges of at most ``chunk_nbytes``; at least one (maybe empty) range, so an
+    empty collective still has a round in which ranks check each other."""
+    if chunk_nbytes < 1:
+        raise ValueError(f"chunk_nbytes must be at least 1, got {chunk_nbytes}")
+    if nbytes == 0:
+        return ((0, 0),)
+    return tuple((a, min(a + chunk_nbytes, nbytes)) for a in range(0, nbytes, chunk_nbytes))
+
+
+def _align_down(n: int, unit: int) -> int:
+    return max(unit, n // unit * unit)
+
+
+def _unit(itemsize: int, parts: int = 1) -> int:
+    """The chunk granule: whole elements, and ``parts`` line-aligned slices when possible."""
+    return parts * itemsize * LINE // _gcd(itemsize, LINE)
+
+
+def wanted_half(op: str, nbytes: int, size: int, chunk_nbytes: int, oneshot_nbytes: int) -> int:
+    """Bytes each data slot should have for the fastest plan of ``op`` on ``nbytes``.
+
+    ``nbytes`` is the per-rank message: the buffer for all_reduce/reduce/broadcast, the input
+    for all_gather and reduce_scatter (``size`` pieces). A staged all_reduce needs room for a
+    chunk and for its reduced slices (two chunks' worth).
+    """
+    if op == "all_reduce":
+        if nbytes <= oneshot_nbytes:
+            return nbytes
+        return 2 * min(nbytes, chunk_nbytes)
+    if op == "reduce_scatter":
+        return min(nbytes, max(chunk_nbytes, size * LINE))
+    return min(nbytes, chunk_nbytes)
+
+
+def plan(op: str, nbytes: int, itemsize: int, size: int, half: int, chunk_nbytes: int,
+         oneshot_nbytes: int) -> Plan:
+    """The plan of ``op`` on a per-rank message of ``nbytes`` with data slots of ``half`` bytes.
+
+    all_reduce: one round when the message fits both ``oneshot_nbytes`` and a slot; otherwise
+    chunks of up to ``chunk_nbytes`` (a chunk and its reduced slices share a slot), each a
+    multiple of ``size`` line-aligned slices. reduce_scatter: the chunks cut each of the
+    ``size`` pieces, and a round holds one chunk of every piece. The others: chunks of the
+    message, one per round.
+    """
+    if op == "all_reduce":
+        if nbytes <= min(oneshot_nbytes, half):
+            return Plan(((0, nbytes),), nbytes, oneshot=True)
+        chunk = _align_down(min(chunk_nbytes, half // 2), _unit(itemsize, size))
+        return Plan(chunk_ranges(nbytes, chunk), chunk)
+    if op == "reduce_scatter":
+        piece = nbytes // size
+        chunk = _align_down(min(chunk_nbytes, half) // size, _unit(itemsize))
+        return Plan(chunk_ranges(piece, chunk), chunk)
+    chunk = _align_down(min(chunk_nbytes, half), _unit(itemsize))
+    return Plan(chunk_ranges(nbytes, chunk), chunk)
+
+
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a
+
+
+__all__ = ["LINE", "Plan", "chunk_ranges", "plan", "split_bytes", "wanted_half"]

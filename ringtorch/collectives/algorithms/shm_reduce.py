@@ -1,0 +1,134 @@
+"""all_reduce, reduce and reduce_scatter through shared memory, reduced straight from the
+peers' segments.
+
+* all_reduce, small (one-shot): each rank copies its buffer into its slot, one round, then
+  every rank reduces all the slots into its own buffer. One round per call.
+* all_reduce, large (staged, DeepSpeed's and gloo-shm's design): per chunk, each rank copies
+  the chunk into its slot, one round, rank r reduces slice r of the chunk from every slot into
+  its slot's result area; in the next round everyone copies all reduced slices out. The copy
+  of chunk c + 1 and the reduction of chunk c happen in the same round, so copying and
+  reducing overlap across ranks: one round per chunk, plus one to collect the last.
+* reduce_scatter: per chunk, each rank copies in the pieces destined for the others, one round,
+  rank r reduces its piece from every slot straight into its output (no copy out).
+* reduce: per chunk, the non-roots copy in, one round, the root reduces into its buffer.
+
+Every reduction is computed left to right in rank order (shm_space.reduce_in_rank_order), once
+per element, so results are bitwise identical on every rank. AVG's division and PREMUL_SUM's
+scaling are the caller's, as for the socket algorithms.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ringtorch._wire.shm_domain import Desc
+from ringtorch.collectives.algorithms.shm_plan import plan, split_bytes
+from ringtorch.collectives.algorithms.shm_space import ShmSpace, reduce_in_rank_order
+from ringtorch.collectives.reduce_op import ByteReducer
+
+
+def all_reduce(space: ShmSpace, buf: np.ndarray, reduce: ByteReducer, itemsize: int,
+               desc: Desc, deadline: float) -> None:
+    """Reduce ``buf`` (uint8) across ranks, in place on every rank."""
+    half = space.begin("all_reduce", buf.nbytes, desc, deadline)
+    steps = plan("all_reduce", buf.nbytes, itemsize, space.size, half, space.chunk_nbytes,
+                 space.oneshot_nbytes)
+    if steps.oneshot:
+        _all_reduce_oneshot(space, buf, reduce, desc, deadline)
+    else:
+        _all_reduce_staged(space, buf, reduce, itemsize, steps.chunks, steps.chunk_nbytes,
+                           desc, deadline)
+
+
+def _all_reduce_oneshot(space: ShmSpace, buf: np.ndarray, reduce: ByteReducer, desc: Desc,
+                        deadline: float) -> None:
+    r, p, n = space.rank, space.size, buf.nbytes
+    base = space.next_slot()
+    np.copyto(space.view(r, base, n), buf)
+    space.domain.arrive(desc, deadline)
+    # every rank's buffer is in its slot until round + 2; everyone reduces all of them
+    reduce_in_rank_order(buf, [space.view(j, base, n) for j in range(p)], r, reduce)
+
+
+def _all_reduce_staged(space: ShmSpace, buf: np.ndarray, reduce: ByteReducer, itemsize: int,
+                       chunks: tuple[tuple[int, int], ...], chunk_nbytes: int, desc: Desc,
+                       deadline: float) -> None:
+    r, p = space.rank, space.size
+    pending: tuple[int, int, int] | None = None  # (start, stop, slot) of the chunk to collect
+    for i, (a, b) in enumerate(chunks):
+        base = space.next_slot()
+        slices = split_bytes(b - a, p, itemsize)
+        s0, s1 = slices[r]
+        mine = space.view(r, base, b - a)
+        # only slices the peers reduce go through shared memory; slice r stays private
+        np.copyto(mine[:s0], buf[a:a + s0])
+        np.copyto(mine[s1:], buf[a + s1:b])
+        space.round(i == 0, desc, deadline)
+        # every rank's chunk is in its slot: reduce slice r into this slot's result area
+        out = space.view(r, base + chunk_nbytes + s0, s1 - s0)
+        operands = [buf[a + s0:a + s1] if j == r else space.view(j, base + s0, s1 - s0)
+                    for j in range(p)]
+        reduce_in_rank_order(out, operands, -1, reduce)
+        if pending is not None:
+            _collect(space, buf, itemsize, pending, chunk_nbytes)
+        pending = (a, b, base)
+    space.domain.step(desc, deadline)
+    # every slice of the last chunk is reduced
+    assert pending is not None
+    _collect(space, buf, itemsize, pending, chunk_nbytes)
+    # peers may still collect from this round's slot: the next collective writes the other
+    space.domain.skip_round()
+
+
+def _collect(space: ShmSpace, buf: np.ndarray, itemsize: int, chunk: tuple[int, int, int],
+             chunk_nbytes: int) -> None:
+    """Copy every reduced slice of a chunk (reduced a round ago) into ``buf``."""
+    a, b, base = chunk
+    for j, (s0, s1) in enumerate(split_bytes(b - a, space.size, itemsize)):
+        np.copyto(buf[a + s0:a + s1], space.view(j, base + chunk_nbytes + s0, s1 - s0))
+
+
+def reduce_scatter(space: ShmSpace, out: np.ndarray, inp: np.ndarray, reduce: ByteReducer,
+                   itemsize: int, desc: Desc, deadline: float) -> None:
+    """Rank r's ``out`` receives the reduction over ranks of piece r of ``inp`` (uint8;
+    ``inp`` holds ``size`` pieces of ``out.nbytes``)."""
+    r, p, m = space.rank, space.size, out.nbytes
+    half = space.begin("reduce_scatter", inp.nbytes, desc, deadline)
+    steps = plan("reduce_scatter", inp.nbytes, itemsize, p, half, space.chunk_nbytes,
+                 space.oneshot_nbytes)
+    c = steps.chunk_nbytes
+    for i, (a, b) in enumerate(steps.chunks):
+        base = space.next_slot()
+        for d in range(p):
+            if d != r:
+                np.copyto(space.view(r, base + d * c, b - a), inp[d * m + a:d * m + b])
+        space.round(i == 0, desc, deadline)
+        # every rank's pieces of this chunk are in its slot: reduce piece r into out
+        operands = [inp[r * m + a:r * m + b] if j == r else space.view(j, base + r * c, b - a)
+                    for j in range(p)]
+        reduce_in_rank_order(out[a:b], operands, -1, reduce)
+
+
+def reduce(space: ShmSpace, buf: np.ndarray, reduce: ByteReducer, root: int, itemsize: int,
+           desc: Desc, deadline: float) -> None:
+    """Root's ``buf`` (uint8) receives the reduction over ranks; the others' stay as they were."""
+    r, p = space.rank, space.size
+    half = space.begin("reduce", buf.nbytes, desc, deadline)
+    steps = plan("reduce", buf.nbytes, itemsize, p, half, space.chunk_nbytes,
+                 space.oneshot_nbytes)
+    # a root of rank 2 or more overwrites its buffer with rank 0's chunk first, so it needs
+    # its own operand in its slot like everyone else
+    root_copies = root >= 2
+    for i, (a, b) in enumerate(steps.chunks):
+        base = space.next_slot()
+        if r != root or root_copies:
+            np.copyto(space.view(r, base, b - a), buf[a:b])
+        space.round(i == 0, desc, deadline)
+        if r == root:
+            operands = [space.view(j, base, b - a) for j in range(p)]
+            if not root_copies:
+                operands[r] = buf[a:b]
+            reduce_in_rank_order(buf[a:b], operands, r, reduce)
+
+
+__all__ = ["all_reduce", "reduce", "reduce_scatter"]

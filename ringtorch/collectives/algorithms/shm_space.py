@@ -1,0 +1,102 @@
+"""The shared-memory workspace the shm_* algorithms run in: the group's domain, views, knobs.
+
+Algorithms see every rank's data slots as uint8 NumPy arrays (built once per (rank, offset,
+length) and cached until the mappings change), copy with NumPy and reduce with the ByteReducer
+of reduce_op.py. Everything here works on bytes, like the socket algorithms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ringtorch._wire.shm_domain import Desc, ShmDomain
+from ringtorch.collectives.algorithms.shm_plan import wanted_half
+from ringtorch.collectives.reduce_op import ByteReducer
+
+_MAX_CACHED_VIEWS = 4096
+
+
+class ShmSpace:
+    """A ShmDomain plus cached NumPy views of its data slots and the size knobs.
+
+    Attributes:
+        domain: the ShmDomain (rounds, waits, growth).
+        chunk_nbytes: bytes per round of a large collective.
+        oneshot_nbytes: all_reduce up to this size takes one round.
+    """
+
+    def __init__(self, domain: ShmDomain, chunk_nbytes: int, oneshot_nbytes: int) -> None:
+        self.domain = domain
+        self.chunk_nbytes = chunk_nbytes
+        self.oneshot_nbytes = oneshot_nbytes
+        self._views: dict[tuple[int, int, int], np.ndarray] = {}
+        self._generation = domain.generation
+
+    @property
+    def rank(self) -> int:
+        return self.domain.rank
+
+    @property
+    def size(self) -> int:
+        return self.domain.size
+
+    def view(self, owner: int, offset: int, nbytes: int) -> np.ndarray:
+        """``nbytes`` of rank ``owner``'s segment at byte ``offset``, as a uint8 array."""
+        if self._generation != self.domain.generation or len(self._views) > _MAX_CACHED_VIEWS:
+            self._views.clear()
+            self._generation = self.domain.generation
+        key = (owner, offset, nbytes)
+        found = self._views.get(key)
+        if found is None:
+            found = np.frombuffer(self.domain.segments[owner].buf, np.uint8, nbytes, offset)
+            self._views[key] = found
+        return found
+
+    def next_slot(self) -> int:
+        """Byte offset of the data slot of the next round (the one this rank fills now)."""
+        return self.domain.slot_offset(self.domain.round + 1)
+
+    def round(self, first: bool, desc: Desc, deadline: float) -> None:
+        """Enter the next round: the collective's first (checked against the peers) or a later one."""
+        if first:
+            self.domain.arrive(desc, deadline)
+        else:
+            self.domain.step(desc, deadline)
+
+    def begin(self, op: str, nbytes: int, desc: Desc, deadline: float) -> int:
+        """Grow the slots if ``op`` on ``nbytes`` wants more room; returns the slot size."""
+        want = wanted_half(op, nbytes, self.size, self.chunk_nbytes, self.oneshot_nbytes)
+        return self.domain.ensure_half(want, desc, deadline)
+
+    def close(self) -> None:
+        self._views.clear()
+
+
+def reduce_in_rank_order(dst: np.ndarray, operands: Sequence[np.ndarray], dst_holds: int,
+                         reduce: ByteReducer) -> None:
+    """``dst = x_0 (op) x_1 (op) ... (op) x_{p-1}``, left to right, whoever computes it.
+
+    ``operands[j]`` is rank j's operand. ``dst_holds`` says which operand ``dst`` already
+    holds (it may be ``operands[dst_holds]`` itself), or -1; when it is 2 or more, ``dst`` is
+    overwritten first, so ``operands[dst_holds]`` must then be a separate copy. Computing in
+    rank order everywhere makes every rank's result bitwise identical to every other's and to
+    a plain left-to-right reduction of the inputs.
+    """
+    p = len(operands)
+    if not dst.nbytes:
+        return
+    if dst_holds == 0:
+        start = 1
+    elif dst_holds == 1:
+        reduce(dst, operands[0], True)
+        start = 2
+    else:
+        np.copyto(dst, operands[0])
+        start = 1
+    for j in range(start, p):
+        reduce(dst, operands[j], False)
+
+
+__all__ = ["ShmSpace", "reduce_in_rank_order"]

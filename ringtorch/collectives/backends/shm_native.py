@@ -1,0 +1,267 @@
+"""The native backend with a shared-memory fast path for groups whose ranks share one host.
+
+When every rank of the group is on this host (same host identity: hostname + boot id, or
+RINGTORCH_HOST_ID), has RINGTORCH_SHM on and could create its segment, the group's
+all_reduce, reduce_scatter, all_gather, broadcast, reduce and barrier run through shared
+memory (algorithms/shm_*.py) instead of sockets; every rank takes the same decision at
+construction (through the group's store), so no rank runs shared memory while a peer runs
+sockets. Everything else (gather, scatter, all_to_all, send/recv) and every group spanning
+hosts use the socket path of NativeBackend unchanged.
+
+Failure handling is NativeBackend's: a shared-memory wait that finds a peer dead (its segment
+lock released), aborted, in another collective or past the deadline aborts the backend
+(ABORT frames to the peers), and every later call raises with that cause. A peer's death seen
+first on the sockets (EOF on a reader thread) also ends a shared-memory wait, within a
+millisecond or so. Socket collectives publish their descriptor in the segment too, so a rank
+waiting in shared memory for a peer stuck in, say, a gather says so at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from ringtorch import _config
+from ringtorch._wire.mesh import COLL_HEADER, COLL_TAG, NO_REDOP, NO_ROOT, host_identity
+from ringtorch._wire.shm_domain import Desc, ShmDomain
+from ringtorch.collectives.algorithms import shm_copy, shm_reduce
+from ringtorch.collectives.algorithms.shm_space import ShmSpace
+from ringtorch.collectives.backends.base import BackendContext
+from ringtorch.collectives.backends.native import NativeBackend
+from ringtorch.collectives.backends.native_status import (
+    DTYPE_CODES,
+    OP_CODES,
+    check_sizes,
+    describe_header,
+)
+from ringtorch.collectives.reduce_op import (
+    RedOpType,
+    as_bytes,
+    byte_reducer,
+    check_reduce_op,
+    finish_avg,
+    op_type,
+    premul_factor,
+)
+
+log = logging.getLogger(__name__)
+
+
+_NUMPY_NATIVE = {torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8,
+                 torch.uint8, torch.bool, torch.complex64, torch.complex128, torch.float16}
+
+
+def _bytes(tensor: torch.Tensor) -> Any:
+    """The bytes of a flat contiguous tensor as a uint8 array (reduce_op.as_bytes, faster for
+    the dtypes NumPy has: a collective's fixed cost is a few microseconds)."""
+    if tensor.dtype in _NUMPY_NATIVE:
+        return tensor.numpy().view(np.uint8)
+    return as_bytes(tensor)
+
+
+def describe(desc: Desc) -> str:
+    """A descriptor in the socket path's words: 'broadcast #3 (float32, 4096 bytes, root 1)'."""
+    dtype, redop, root = desc.detail & 0xFF, (desc.detail >> 8) & 0xFF, desc.detail >> 16
+    header = COLL_HEADER.pack(COLL_TAG, desc.kind & 0xFF, dtype, redop,
+                              NO_ROOT if root == 0 else root - 1, desc.seq, desc.nbytes, 0)
+    return describe_header(header)
+
+
+def make_desc(op: str, seq: int, dtype: torch.dtype, redop: int, root: int, nbytes: int) -> Desc:
+    """The descriptor every rank must agree on: op, sequence number, dtype, reduction, root,
+    bytes (``redop`` NO_REDOP and ``root`` -1 when they do not apply)."""
+    detail = DTYPE_CODES.get(dtype, 0) | (redop & 0xFF) << 8 | (root + 1) << 16
+    return Desc(seq, OP_CODES[op], detail, nbytes)
+
+
+class ShmNativeBackend(NativeBackend):
+    """NativeBackend plus shared memory on one host (see the module docstring).
+
+    Attributes:
+        shm_reason: why the group does not use shared memory ("" when it does).
+    """
+
+    def __init__(self, ctx: BackendContext) -> None:
+        super().__init__(ctx)
+        self._space: ShmSpace | None = None
+        self._descs: dict[tuple[str, torch.dtype, int, int], Desc] = {}
+        self._shm_reducers: dict[tuple[RedOpType, torch.dtype], Any] = {}
+        self.shm_reason = "a group of one rank has no peers" if ctx.size == 1 else ""
+        if ctx.size > 1:
+            deadline = time.monotonic() + ctx.timeout.total_seconds()
+            settings = {"chunk": _config.SHM_CHUNK_BYTES.get(),
+                        "oneshot": _config.SHM_ONESHOT_BYTES.get()}
+            domain, self.shm_reason = ShmDomain.open(
+                ctx.store, ctx.rank, ctx.size, ctx.group_name, host_identity(),
+                _config.SHM.get(), _config.SHM_MAX_BYTES.get(), deadline, describe, settings)
+            if domain is not None:
+                domain.poll_failure = lambda: self._cause
+                domain.on_failure = lambda message: self._abort_local(message, tell_peers=True)
+                self._space = ShmSpace(domain, domain.settings["chunk"],
+                                       domain.settings["oneshot"])
+            else:
+                log.debug("group '%s' does not use shared memory: %s", ctx.group_name,
+                          self.shm_reason)
+
+    @property
+    def uses_shm(self) -> bool:
+        """Whether this group's collectives go through shared memory."""
+        return self._space is not None
+
+    def _plan_shm_reduce(self, op: Any, dtype: torch.dtype, opname: str) -> tuple[RedOpType, Any]:
+        """(kind, byte reducer) for ``op`` on ``dtype``, checked once per pair.
+
+        Raises:
+            ValueError, RuntimeError: the pair has no meaning (reduce_op.check_reduce_op).
+        """
+        kind = op_type(op)
+        reducer = self._shm_reducers.get((kind, dtype))
+        if reducer is None:
+            check_reduce_op(kind, dtype, opname)
+            reducer = self._shm_reducers[(kind, dtype)] = byte_reducer(kind, dtype)
+        return kind, reducer
+
+    def _desc(self, op: str, seq: int, dtype: torch.dtype, redop: int, root: int,
+              nbytes: int) -> Desc:
+        key = (op, dtype, redop, root)
+        found = self._descs.get(key)
+        if found is None:
+            found = self._descs[key] = make_desc(op, 0, dtype, redop, root, 0)
+        return Desc(seq, found.kind, found.detail, nbytes)
+
+    # -- collectives through shared memory -------------------------------------------------------
+
+    def all_reduce(self, buf: torch.Tensor, op: Any, seq: int, deadline: float) -> None:
+        """See base class."""
+        space = self._space
+        if space is None:
+            return super().all_reduce(buf, op, seq, deadline)
+        kind, reducer = self._plan_shm_reduce(op, buf.dtype, "all_reduce")
+        with self._collective("all_reduce", seq, deadline):
+            factor = premul_factor(op)
+            if factor is not None:
+                buf.mul_(factor)
+            data = _bytes(buf)
+            desc = self._desc("all_reduce", seq, buf.dtype, int(kind), -1, data.nbytes)
+            shm_reduce.all_reduce(space, data, reducer,
+                                  buf.element_size(), desc, deadline)
+            if kind is RedOpType.AVG:
+                finish_avg(buf, self.size)
+
+    def reduce(self, buf: torch.Tensor, op: Any, root: int, seq: int, deadline: float) -> None:
+        """See base class."""
+        space = self._space
+        if space is None:
+            return super().reduce(buf, op, root, seq, deadline)
+        kind, reducer = self._plan_shm_reduce(op, buf.dtype, "reduce")
+        self._check_root(root, "reduce")
+        with self._collective("reduce", seq, deadline):
+            factor = premul_factor(op)
+            if factor is not None:
+                buf.mul_(factor)
+            data = _bytes(buf)
+            desc = self._desc("reduce", seq, buf.dtype, int(kind), root, data.nbytes)
+            shm_reduce.reduce(space, data, reducer, root,
+                              buf.element_size(), desc, deadline)
+            if kind is RedOpType.AVG and self.rank == root:
+                finish_avg(buf, self.size)
+
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: Any, seq: int,
+                       deadline: float) -> None:
+        """See base class."""
+        space = self._space
+        if space is None:
+            return super().reduce_scatter(out, inp, op, seq, deadline)
+        kind, reducer = self._plan_shm_reduce(op, inp.dtype, "reduce_scatter")
+        check_sizes("reduce_scatter", inp, out, self.size)
+        with self._collective("reduce_scatter", seq, deadline):
+            factor = premul_factor(op)
+            if factor is not None:
+                inp = inp * factor
+            inp_bytes = _bytes(inp)
+            desc = self._desc("reduce_scatter", seq, inp.dtype, int(kind), -1, inp_bytes.nbytes)
+            shm_reduce.reduce_scatter(space, _bytes(out), inp_bytes,
+                                      reducer, inp.element_size(), desc,
+                                      deadline)
+            if kind is RedOpType.AVG:
+                finish_avg(out, self.size)
+
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, seq: int, deadline: float) -> None:
+        """See base class."""
+        space = self._space
+        if space is None:
+            return super().all_gather(out, inp, seq, deadline)
+        check_sizes("all_gather", out, inp, self.size)
+        with self._collective("all_gather", seq, deadline):
+            inp_bytes = _bytes(inp)
+            desc = self._desc("all_gather", seq, inp.dtype, NO_REDOP, -1, inp_bytes.nbytes)
+            shm_copy.all_gather(space, _bytes(out), inp_bytes, inp.element_size(), desc,
+                                deadline)
+
+    def broadcast(self, buf: torch.Tensor, root: int, seq: int, deadline: float) -> None:
+        """See base class."""
+        space = self._space
+        if space is None:
+            return super().broadcast(buf, root, seq, deadline)
+        self._check_root(root, "broadcast")
+        with self._collective("broadcast", seq, deadline):
+            data = _bytes(buf)
+            desc = self._desc("broadcast", seq, buf.dtype, NO_REDOP, root, data.nbytes)
+            shm_copy.broadcast(space, data, root, buf.element_size(), desc, deadline)
+
+    def barrier(self, seq: int, deadline: float) -> None:
+        """See base class."""
+        space = self._space
+        if space is None:
+            return super().barrier(seq, deadline)
+        with self._collective("barrier", seq, deadline):
+            shm_copy.barrier(space, self._desc("barrier", seq, torch.uint8, NO_REDOP, -1, 0),
+                             deadline)
+
+    # -- collectives that stay on sockets: publish where this rank is -----------------------------
+
+    def gather(self, out: torch.Tensor | None, inp: torch.Tensor, root: int, seq: int,
+               deadline: float) -> None:
+        """See base class."""
+        self._publish("gather", seq, inp, root)
+        super().gather(out, inp, root, seq, deadline)
+
+    def scatter(self, out: torch.Tensor, inp: torch.Tensor | None, root: int, seq: int,
+                deadline: float) -> None:
+        """See base class."""
+        self._publish("scatter", seq, out, root)
+        super().scatter(out, inp, root, seq, deadline)
+
+    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
+                   in_splits: list[int], seq: int, deadline: float) -> None:
+        """See base class."""
+        self._publish("all_to_all", seq, inp, -1)
+        super().all_to_all(out, inp, out_splits, in_splits, seq, deadline)
+
+    def _publish(self, op: str, seq: int, tensor: torch.Tensor, root: int) -> None:
+        if self._space is not None:
+            nbytes = tensor.numel() * tensor.element_size()
+            self._space.domain.enter(make_desc(op, seq, tensor.dtype, NO_REDOP, root, nbytes))
+
+    # -- lifetime --------------------------------------------------------------------------------
+
+    def abort(self, reason: str) -> None:
+        """See base class."""
+        if self._space is not None:
+            self._space.domain.abort(f"rank {self.rank} aborted the group: {reason}")
+        super().abort(reason)
+
+    def close(self) -> None:
+        """See base class."""
+        super().close()
+        space, self._space = self._space, None
+        if space is not None:
+            space.close()
+            space.domain.close()
+
+
+__all__ = ["ShmNativeBackend", "describe", "make_desc"]

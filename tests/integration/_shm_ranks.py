@@ -1,0 +1,354 @@
+"""Rank-side code of the shared-memory backend tests: each function runs on every rank of a
+run_ranks world.
+
+The ranks build ShmNativeBackends directly (no ProcessGroup), run what the driver asks and
+send back what they saw; the drivers (test_shm_*.py) compute expected values themselves from
+``make_input`` with torch, never with ringtorch. The stress test is the exception that
+proves the rule: its expected values are computed on the rank, with plain torch, from every
+rank's deterministic input.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+
+from ringtorch import _config
+from ringtorch.collectives.backends.base import BackendContext
+from ringtorch.collectives.backends.shm_native import ShmNativeBackend
+from ringtorch.collectives.reduce_op import ReduceOp, make_premul_sum
+
+PREMUL_FACTOR = 2.0
+_store: Any = None
+
+
+def store(rank: int, world_size: int) -> Any:
+    """This process's connection to the world's store (rank 0 hosts it)."""
+    global _store
+    if _store is None:
+        _store = tdist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), world_size,
+                                rank == 0, timeout=timedelta(seconds=30))
+    return _store
+
+
+def backend(rank: int, world_size: int, name: str, timeout_s: float = 30.0,
+            **knobs: Any) -> ShmNativeBackend:
+    """A ShmNativeBackend for group ``name``, built with the given knobs (SHM=False, ...).
+
+    Ranks use one torch thread each: up to 4 ranks share 2 cores, and idle OpenMP workers
+    spinning for work would starve the ranks the others wait for."""
+    torch.set_num_threads(1)
+    ctx = BackendContext(store=tdist.PrefixStore(f"{name}/", store(rank, world_size)), rank=rank,
+                         size=world_size, timeout=timedelta(seconds=timeout_s), group_name=name,
+                         global_ranks=tuple(range(world_size)))
+    with _config.override(**knobs):
+        return ShmNativeBackend(ctx)
+
+
+def make_input(dtype: torch.dtype, rank: int, salt: int, n: int) -> torch.Tensor:
+    """Small integer-valued data, exact in every dtype (sums and products stay small)."""
+    k = torch.arange(n, dtype=torch.int64) * 3 + rank * 5 + salt
+    if dtype is torch.bool:
+        return k % 3 == 0
+    if dtype.is_complex:
+        return torch.complex((k % 5 - 2).double(), (k % 3).double()).to(dtype)
+    if dtype in (torch.uint8, torch.uint16, torch.uint32, torch.uint64):
+        return (k % 4).to(dtype)
+    return (k % 6 - 2).to(dtype)
+
+
+def random_input(dtype: torch.dtype, rank: int, salt: int, n: int) -> torch.Tensor:
+    """Random normal data (rounding makes the order of a reduction visible in the bits)."""
+    gen = torch.Generator().manual_seed(rank * 7919 + salt)
+    return torch.randn(n, generator=gen, dtype=torch.float64).to(dtype)
+
+
+def redop(name: str) -> Any:
+    return make_premul_sum(PREMUL_FACTOR) if name == "PREMUL_SUM" else getattr(ReduceOp, name)
+
+
+def run_case(b: ShmNativeBackend, case: dict[str, Any], seq: int) -> Any:
+    """Run one collective described by ``case``; return this rank's output (or None)."""
+    r, ws = b.rank, b.size
+    op, dtype, n, salt = case["op"], case["dtype"], case["n"], case["salt"]
+    root = case.get("root", 0)
+    make = random_input if case.get("random") else make_input
+    deadline = time.monotonic() + 30
+    if op in ("all_reduce", "reduce"):
+        t = make(dtype, r, salt, n)
+        if op == "all_reduce":
+            b.all_reduce(t, redop(case["redop"]), seq, deadline)
+            return t
+        b.reduce(t, redop(case["redop"]), root, seq, deadline)
+        return t if r == root else None
+    if op == "broadcast":
+        t = make(dtype, r, salt, n)
+        b.broadcast(t, root, seq, deadline)
+        return t
+    if op == "all_gather":
+        out = torch.empty(n * ws, dtype=dtype)
+        b.all_gather(out, make(dtype, r, salt, n), seq, deadline)
+        return out
+    if op == "reduce_scatter":
+        out = torch.empty(n, dtype=dtype)
+        b.reduce_scatter(out, make(dtype, r, salt, n * ws), redop(case["redop"]), seq, deadline)
+        return out
+    if op == "barrier":
+        b.barrier(seq, deadline)
+        return None
+    raise AssertionError(op)
+
+
+def run_cases(rank: int, world_size: int, cases: list[dict[str, Any]],
+              configs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Run every case on one backend per config (knobs by name); return the outputs keyed
+    (config, case key), and whether each backend used shared memory."""
+    results: dict[str, Any] = {}
+    for cname, knobs in configs.items():
+        b = backend(rank, world_size, f"c-{cname}", **knobs)
+        results[f"uses_shm/{cname}"] = b.uses_shm
+        for seq, case in enumerate(cases, start=1):
+            results[f"{cname}/{case['key']}"] = run_case(b, case, seq)
+        b.close()
+    return results
+
+
+def growth(rank: int, world_size: int, max_bytes: int, nbytes: list[int]) -> list[Any]:
+    """all_reduce float32 buffers of the given sizes; report (half, own segment size, result
+    correct) after each."""
+    b = backend(rank, world_size, "grow", SHM_MAX_BYTES=max_bytes)
+    space = b._space
+    assert space is not None
+    seen: list[Any] = [(space.domain.half, space.domain.segments[rank].size, True)]
+    for seq, n in enumerate(nbytes, start=1):
+        t = torch.full((n // 4,), float(rank + 1))
+        b.all_reduce(t, ReduceOp.SUM, seq, time.monotonic() + 30)
+        ok = bool((t == world_size * (world_size + 1) / 2).all())
+        seen.append((space.domain.half, space.domain.segments[rank].size, ok))
+    b.close()
+    return seen
+
+
+def decision(rank: int, world_size: int, knobs_by_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """Build a backend with this rank's knobs; report the decision and one all_reduce."""
+    b = backend(rank, world_size, "decide", **knobs_by_rank[rank])
+    t = make_input(torch.int64, rank, 1, 10)
+    b.all_reduce(t, ReduceOp.SUM, 1, time.monotonic() + 30)
+    result = {"uses_shm": b.uses_shm, "reason": b.shm_reason, "sum": t}
+    b.close()
+    return result
+
+
+def stress(rank: int, world_size: int, seed: int, count: int) -> dict[str, Any]:
+    """``count`` back-to-back collectives of random ops and sizes (the same schedule on every
+    rank), each checked here against plain torch on every rank's deterministic input."""
+    b = backend(rank, world_size, "stress", SHM_CHUNK_BYTES=16 * 1024,
+                SHM_ONESHOT_BYTES=4 * 1024, SHM_MAX_BYTES=160 * 1024)
+    rng = random.Random(seed)
+    bad: list[str] = []
+    ops = ["all_reduce", "reduce", "reduce_scatter", "all_gather", "broadcast", "barrier"]
+    dtypes = [torch.float32, torch.int64, torch.float64, torch.bfloat16, torch.uint8]
+    for seq in range(1, count + 1):
+        op, dtype = rng.choice(ops), rng.choice(dtypes)
+        n = rng.choice([0, 1, 7, 100, 1000, 4096, 20_000, 50_000])
+        case = {"op": op, "dtype": dtype, "n": n, "salt": seq, "root": rng.randrange(world_size),
+                "redop": rng.choice(["SUM", "MAX"] if dtype is not torch.uint8 else ["MAX", "BOR"])}
+        got = run_case(b, case, seq)
+        want = _expected(case, rank, world_size)
+        if want is not None and not torch.equal(got, want):
+            bad.append(f"#{seq} {op} {dtype} n={n}")
+    b.close()
+    return {"bad": bad, "count": count}
+
+
+def _expected(case: dict[str, Any], rank: int, ws: int) -> torch.Tensor | None:
+    op, dtype, n, salt, root = case["op"], case["dtype"], case["n"], case["salt"], case["root"]
+    if op == "barrier" or (op == "reduce" and rank != root):
+        return None
+    per = n * ws if op == "reduce_scatter" else n
+    inputs = [make_input(dtype, j, salt, per) for j in range(ws)]
+    if op == "broadcast":
+        return inputs[root]
+    if op == "all_gather":
+        return torch.cat(inputs)
+    wide = torch.stack([t.to(torch.int64) if dtype in (torch.int64, torch.uint8) else
+                        t.to(torch.float64) for t in inputs])
+    if case["redop"] == "SUM":
+        total = wide.sum(0)
+    elif case["redop"] == "MAX":
+        total = wide.amax(0)
+    else:
+        total = torch.stack(inputs).to(torch.int64)
+        acc = total[0]
+        for row in total[1:]:
+            acc = acc | row
+        total = acc
+    total = total.to(dtype)
+    return total[rank * n:(rank + 1) * n] if op == "reduce_scatter" else total
+
+
+def mismatch(rank: int, world_size: int, kind: str) -> tuple[str, str]:
+    """Ranks disagree in collective #1 (the last rank differs); every rank returns its error."""
+    b = backend(rank, world_size, "mm", timeout_s=20)
+    deadline = time.monotonic() + 10
+    last = rank == world_size - 1
+    x = torch.zeros(8)
+    try:
+        if not last or kind == "none":
+            b.all_reduce(x, ReduceOp.SUM, 1, deadline)
+        elif kind == "op":
+            b.broadcast(x, 0, 1, deadline)
+        elif kind == "dtype":
+            b.all_reduce(x.double(), ReduceOp.SUM, 1, deadline)
+        elif kind == "size":
+            b.all_reduce(torch.zeros(9), ReduceOp.SUM, 1, deadline)
+        elif kind == "redop":
+            b.all_reduce(x, ReduceOp.MAX, 1, deadline)
+        elif kind == "socket_op":
+            b.gather(torch.zeros(8 * world_size), x, rank, 1, deadline)
+        b.barrier(2, deadline)  # a rank that finished #1 learns at its next call
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+    finally:
+        b.close()
+    return "no error", ""
+
+
+def root_mismatch(rank: int, world_size: int) -> tuple[str, str]:
+    """broadcast #1 with root 0 everywhere except on the last rank (root 1)."""
+    b = backend(rank, world_size, "rm", timeout_s=20)
+    root = 1 if rank == world_size - 1 else 0
+    try:
+        b.broadcast(torch.zeros(4), root, 1, time.monotonic() + 10)
+        b.barrier(2, time.monotonic() + 10)
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+    finally:
+        b.close()
+    return "no error", ""
+
+
+def killed_rank(rank: int, world_size: int, victim: int) -> dict[str, Any]:
+    """``victim`` runs as a forked child SIGKILLed during a stream of large all_reduces; the
+    others report how long their all_reduce took to fail, the error, and the next call's."""
+    if rank == victim:
+        pid = os.fork()
+        if pid == 0:  # the child plays rank `victim` and dies mid-collective
+            try:
+                b = backend(rank, world_size, "kill")
+                threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+                t = torch.ones(1_000_000)
+                for seq in range(1, 100_000):
+                    b.all_reduce(t, ReduceOp.SUM, seq, time.monotonic() + 60)
+            finally:
+                os._exit(1)
+        _, status = os.waitpid(pid, 0)
+        return {"victim_signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None}
+    b = backend(rank, world_size, "kill")
+    t = torch.ones(1_000_000)
+    seq, start = 0, time.monotonic()
+    try:
+        while True:
+            seq += 1
+            start = time.monotonic()
+            b.all_reduce(t, ReduceOp.SUM, seq, time.monotonic() + 60)
+    except Exception as exc:
+        failed_after = time.monotonic() - start
+        first = (type(exc).__name__, str(exc))
+    start = time.monotonic()
+    try:
+        b.all_reduce(t, ReduceOp.SUM, seq + 1, time.monotonic() + 60)
+        later: tuple[str, str] = ("no error", "")
+    except Exception as exc:
+        later = (type(exc).__name__, str(exc))
+    later_after = time.monotonic() - start
+    b.close()
+    return {"first": first, "failed_after": failed_after, "later": later,
+            "later_after": later_after, "ops": seq}
+
+
+def late_rank(rank: int, world_size: int, late: int) -> dict[str, Any]:
+    """Every rank runs broadcast #1; rank ``late`` then sleeps while the others run
+    all_reduce #2 with a 1.5 s deadline."""
+    b = backend(rank, world_size, "late")
+    b.broadcast(torch.zeros(4), 0, 1, time.monotonic() + 20)
+    start = time.monotonic()
+    if rank == late:
+        time.sleep(2.5)
+    try:
+        b.all_reduce(torch.zeros(4), ReduceOp.SUM, 2, time.monotonic() + 1.5)
+        error = ("no error", "")
+    except Exception as exc:
+        error = (type(exc).__name__, str(exc))
+    after = time.monotonic() - start
+    b.close()
+    return {"error": error, "after": after}
+
+
+def aborted(rank: int, world_size: int) -> dict[str, Any]:
+    """Rank 0 aborts the group while the others wait in all_reduce #1."""
+    b = backend(rank, world_size, "abort")
+    start = time.monotonic()
+    try:
+        if rank == 0:
+            time.sleep(0.3)
+            b.abort("the user gave up")
+        b.all_reduce(torch.zeros(4), ReduceOp.SUM, 1, time.monotonic() + 20)
+        error = ("no error", "")
+    except Exception as exc:
+        error = (type(exc).__name__, str(exc))
+    after = time.monotonic() - start
+    b.close()
+    return {"error": error, "after": after}
+
+
+def segment_names(b: ShmNativeBackend) -> list[str]:
+    space = b._space
+    return [] if space is None else [seg.name for seg in space.domain.segments]
+
+
+def leave(rank: int, world_size: int, how: str, record: str) -> list[str]:
+    """Set up, run one all_reduce, note the segment names in ``record``, then leave ``how``:
+    'close', 'exception' (rank 1 raises without closing) or 'sigkill' (rank 1 is killed)."""
+    b = backend(rank, world_size, "leave")
+    b.all_reduce(torch.ones(1000), ReduceOp.SUM, 1, time.monotonic() + 20)
+    names = segment_names(b)
+    with open(f"{record}.{rank}", "w") as f:
+        f.write("\n".join(names))
+    if rank == 1 and how == "exception":
+        raise RuntimeError("rank 1 fails on purpose")
+    if rank == 1 and how == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how == "close":
+        b.close()
+    else:
+        time.sleep(1.0)  # the driver is killing the world meanwhile
+    return names
+
+
+def setup_abandoned(rank: int, world_size: int) -> tuple[int, str]:
+    """Rank 0 sets up alone (rank 1 never joins the shared-memory setup) and times out;
+    returns its pid and the error."""
+    if rank == 1:
+        store(rank, world_size)
+        time.sleep(2.0)
+        return os.getpid(), ""
+    ctx = BackendContext(store=tdist.PrefixStore("abandoned/", store(rank, world_size)), rank=0,
+                         size=world_size, timeout=timedelta(seconds=1), group_name="abandoned",
+                         global_ranks=(0, 1))
+    from ringtorch._wire.shm_domain import ShmDomain
+
+    try:
+        ShmDomain.open(ctx.store, 0, world_size, "abandoned", "h", True, 1 << 20,
+                       time.monotonic() + 1.0, str)
+    except Exception as exc:
+        return os.getpid(), f"{type(exc).__name__}: {exc}"
+    return os.getpid(), "no error"

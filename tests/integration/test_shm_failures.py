@@ -1,0 +1,133 @@
+"""The shared-memory fast path when things go wrong, and under load: mismatched collectives,
+a rank killed mid all_reduce, a late rank, an abort, no segment left in /dev/shm whatever
+way the job ends, and a stress run of mixed back-to-back collectives.
+
+Ranks run tests/integration/_shm_ranks.py. Time bounds are generous upper bounds on "fails
+within N seconds" (the machines are noisy); nothing here measures speed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from ringtorch.testing import RankFailed, run_ranks
+from tests.integration import _shm_ranks as ranks
+
+AR = r"all_reduce #1 \(float32, 32 bytes, op SUM\)"
+OTHER = {
+    "op": r"broadcast #1 \(float32, 32 bytes, root 0\)",
+    "dtype": r"all_reduce #1 \(float64, 64 bytes, op SUM\)",
+    "size": r"all_reduce #1 \(float32, 36 bytes, op SUM\)",
+    "redop": r"all_reduce #1 \(float32, 32 bytes, op MAX\)",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(OTHER))
+def test_mismatched_collectives_fail_on_every_rank_naming_both_calls(kind):
+    results = run_ranks(ranks.mismatch, 3, args=(kind,))
+    for rank, (name, message) in enumerate(results):
+        assert name == "ShmPeerError" or name == "DistBackendError", (rank, name, message)
+        mine, theirs = (OTHER[kind], AR) if rank == 2 else (AR, OTHER[kind])
+        other_rank = 0 if rank == 2 else 2
+        assert re.search(rf"collective mismatch on group 'mm': rank {rank} called {mine} but "
+                         rf"rank {other_rank} called {theirs}", message), (rank, message)
+
+
+def test_a_shm_collective_against_a_socket_collective_is_a_mismatch():
+    results = run_ranks(ranks.mismatch, 2, args=("socket_op",))
+    want = (rf"collective mismatch on group 'mm': rank 0 called {AR} but rank 1 called "
+            rf"gather #1 \(float32, 32 bytes, root 1\)")
+    for rank, (name, message) in enumerate(results):
+        assert name in ("ShmPeerError", "DistBackendError"), (rank, name, message)
+        assert re.search(want, message), (rank, message)
+
+
+def test_broadcasts_with_different_roots_are_a_mismatch():
+    results = run_ranks(ranks.root_mismatch, 2)
+    for rank, (_name, message) in enumerate(results):
+        mine, theirs = ("root 1", "root 0") if rank == 1 else ("root 0", "root 1")
+        assert re.search(rf"rank {rank} called broadcast #1 \(float32, 16 bytes, {mine}\) but "
+                         rf"rank {1 - rank} called broadcast #1 \(float32, 16 bytes, {theirs}\)",
+                         message), (rank, message)
+
+
+def test_matching_collectives_raise_nothing():
+    assert run_ranks(ranks.mismatch, 2, args=("none",)) == [("no error", "")] * 2
+
+
+def test_a_rank_killed_mid_all_reduce_fails_the_others_within_seconds_naming_it():
+    results = run_ranks(ranks.killed_rank, 3, args=(1,), timeout=60)
+    assert results[1] == {"victim_signal": 9}
+    for rank in (0, 2):
+        res = results[rank]
+        name, message = res["first"]
+        assert name in ("ShmPeerError", "DistBackendError"), message
+        assert re.search(r"rank 1 (\(pid \d+\) died|closed its connection)", message), message
+        assert res["failed_after"] < 5.0, res
+        later_name, later = res["later"]
+        assert later_name == "DistBackendError" and "the group was aborted" in later, later
+        assert res["later_after"] < 1.0, res
+
+
+def test_a_late_rank_times_out_the_others_naming_it_and_where_it_is():
+    results = run_ranks(ranks.late_rank, 2, args=(1,), timeout=30)
+    name, message = results[0]["error"]
+    assert name == "ShmPeerError", message
+    assert re.fullmatch(
+        r"all_reduce #2 \(float32, 16 bytes, op SUM\) on group 'late' \(rank 0\) timed out "
+        r"after 0:00:0[12]: ranks \[1\] did not arrive \(rank 1 is at broadcast #1 "
+        r"\(float32, 16 bytes, root 0\)\)", message), message
+    assert 1.4 < results[0]["after"] < 5.0
+    late_name, late_message = results[1]["error"]
+    assert late_name == "DistBackendError" and "timed out" in late_message, late_message
+
+
+def test_abort_on_one_rank_ends_the_others_waits_with_its_reason():
+    results = run_ranks(ranks.aborted, 3, timeout=30)
+    for rank, res in enumerate(results):
+        name, message = res["error"]
+        assert name in ("ShmPeerError", "DistBackendError"), (rank, message)
+        assert "rank 0 aborted the group: the user gave up" in message, (rank, message)
+        assert res["after"] < 5.0, (rank, res)
+
+
+def _leftovers(names: list[str]) -> list[str]:
+    return [n for n in names if os.path.exists(os.path.join("/dev/shm", n))]
+
+
+def _recorded(record: str, world_size: int) -> list[str]:
+    names = []
+    for rank in range(world_size):
+        with open(f"{record}.{rank}") as f:
+            names += f.read().split()
+    return names
+
+
+@pytest.mark.parametrize("how", ["close", "exception", "sigkill"])
+def test_no_segment_is_left_in_dev_shm_however_the_job_ends(how, tmp_path):
+    record = str(tmp_path / "names")
+    if how == "close":
+        run_ranks(ranks.leave, 3, args=(how, record))
+    else:
+        with pytest.raises(RankFailed) as info:
+            run_ranks(ranks.leave, 3, args=(how, record))
+        assert info.value.rank == 1
+    names = _recorded(record, 3)
+    assert len(names) == 9 and all(n.startswith("ringtorch_") for n in names), names
+    assert _leftovers(names) == []
+
+
+def test_a_setup_that_times_out_leaves_no_segment():
+    (pid, error), _ = run_ranks(ranks.setup_abandoned, 2, timeout=30)
+    assert re.fullmatch(r"DistBackendError: setting up shared memory failed: store keys "
+                        r"\['rt_shm/seg/1'\] did not appear within 1\.0 s .*", error), error
+    assert [n for n in os.listdir("/dev/shm") if n.startswith(f"ringtorch_{pid}_")] == []
+
+
+def test_many_mixed_back_to_back_collectives_are_all_correct():
+    results = run_ranks(ranks.stress, 3, args=(12345, 200), timeout=90)
+    for rank, res in enumerate(results):
+        assert res == {"bad": [], "count": 200}, f"rank {rank}: {res}"

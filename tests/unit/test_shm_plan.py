@@ -1,0 +1,93 @@
+"""Planning of the shared-memory collectives (algorithms/shm_plan.py): pure functions, so
+every rank computes the same rounds, chunks fit their slots, and slices never split an
+element or share a cache line."""
+
+from __future__ import annotations
+
+import pytest
+
+from ringtorch.collectives.algorithms.shm_plan import (
+    chunk_ranges,
+    plan,
+    split_bytes,
+    wanted_half,
+)
+
+KIB, MIB = 1024, 1024 * 1024
+
+
+@pytest.mark.parametrize(("nbytes", "parts", "itemsize", "want"), [
+    (0, 3, 4, [(0, 0), (0, 0), (0, 0)]),
+    (256, 2, 4, [(0, 128), (128, 256)]),
+    (1200, 3, 4, [(0, 384), (384, 768), (768, 1200)]),  # the tail goes to the last slice
+    (48, 3, 4, [(0, 0), (0, 0), (0, 48)]),  # smaller than a line each: the last takes all
+    (960, 2, 12, [(0, 576), (576, 960)]),  # 12-byte elements: 192-byte granules, 3 + 2
+    (10, 1, 2, [(0, 10)]),
+])
+def test_split_bytes_cuts_whole_lines_and_whole_elements(nbytes, parts, itemsize, want):
+    assert split_bytes(nbytes, parts, itemsize) == want
+
+
+def test_split_bytes_rejects_partial_elements_and_no_parts():
+    with pytest.raises(ValueError, match=r"^10 bytes is not a whole number of 4-byte elements$"):
+        split_bytes(10, 2, 4)
+    with pytest.raises(ValueError, match=r"^parts must be at least 1, got 0$"):
+        split_bytes(8, 0, 4)
+
+
+def test_chunk_ranges_cover_the_message_and_an_empty_one_still_has_a_round():
+    assert chunk_ranges(0, 100) == ((0, 0),)
+    assert chunk_ranges(250, 100) == ((0, 100), (100, 200), (200, 250))
+    with pytest.raises(ValueError, match=r"^chunk_nbytes must be at least 1, got 0$"):
+        chunk_ranges(10, 0)
+
+
+@pytest.mark.parametrize(("op", "nbytes", "size", "want"), [
+    ("all_reduce", 1 * KIB, 2, 1 * KIB),  # one-shot: the message itself
+    ("all_reduce", 256 * KIB, 2, 256 * KIB),
+    ("all_reduce", 300 * KIB, 2, 600 * KIB),  # staged: a chunk and its reduced slices
+    ("all_reduce", 64 * MIB, 4, 2 * MIB),
+    ("reduce_scatter", 64 * MIB, 4, 1 * MIB),
+    ("reduce_scatter", 100, 4, 100),
+    ("all_gather", 64 * MIB, 3, 1 * MIB),
+    ("broadcast", 10, 2, 10),
+])
+def test_wanted_half_is_what_the_fastest_plan_uses(op, nbytes, size, want):
+    assert wanted_half(op, nbytes, size, chunk_nbytes=1 * MIB, oneshot_nbytes=256 * KIB) == want
+
+
+def test_a_small_all_reduce_is_one_round():
+    p = plan("all_reduce", 1 * KIB, 4, 2, 64 * KIB, 1 * MIB, 256 * KIB)
+    assert (p.oneshot, p.chunks) == (True, ((0, 1 * KIB),))
+
+
+def test_a_one_shot_all_reduce_that_does_not_fit_the_slot_is_staged():
+    p = plan("all_reduce", 200 * KIB, 4, 2, 64 * KIB, 1 * MIB, 256 * KIB)
+    assert not p.oneshot
+    assert p.chunk_nbytes == 32 * KIB  # chunk + reduced slices fill the 64 KiB slot
+    assert p.chunks[0] == (0, 32 * KIB) and p.chunks[-1][1] == 200 * KIB
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+@pytest.mark.parametrize("itemsize", [1, 2, 4, 8, 16])
+def test_staged_chunks_fit_their_slot_and_split_into_aligned_slices(size, itemsize):
+    half = 64 * KIB
+    nbytes = itemsize * 100_003
+    p = plan("all_reduce", nbytes, itemsize, size, half, 1 * MIB, 0)
+    assert 2 * p.chunk_nbytes <= half
+    assert p.chunks[0][0] == 0 and p.chunks[-1][1] == nbytes
+    assert all(b == c for (_, b), (c, _) in zip(p.chunks, p.chunks[1:], strict=False))
+    for a, b in p.chunks[:-1]:
+        for s0, s1 in split_bytes(b - a, size, itemsize):
+            assert s0 % 64 == 0 and (s1 - s0) % itemsize == 0
+
+
+def test_reduce_scatter_rounds_hold_one_chunk_of_every_piece():
+    p = plan("reduce_scatter", 4 * 10 * MIB, 4, 4, 1 * MIB, 1 * MIB, 0)
+    assert p.chunk_nbytes == 256 * KIB and 4 * p.chunk_nbytes <= 1 * MIB
+    assert p.chunks[-1][1] == 10 * MIB  # chunks cut each rank's piece
+
+
+def test_copies_move_one_chunk_per_round():
+    p = plan("broadcast", 3 * MIB + 5, 1, 2, 2 * MIB, 1 * MIB, 0)
+    assert p.chunks == ((0, MIB), (MIB, 2 * MIB), (2 * MIB, 3 * MIB), (3 * MIB, 3 * MIB + 5))
