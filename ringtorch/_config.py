@@ -102,6 +102,22 @@ SHM = _knob(
     "RINGTORCH_SHM", True, _parse_bool,
     "0 turns the shared-memory fast path off: ranks on one host use sockets like any other",
 )
+SHM_MAX_BYTES = _knob(
+    "RINGTORCH_SHM_MAX_BYTES", 64 * 1024 * 1024, int,
+    "the largest shared-memory segment one rank of a same-host group grows to (bytes; segments "
+    "start at 132 KiB and grow on demand); the group uses the smallest value any rank sets. "
+    "Larger collectives still work, in more rounds",
+)
+SHM_CHUNK_BYTES = _knob(
+    "RINGTORCH_SHM_CHUNK_BYTES", 1024 * 1024, int,
+    "bytes a large shared-memory collective moves per round (about the L2 cache works best); "
+    "the group uses rank 0's value",
+)
+SHM_ONESHOT_BYTES = _knob(
+    "RINGTORCH_SHM_ONESHOT_BYTES", 256 * 1024, int,
+    "a shared-memory all_reduce up to this size takes one round in which every rank reduces "
+    "every buffer; larger ones are reduced slice by slice; the group uses rank 0's value",
+)
 
 MPI_CHECK = _knob(
     "RINGTORCH_MPI_CHECK", True, _parse_bool,
