@@ -61,11 +61,3 @@ def test_use_env_passes_the_local_rank_in_the_environment_only(tmp_path: Path) -
         report = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert report["local_rank_arg"] is None
         assert report["env"]["LOCAL_RANK"] == str(rank)
-
-
-def test_no_python_without_use_env_is_rejected() -> None:
-    result = launch(["--no_python", "/bin/true"], {})
-    assert result.returncode == 2
-    assert result.stderr.splitlines()[-1] == (
-        "ringrun: error: When using the '--no-python' flag, you must also set the "
-        "'--use-env' flag.")

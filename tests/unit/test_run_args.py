@@ -123,6 +123,15 @@ def test_bad_flags_are_rejected_with_a_message(argv: list[str], message: str, sc
         run.config_from_args(run.parse_args(argv))
 
 
+def test_legacy_no_python_without_use_env_is_rejected(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.warns(FutureWarning, match="ringtorch.distributed.launch is deprecated"):
+        assert run.legacy_main(["--no_python", "/bin/true"]) == 2
+    assert capsys.readouterr().err == (
+        "ringrun: error: When using the '--no-python' flag, you must also set the "
+        "'--use-env' flag.\n")
+
+
 def test_run_reports_a_bad_flag_on_one_line_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert run.main(["missing_script.py"]) == 2
     assert capsys.readouterr().err == "ringrun: error: training script 'missing_script.py' " \
