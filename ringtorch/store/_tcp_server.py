@@ -27,6 +27,7 @@ import selectors
 import socket
 import threading
 import time
+import weakref
 
 from ringtorch import _config
 from ringtorch._wire.errors import HandshakeError
@@ -51,6 +52,17 @@ class _ProtocolError(Exception):
     """The client sent something that is not a valid request; its connection is closed."""
 
 
+_servers: weakref.WeakSet[StoreServer] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for server in list(_servers):
+        server._abandon_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class StoreServer(StoreOps):
     """A TCPStore server listening on ``host:port`` (``port=0`` picks one; read ``.port``)."""
 
@@ -73,6 +85,7 @@ class StoreServer(StoreOps):
         self._dirty: list[Conn] = []
         self._handshakes = 0
         self._handshakes_lock = threading.Lock()
+        self._shaking: set[socket.socket] = set()
         self._pending: queue.SimpleQueue[tuple[socket.socket, str]] = queue.SimpleQueue()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -88,6 +101,7 @@ class StoreServer(StoreOps):
         self._handlers = self._op_handlers()
         self._thread = threading.Thread(target=self._run, name=f"ringtorch-store-{self.port}",
                                         daemon=True)
+        _servers.add(self)
 
     @property
     def owner_pid(self) -> int:
@@ -108,13 +122,24 @@ class StoreServer(StoreOps):
         if self._stopping:
             return
         self._stopping = True
-        if os.getpid() != self._pid:  # a forked child holds copies only: the parent serves on
-            for sock in (self._listener, self._wake_r, self._wake_w):
-                sock.close()
+        if os.getpid() != self._pid:
+            self._abandon_after_fork()
             return
         self._wake()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(5.0)
+
+    def _abandon_after_fork(self) -> None:
+        """In a forked child: close our copies of every socket, so that the parent's death
+        still closes its clients' connections (a child holding them would keep them open)."""
+        self._stopping = True
+        socks = [self._listener, self._wake_r, self._wake_w, *(c.sock for c in self._conns),
+                 *self._shaking]
+        while not self._pending.empty():
+            socks.append(self._pending.get_nowait()[0])
+        for sock in socks:
+            sock.close()
+        self._sel.close()
 
     def serve_forever(self) -> None:
         """Run the loop in the calling thread until close() (the standalone server)."""
@@ -185,6 +210,7 @@ class StoreServer(StoreOps):
                 full = len(self._conns) + self._handshakes >= MAX_CONNECTIONS
                 if not (busy or full):
                     self._handshakes += 1
+                    self._shaking.add(sock)
             if busy or full:
                 log.warning("TCPStore server on %s: refused %s: too many %s", self.address, peer,
                             "handshakes in flight" if busy else "connections")
@@ -207,6 +233,7 @@ class StoreServer(StoreOps):
         finally:
             with self._handshakes_lock:
                 self._handshakes -= 1
+                self._shaking.discard(sock)
         self._pending.put((sock, peer))
         self._wake()
 

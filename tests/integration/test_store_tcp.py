@@ -260,6 +260,8 @@ def test_client_of_a_hung_server_gets_an_error_within_its_timeout():
     proc, port = _start_standalone()
     client = TCPStore("127.0.0.1", port, None, False, timedelta(milliseconds=500))
     os.kill(proc.pid, signal.SIGSTOP)
+    while open(f"/proc/{proc.pid}/stat").read().split(") ")[1][0] != "T":
+        time.sleep(0.001)  # kill() returns before the process has stopped
     try:
         started = time.monotonic()
         with pytest.raises(DistStoreError, match=rf"^TCPStore 127\.0\.0\.1:{port} did not "
@@ -335,3 +337,50 @@ def test_a_get_blocked_in_a_thread_returns_when_another_client_sets_the_key(mast
     setter.set("later", "now")
     getter.join(5)
     assert results == [b"now"]
+
+
+FORKING_MASTER = r"""
+import os, sys, time
+from datetime import timedelta
+from ringtorch.store import TCPStore
+store = TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=30))
+print(store.port, flush=True)
+store.wait(["client connected"])
+if os.fork() == 0:  # a child (a data loader worker, say) that outlives its parent a while
+    time.sleep(4)
+    os._exit(0)
+print("forked", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_forked_child_of_the_master_does_not_keep_connections_alive_after_it_dies():
+    proc = subprocess.Popen([sys.executable, "-c", FORKING_MASTER], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)
+    port = int(proc.stdout.readline())
+    client = TCPStore("127.0.0.1", port, None, False, T30)
+    client.set("client connected", "yes")
+    assert proc.stdout.readline() == "forked\n"
+    errors: list[BaseException] = []
+    thread = threading.Thread(target=lambda: _record(errors, lambda: client.get("never")))
+    thread.start()
+    time.sleep(0.1)
+    started = time.monotonic()
+    proc.kill()
+    proc.wait()
+    thread.join(10)
+    assert time.monotonic() - started < 2.0, "the child's copies kept the connection open"
+    assert isinstance(errors[0], DistNetworkError)
+
+
+def test_a_signal_during_a_blocking_get_does_not_break_it(master):
+    received = []
+    previous = signal.signal(signal.SIGUSR1, lambda *_: received.append(True))
+    try:
+        setter = TCPStore("127.0.0.1", master.port, None, False, T30)
+        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+        threading.Timer(0.3, setter.set, ("late", "value")).start()
+        assert master.get("late") == b"value"
+        assert received == [True]
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
