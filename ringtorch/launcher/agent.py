@@ -27,6 +27,7 @@ from types import FrameType
 from typing import Any
 
 from ringtorch import _config
+from ringtorch._wire.shm import sweep_stale_segments
 from ringtorch._workers import Guardian, WorkerStartError, become_subreaper, reap_adopted
 from ringtorch.launcher.config import LaunchConfig
 from ringtorch.launcher.decisions import Action, Observation, decide, group_state
@@ -109,6 +110,7 @@ class Agent:
                 self._stop_group(signal.SIGKILL if self._force else signal.SIGTERM)
             reap_adopted(spare={guardian.pid})
             guardian.close()
+            sweep_stale_segments()  # shared memory left by workers that were killed
             self.rendezvous.shutdown()
             self._restore_signal_handlers()
             if not keep:
