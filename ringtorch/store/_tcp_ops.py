@@ -241,7 +241,13 @@ class StoreOps:
 
     def _op_list_keys(self, conn: Conn, rid: int, op: int, fields: list[bytes], tmo: int,
                       arg: int) -> None:
-        self._reply(conn, rid, fields=self._table.list_keys()[:P.MAX_FIELDS])
+        keys = self._table.list_keys()
+        if len(keys) > P.MAX_FIELDS:
+            message = (f"list_keys: the store holds {len(keys)} keys, more than one answer "
+                       f"carries ({P.MAX_FIELDS})")
+            self._reply(conn, rid, P.STATUS_ERROR, P.ERROR_STORE, [message.encode()])
+            return
+        self._reply(conn, rid, fields=keys)
 
     def _op_queue_push(self, conn: Conn, rid: int, op: int, fields: list[bytes], tmo: int,
                        arg: int) -> None:

@@ -315,15 +315,18 @@ class TCPStore(Store):
         return self._sock
 
     def _send_large(self, sock: socket.socket, buffers: list[bytes]) -> None:
-        views = [memoryview(b) for b in buffers if b]
-        while views:
-            sent = sock.sendmsg(views[:512])
-            while sent:
-                if sent >= len(views[0]):
-                    sent -= len(views.pop(0))
-                else:
-                    views[0] = views[0][sent:]
-                    sent = 0
+        """Send a big request: runs of small buffers joined, big values from their own memory."""
+        small: list[bytes] = []
+        for buf in buffers:
+            if len(buf) < 65536:
+                small.append(buf)
+                continue
+            if small:
+                sock.sendall(b"".join(small))
+                small = []
+            sock.sendall(buf)
+        if small:
+            sock.sendall(b"".join(small))
 
     def _recv_answer(self, sock: socket.socket, rid: int) -> tuple[int, int, list[bytes]]:
         buf = self._buf

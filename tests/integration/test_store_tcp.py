@@ -384,3 +384,12 @@ def test_a_signal_during_a_blocking_get_does_not_break_it(master):
         assert received == [True]
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+def test_list_keys_beyond_one_answer_is_an_error_not_a_truncation(master):
+    for start in range(0, 65_538, 21_846):
+        keys = [f"k{i}" for i in range(start, start + 21_846)]
+        master.multi_set(keys, [b""] * len(keys))
+    with pytest.raises(DistStoreError, match=r"^list_keys: the store holds 65538 keys, more than "
+                                             r"one answer carries \(65535\)$"):
+        master.list_keys()
