@@ -30,6 +30,7 @@ FORCED = {
     "ring": RING_ALL + ",segment=24",  # tiny segments: many chunks even for small tensors
     "rd": "all_reduce=recursive_doubling",
     "direct": "all_reduce=direct",
+    "sg": "all_reduce=scatter_gather,segment=24",
 }
 
 
@@ -160,7 +161,7 @@ def test_every_op_algorithm_and_dtype_matches_torch(world_size: int) -> None:
 @pytest.mark.parametrize("world_size", [3, 4])
 def test_all_reduce_of_random_floats_is_bitwise_identical_on_every_rank(world_size: int) -> None:
     algos = ["all_reduce=direct", "all_reduce=recursive_doubling",
-             "all_reduce=ring,segment=4000"]
+             "all_reduce=ring,segment=4000", "all_reduce=scatter_gather,segment=4000"]
     results = run_ranks(ranks.random_all_reduce, world_size, args=(algos, 5003), timeout=60)
     inputs = [torch.randn(5003, generator=torch.Generator().manual_seed(r * 7919 + i))
               for i in range(len(algos)) for r in range(world_size)]

@@ -67,7 +67,7 @@ def test_overrides_force_algorithm_and_segment():
     ("allreduce=ring", r"^bad algorithm override 'allreduce=ring': expected op=algorithm with op "
                        r"one of \['all_gather', "),
     ("all_reduce=tree", r"^bad algorithm override 'all_reduce=tree': all_reduce has algorithms "
-                        r"\['direct', 'recursive_doubling', 'ring'\]$"),
+                        r"\['direct', 'recursive_doubling', 'ring', 'scatter_gather'\]$"),
     ("segment=0", r"^bad algorithm override 'segment=0': segment takes a positive number of "
                   r"bytes$"),
     ("ring", r"^bad algorithm override 'ring'"),

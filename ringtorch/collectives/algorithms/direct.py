@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ringtorch.collectives.algorithms.chunking import elements_per, pipeline_chunks, split_even
 from ringtorch.collectives.algorithms.link import Link
 from ringtorch.collectives.reduce_op import ByteReducer
 
@@ -40,6 +41,31 @@ def all_reduce(link: Link, buf: np.ndarray, reduce: ByteReducer) -> None:
     # afterwards slot[p] holds rank p's buffer
     link.exchange([(p, buf) for p in peers], [(p, slot[p]) for p in peers])
     _reduce_in_rank_order(link, buf, slot, reduce)
+
+
+def all_reduce_scatter_gather(link: Link, buf: np.ndarray, reduce: ByteReducer, itemsize: int,
+                              segment_nbytes: int) -> None:
+    """Large all_reduce in two direct rounds per chunk: every rank sends block q to rank q,
+    which reduces it (rank order) and sends it back to everyone. The same bytes move as in
+    the ring (2(p-1)/p of the buffer per rank) but in 2 rounds per chunk instead of 2(p-1),
+    with every stream busy at once: better when ranks share cores and each ring hop would
+    wait for a descheduled neighbour."""
+    peers = _peers(link)
+    r, p = link.rank, link.size
+    seg = elements_per(segment_nbytes, itemsize)
+    scratch = link.scratch(max(1, p - 1) * seg * itemsize)
+    for c0, c1 in pipeline_chunks(buf.nbytes // itemsize, p, seg):
+        blocks = [((c0 + a) * itemsize, (c0 + b) * itemsize) for a, b in split_even(c1 - c0, p)]
+        a, b = blocks[r]
+        own = buf[a:b]
+        slot = {q: scratch[i * (b - a):(i + 1) * (b - a)] for i, q in enumerate(peers)}
+        # reduce-scatter: afterwards block r of this rank holds the reduction over all ranks
+        link.exchange([(q, buf[blocks[q][0]:blocks[q][1]]) for q in peers],
+                      [(q, slot[q]) for q in peers])
+        _reduce_in_rank_order(link, own, slot, reduce)
+        # all-gather: afterwards every block is final everywhere
+        link.exchange([(q, own) for q in peers],
+                      [(q, buf[blocks[q][0]:blocks[q][1]]) for q in peers])
 
 
 def reduce(link: Link, buf: np.ndarray, root: int, reduce: ByteReducer) -> None:
@@ -111,5 +137,6 @@ def all_to_all(link: Link, out: np.ndarray, inp: np.ndarray, out_offsets: list[i
     out[out_offsets[r]:out_offsets[r + 1]] = inp[in_offsets[r]:in_offsets[r + 1]]
 
 
-__all__ = ["all_gather", "all_reduce", "all_to_all", "gather", "reduce", "reduce_scatter",
+__all__ = ["all_gather", "all_reduce", "all_reduce_scatter_gather", "all_to_all", "gather", "reduce",
+           "reduce_scatter",
            "scatter"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("direct", "recursive_doubling", "ring"),
+    "all_reduce": ("direct", "recursive_doubling", "ring", "scatter_gather"),
     "broadcast": ("tree", "chain"),
     "reduce": ("direct", "ring"),
     "all_gather": ("direct", "ring"),

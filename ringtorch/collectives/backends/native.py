@@ -297,6 +297,8 @@ class NativeBackend(Backend):
             algorithm, segment = self._choose("all_reduce", data.nbytes)
             if algorithm == "ring":
                 ring.all_reduce(link, data, reducer, buf.element_size(), segment)
+            elif algorithm == "scatter_gather":
+                direct.all_reduce_scatter_gather(link, data, reducer, buf.element_size(), segment)
             elif algorithm == "recursive_doubling":
                 recursive_doubling.all_reduce(link, data, reducer)
             else:
