@@ -85,7 +85,8 @@ def _variants(op: str, nbytes: int, comm, backends: dict, facade) -> dict[str, C
         for name, b in backends.items():
             found[name] = lambda b=b, name=name: b.all_gather(out_t, tensor, next(seqs[name]), far)
         if facade is not None:
-            found["facade"] = lambda: facade.all_gather_into_tensor(out_t, tensor)
+            gather = getattr(facade, "all_gather_single", None) or facade.all_gather_into_tensor
+            found["facade"] = lambda: gather(out_t, tensor)
     return found
 
 
