@@ -15,6 +15,7 @@ Rendezvous keys (in the group's private store):
 from __future__ import annotations
 
 import json
+import logging
 import os
 import select
 import socket
@@ -31,19 +32,24 @@ from ringtorch._wire.errors import DeadlineExceeded, HandshakeError
 from ringtorch._wire.mesh import KIND_COLL, KIND_P2P, PeerMesh, host_identity
 from ringtorch._wire.sockets import connect_tcp, connect_unix, listen_tcp, listen_unix
 
+log = logging.getLogger(__name__)
+
 
 def _tcp_address(all_local: bool) -> str:
     if all_local:
         return "127.0.0.1"
     chosen = _config.SOCKET_ADDR.get()
-    if chosen:
-        return chosen
-    address = socket.gethostbyname(socket.gethostname())
-    if address.startswith("127."):
-        raise DistNetworkError(
-            f"this host's name resolves to the loopback address {address}, which ranks on "
-            f"other hosts cannot reach: set RINGTORCH_SOCKET_ADDR to this host's address")
-    return address
+    if not chosen:
+        chosen = socket.gethostbyname(socket.gethostname())
+        if chosen.startswith("127."):
+            raise DistNetworkError(
+                f"this host's name resolves to the loopback address {chosen}, which ranks on "
+                f"other hosts cannot reach: set RINGTORCH_SOCKET_ADDR to this host's address")
+    if handshake.job_secret() is None:
+        log.warning("collective transport listening on %s without a job secret: any process "
+                    "that can reach this address can connect; set RINGTORCH_SECRET (ringrun "
+                    "does) to authenticate every connection", chosen)
+    return chosen
 
 
 def _wait_keys(store: Any, keys: list[str], deadline: float, what: str) -> list[bytes]:

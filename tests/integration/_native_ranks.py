@@ -285,3 +285,31 @@ def timeout(rank: int, world_size: int, late: int) -> dict[str, Any]:
     result["warnings"] = records.messages
     b.close()
     return result
+
+
+def mixed_hosts(rank: int, world_size: int) -> dict[str, Any]:
+    """Rank ``world_size - 1`` claims another host: its connections are TCP, the others'
+    Unix; collectives work across the mix. Returns channel kinds and results."""
+    host = "host-b" if rank == world_size - 1 else "host-a"
+    with _config.override(HOST_ID=host, SOCKET_ADDR="127.0.0.1", SECRET="mixed-secret"):
+        b = backend(rank, world_size, "mixed")
+    kinds = [None if ch is None else type(ch).__name__ for ch in b._mesh.coll]  # type: ignore[union-attr]
+    small = make_input(torch.float32, rank, 9, 10)
+    b.all_reduce(small, ReduceOp.SUM, 1, time.monotonic() + 30)
+    large = make_input(torch.float64, rank, 10, 100_000)
+    b.all_reduce(large, ReduceOp.SUM, 2, time.monotonic() + 30)
+    out = torch.empty(6 * world_size, dtype=torch.int32)
+    b.all_gather(out, make_input(torch.int32, rank, 11, 6), 3, time.monotonic() + 30)
+    b.close()
+    return {"kinds": kinds, "small": small, "large": large, "gathered": out}
+
+
+def wrong_secret(rank: int, world_size: int) -> tuple[str, str]:
+    """Rank 1 has another job secret: making the group fails, naming the handshake."""
+    store(rank, world_size)  # the store itself runs without a secret here
+    try:
+        with _config.override(SECRET="right" if rank != 1 else "wrong"):
+            backend(rank, world_size, "secret", timeout_s=3.0).close()
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+    return "no error", ""

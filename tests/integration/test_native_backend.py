@@ -242,3 +242,29 @@ def test_timeout_names_the_missing_rank_and_where_it_is_and_warns_while_stalled(
     assert late_name == "DistBackendError"
     assert late_message.startswith("all_reduce #2 on group 'to' failed: the group was aborted: "
                                    "all_reduce #2 on group 'to' timed out after"), late_message
+
+
+def test_ranks_on_another_host_use_tcp_with_the_job_secret_and_results_are_unchanged() -> None:
+    results = run_ranks(ranks.mixed_hosts, 3, timeout=60)
+    assert results[0]["kinds"] == [None, "UnixChannel", "TcpChannel"]
+    assert results[1]["kinds"] == ["UnixChannel", None, "TcpChannel"]
+    assert results[2]["kinds"] == ["TcpChannel", "TcpChannel", None]
+    want_small = expected_reduce(_inputs(torch.float32, 3, 9, 10), "SUM")
+    want_large = expected_reduce(_inputs(torch.float64, 3, 10, 100_000), "SUM")
+    want_gathered = torch.cat(_inputs(torch.int32, 3, 11, 6))
+    for rank, res in enumerate(results):
+        _assert_same(res["small"], want_small, f"rank {rank} small")
+        _assert_same(res["large"], want_large, f"rank {rank} large")
+        _assert_same(res["gathered"], want_gathered, f"rank {rank} all_gather")
+
+
+def test_a_rank_with_another_job_secret_cannot_join_the_group() -> None:
+    results = run_ranks(ranks.wrong_secret, 2, timeout=60)
+    name, message = results[0]
+    assert name == "HandshakeError", results
+    assert message == ("rank 1 failed to prove the job secret: RINGTORCH_SECRET differs between "
+                       "this process and the server"), message
+    name, message = results[1]
+    assert name == "DistNetworkError", results
+    assert message.startswith("rank 1 of group 'secret': ranks [0] did not connect in time "
+                              "(refused: ["), message
