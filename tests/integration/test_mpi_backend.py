@@ -246,6 +246,17 @@ def test_unsupported_dtype_or_op_raises_a_clear_error_before_sending(world: list
         assert r["error"][1].startswith("all_reduce: ReduceOp.AVG needs a floating or complex dtype")
 
 
+def test_a_group_whose_ranks_are_not_mpis_is_refused(world: list[dict]) -> None:
+    n = len(world)
+    for rank, r in enumerate(_case(world, "errors/ranks_not_mpis")):
+        assert r["error"] == (
+            "DistBackendError",
+            f"MPI backend for group 'wrong': the group's ranks [{rank + 1}] (this process is "
+            f"group rank 0) do not match MPI_COMM_WORLD, where this process is rank {rank} of "
+            f"{n}: start the job with mpirun and let init_process_group('mpi') take the ranks "
+            f"from MPI")
+
+
 def test_a_closed_backend_refuses_every_operation(world: list[dict]) -> None:
     for r in _case(world, "errors/after_close"):
         assert r["error"] == ("DistBackendError", "barrier on group 'default': the MPI backend is closed")

@@ -276,6 +276,11 @@ def error_cases(w: Ranks) -> None:
         torch.zeros(3, dtype=torch.complex64), R.MAX, 0, D()))
     w.record("errors/avg_int", lambda: w.world.all_reduce(
         torch.zeros(3, dtype=torch.int32), R.AVG, 0, D()))
+    def ranks_not_mpis() -> None:  # group rank 0 claims to be world rank w.rank + 1
+        ctx = BackendContext(store=None, rank=0, size=1, timeout=timedelta(minutes=1),
+                             group_name="wrong", global_ranks=(w.rank + 1,))
+        MpiBackend(ctx)
+    w.record("errors/ranks_not_mpis", ranks_not_mpis)
     if w.size == 1:
         return
     seq = w.next_seq(w.world)
