@@ -204,10 +204,12 @@ class ShmDomain:
         self._write_desc(W_ROUND_DESC[t & 1], desc)
         self._write_desc(W_NOW, desc)
         self._signal_and_wait(t, desc, deadline)
+        at = W_ROUND_DESC[t & 1]
+        seq, kind, detail, nbytes = desc
         for j in self.peers:
-            theirs = self._read_desc(j, W_ROUND_DESC[t & 1])
-            if theirs != desc:
-                self._fail(self._mismatch(desc, j, theirs), [j])
+            w = self.words[j]
+            if w[at] != seq or w[at + 1] != kind or w[at + 2] != detail or w[at + 3] != nbytes:
+                self._fail(self._mismatch(desc, j, self._read_desc(j, at)), [j])
 
     def step(self, desc: Desc, deadline: float) -> None:
         """Enter the next round of the current collective (data published before; see module)."""

@@ -12,16 +12,13 @@ from __future__ import annotations
 import numpy as np
 
 from ringtorch._wire.shm_domain import Desc
-from ringtorch.collectives.algorithms.shm_plan import plan
 from ringtorch.collectives.algorithms.shm_space import ShmSpace
 
 
 def broadcast(space: ShmSpace, buf: np.ndarray, root: int, itemsize: int, desc: Desc,
               deadline: float) -> None:
     """Copy root's ``buf`` (uint8) into every rank's ``buf``."""
-    half = space.begin("broadcast", buf.nbytes, desc, deadline)
-    steps = plan("broadcast", buf.nbytes, itemsize, space.size, half, space.chunk_nbytes,
-                 space.oneshot_nbytes)
+    steps = space.plan("broadcast", buf.nbytes, itemsize, desc, deadline)
     r = space.rank
     for i, (a, b) in enumerate(steps.chunks):
         base = space.next_slot()
@@ -37,9 +34,7 @@ def all_gather(space: ShmSpace, out: np.ndarray, inp: np.ndarray, itemsize: int,
                deadline: float) -> None:
     """``out`` (size * inp.nbytes, uint8) receives every rank's ``inp`` in rank order."""
     m = inp.nbytes
-    half = space.begin("all_gather", m, desc, deadline)
-    steps = plan("all_gather", m, itemsize, space.size, half, space.chunk_nbytes,
-                 space.oneshot_nbytes)
+    steps = space.plan("all_gather", m, itemsize, desc, deadline)
     r, p = space.rank, space.size
     np.copyto(out[r * m:(r + 1) * m], inp)
     for i, (a, b) in enumerate(steps.chunks):

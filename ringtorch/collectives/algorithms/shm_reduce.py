@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ringtorch._wire.shm_domain import Desc
-from ringtorch.collectives.algorithms.shm_plan import plan, split_bytes
+from ringtorch.collectives.algorithms.shm_plan import split_bytes
 from ringtorch.collectives.algorithms.shm_space import ShmSpace, reduce_in_rank_order
 from ringtorch.collectives.reduce_op import ByteReducer
 
@@ -30,9 +30,7 @@ from ringtorch.collectives.reduce_op import ByteReducer
 def all_reduce(space: ShmSpace, buf: np.ndarray, reduce: ByteReducer, itemsize: int,
                desc: Desc, deadline: float) -> None:
     """Reduce ``buf`` (uint8) across ranks, in place on every rank."""
-    half = space.begin("all_reduce", buf.nbytes, desc, deadline)
-    steps = plan("all_reduce", buf.nbytes, itemsize, space.size, half, space.chunk_nbytes,
-                 space.oneshot_nbytes)
+    steps = space.plan("all_reduce", buf.nbytes, itemsize, desc, deadline)
     if steps.oneshot:
         _all_reduce_oneshot(space, buf, reduce, desc, deadline)
     else:
@@ -93,9 +91,7 @@ def reduce_scatter(space: ShmSpace, out: np.ndarray, inp: np.ndarray, reduce: By
     """Rank r's ``out`` receives the reduction over ranks of piece r of ``inp`` (uint8;
     ``inp`` holds ``size`` pieces of ``out.nbytes``)."""
     r, p, m = space.rank, space.size, out.nbytes
-    half = space.begin("reduce_scatter", inp.nbytes, desc, deadline)
-    steps = plan("reduce_scatter", inp.nbytes, itemsize, p, half, space.chunk_nbytes,
-                 space.oneshot_nbytes)
+    steps = space.plan("reduce_scatter", inp.nbytes, itemsize, desc, deadline)
     c = steps.chunk_nbytes
     for i, (a, b) in enumerate(steps.chunks):
         base = space.next_slot()
@@ -113,9 +109,7 @@ def reduce(space: ShmSpace, buf: np.ndarray, reduce: ByteReducer, root: int, ite
            desc: Desc, deadline: float) -> None:
     """Root's ``buf`` (uint8) receives the reduction over ranks; the others' stay as they were."""
     r, p = space.rank, space.size
-    half = space.begin("reduce", buf.nbytes, desc, deadline)
-    steps = plan("reduce", buf.nbytes, itemsize, p, half, space.chunk_nbytes,
-                 space.oneshot_nbytes)
+    steps = space.plan("reduce", buf.nbytes, itemsize, desc, deadline)
     # a root of rank 2 or more overwrites its buffer with rank 0's chunk first, so it needs
     # its own operand in its slot like everyone else
     root_copies = root >= 2

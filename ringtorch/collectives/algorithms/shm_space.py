@@ -12,10 +12,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from ringtorch._wire.shm_domain import Desc, ShmDomain
-from ringtorch.collectives.algorithms.shm_plan import wanted_half
+from ringtorch.collectives.algorithms.shm_plan import Plan, plan, wanted_half
 from ringtorch.collectives.reduce_op import ByteReducer
 
 _MAX_CACHED_VIEWS = 4096
+_MAX_CACHED_PLANS = 1024
 
 
 class ShmSpace:
@@ -32,6 +33,7 @@ class ShmSpace:
         self.chunk_nbytes = chunk_nbytes
         self.oneshot_nbytes = oneshot_nbytes
         self._views: dict[tuple[int, int, int], np.ndarray] = {}
+        self._plans: dict[tuple[str, int, int], tuple[int, Plan]] = {}
         self._generation = domain.generation
 
     @property
@@ -65,13 +67,25 @@ class ShmSpace:
         else:
             self.domain.step(desc, deadline)
 
-    def begin(self, op: str, nbytes: int, desc: Desc, deadline: float) -> int:
-        """Grow the slots if ``op`` on ``nbytes`` wants more room; returns the slot size."""
+    def plan(self, op: str, nbytes: int, itemsize: int, desc: Desc, deadline: float) -> Plan:
+        """The plan of ``op`` on ``nbytes``, after growing the slots if it wants more room
+        (every rank grows at the same call). Plans are cached while the slot size holds."""
+        key = (op, nbytes, itemsize)
+        found = self._plans.get(key)
+        if found is not None and found[0] == self.domain.half:
+            return found[1]
         want = wanted_half(op, nbytes, self.size, self.chunk_nbytes, self.oneshot_nbytes)
-        return self.domain.ensure_half(want, desc, deadline)
+        half = self.domain.ensure_half(want, desc, deadline)
+        made = plan(op, nbytes, itemsize, self.size, half, self.chunk_nbytes,
+                    self.oneshot_nbytes)
+        if len(self._plans) > _MAX_CACHED_PLANS:
+            self._plans.clear()
+        self._plans[key] = (half, made)
+        return made
 
     def close(self) -> None:
         self._views.clear()
+        self._plans.clear()
 
 
 def reduce_in_rank_order(dst: np.ndarray, operands: Sequence[np.ndarray], dst_holds: int,
