@@ -1,0 +1,175 @@
+"""Lanes: FIFO queues of Work, each run one item at a time, in order.
+
+A group's collectives go down one lane whose communication thread takes them in order (the
+design seed 002 describes for ProcessGroupMPI). A thread hand-off costs two wake-ups
+(25-60 us each on these machines), so a *synchronous* operation submitted to an idle lane
+runs right away on the caller's thread instead: nothing is queued ahead of it and nothing
+can start behind it until it is done, so the order is the same as if the thread had run it.
+
+Point-to-point operations use one lane per (direction, peer, tag): sends to one peer with
+one tag stay in order (torch's matching rule), while a receive that waits for its message
+never holds up a send or a receive on another lane. Their lanes borrow threads from a small
+pool instead of owning one, since a program may use many peers and tags.
+
+The rule: at most one Work of a lane runs at any time, and Works start in submission order.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+from collections.abc import Callable
+
+from ringtorch._errors import DistBackendError
+from ringtorch.collectives.work import Work
+
+_POOL_IDLE_S = 10.0
+
+
+class WorkerPool:
+    """Threads that run lane drains; idle threads exit after a while."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._tasks: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._count = 0
+
+    def run(self, task: Callable[[], None]) -> None:
+        """Run ``task`` on an idle thread of the pool, or on a new one."""
+        with self._lock:
+            if self._idle > 0:
+                self._idle -= 1
+                self._tasks.put(task)
+                return
+            self._count += 1
+            number = self._count
+        thread = threading.Thread(target=self._worker, args=(task,),
+                                  name=f"{self._name}-p2p-{number}", daemon=True)
+        thread.start()
+
+    def _worker(self, task: Callable[[], None] | None) -> None:
+        while task is not None:
+            task()
+            with self._lock:
+                self._idle += 1
+            try:
+                task = self._tasks.get(timeout=_POOL_IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    # A task may have been handed to us between the timeout and the lock.
+                    try:
+                        task = self._tasks.get_nowait()
+                    except queue.Empty:
+                        self._idle -= 1
+                        return
+
+
+class Lane:
+    """A FIFO of Work run one at a time (see the module docstring).
+
+    Args:
+        name: for thread names and messages.
+        pool: borrow threads from this pool; None gives the lane its own thread (started on
+            first use), as a group's collective lane has.
+    """
+
+    def __init__(self, name: str, pool: WorkerPool | None = None) -> None:
+        self.name = name
+        self._pool = pool
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._queue: collections.deque[Work] = collections.deque()
+        self._busy = False
+        self._closed: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self.next_seq = 0
+
+    def submit(self, work: Work, *, inline: bool, collective: bool = False) -> None:
+        """Queue ``work``, or run it now on this thread if ``inline`` and the lane is idle.
+
+        With ``collective``, ``work.seq`` is set to the lane's next sequence number under the
+        lane's lock, so that sequence order is execution order even with several threads.
+
+        Raises:
+            DistBackendError: the lane was closed (its group was shut down or aborted); the
+                message is the reason it was closed with.
+        """
+        with self._lock:
+            if self._closed is not None:
+                raise DistBackendError(str(self._closed))
+            if collective:
+                work.seq = self.next_seq
+                self.next_seq += 1
+            run_here = inline and not self._busy and not self._queue
+            if run_here:
+                self._busy = True
+            else:
+                self._queue.append(work)
+                self._start_locked()
+        if run_here:
+            try:
+                work.run()
+            finally:
+                with self._lock:
+                    self._busy = False
+                    if self._queue:
+                        self._start_locked()
+
+    def _start_locked(self) -> None:
+        """Make sure something drains the queue (lock held)."""
+        if self._pool is None:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._thread_loop,
+                                                name=f"{self.name}-comm", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+        elif not self._busy:
+            self._busy = True
+            self._pool.run(self._drain)
+
+    def _thread_loop(self) -> None:
+        while True:
+            with self._lock:
+                while (self._busy or not self._queue) and self._closed is None:
+                    self._wake.wait()
+                if not self._queue:
+                    return
+                work = self._queue.popleft()
+                self._busy = True
+            try:
+                work.run()
+            finally:
+                with self._lock:
+                    self._busy = False
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._busy = False
+                    return
+                work = self._queue.popleft()
+            work.run()
+
+    def pending(self) -> int:
+        """How many Works wait in the queue (not counting one that runs)."""
+        with self._lock:
+            return len(self._queue)
+
+    def close(self, reason: BaseException) -> None:
+        """Refuse new Work and fail every queued one with ``reason``; a running one goes on
+        until the backend (closed or aborted by the caller) makes it fail."""
+        with self._lock:
+            if self._closed is None:
+                self._closed = reason
+            dropped = list(self._queue)
+            self._queue.clear()
+            self._wake.notify_all()
+        for work in dropped:
+            work.fail(reason)
+
+
+__all__ = ["Lane", "WorkerPool"]

@@ -1,0 +1,194 @@
+"""GroupBase: what a ProcessGroup is (rank, size, names) and how its work runs.
+
+The operations themselves live in mixins (reductions.py, movement.py, p2p.py) that call
+``_collective`` to submit a collective to the group's lane (comm_thread.py): the lane stamps
+it with the group's sequence number and runs it in order, on the caller's thread when the
+call is synchronous and the lane idle, else on the group's communication thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from ringtorch._errors import DistBackendError
+from ringtorch.collectives.backends.base import Backend
+from ringtorch.collectives.comm_thread import Lane, WorkerPool
+from ringtorch.collectives.work import Work
+
+# (group, seq, op name, [(shape, dtype), ...], deadline) -> raises if the ranks disagree
+# (installed by ringtorch.distributed when RINGTORCH_DEBUG=DETAIL).
+CollectiveCheck = Callable[[Any, int, str, list[tuple[tuple[int, ...], torch.dtype]], float],
+                           None]
+RunFn = Callable[[int, float], Any]
+
+
+class GroupBase:
+    """A group of ranks: identity, ordering of its work, life cycle (see ProcessGroup).
+
+    Args:
+        store: the group's private store (what its backend rendezvoused through).
+        rank, size: this process's group rank and the number of ranks.
+        backend: the object that moves the bytes (None: every operation raises).
+        backend_name: what ``name()`` reports ("gloo" for ringtorch's native backend).
+        group_name, group_desc: the group's name ("0", "1", ...) and description.
+        timeout: the default timeout of one operation.
+        global_ranks: the global rank of each group rank.
+    """
+
+    def __init__(self, store: Any, rank: int, size: int, *, backend: Backend | None = None,
+                 backend_name: str = "gloo", group_name: str = "", group_desc: str = "undefined",
+                 timeout: timedelta = timedelta(minutes=30),
+                 global_ranks: Sequence[int] | None = None) -> None:
+        self._store = store
+        self._rank = rank
+        self._size = size
+        self._backend = backend
+        self._backend_name = backend_name
+        self._group_name = group_name
+        self._group_desc = group_desc
+        self._timeout = timeout
+        self._timeout_s = timeout.total_seconds()
+        self._global_ranks = tuple(global_ranks) if global_ranks is not None else tuple(
+            range(size))
+        label = f"ringtorch-pg{group_name or '?'}"
+        self._collectives = Lane(label)
+        self._pool = WorkerPool(label)
+        self._p2p_lanes: dict[tuple[str, int | None, int], Lane] = {}
+        self._p2p_lock = threading.Lock()
+        self._self_box: Any = None
+        self._shut = False
+        self.collective_check: CollectiveCheck | None = None
+        self.bound_device_id: torch.device | None = None
+
+    # -- what the group is ----------------------------------------------------------------
+
+    def rank(self) -> int:
+        """This process's rank in the group."""
+        return self._rank
+
+    def size(self) -> int:
+        """The number of ranks in the group."""
+        return self._size
+
+    def name(self) -> str:
+        """The backend's name, as torch's ``ProcessGroup.name()`` reports it ("gloo")."""
+        return self._backend_name
+
+    @property
+    def group_name(self) -> str:
+        """The group's name: "0" for the default group, then "1", "2", ... in creation order."""
+        return self._group_name
+
+    @property
+    def group_desc(self) -> str:
+        """The group's description ("default_pg", or what ``new_group`` was given)."""
+        return self._group_desc
+
+    @property
+    def global_ranks(self) -> tuple[int, ...]:
+        """The global rank of each group rank."""
+        return self._global_ranks
+
+    @property
+    def _device_types(self) -> list[torch.device]:
+        return [torch.device("cpu")]
+
+    def get_group_store(self) -> Any:
+        """The group's private store."""
+        return self._store
+
+    def _get_backend_name(self) -> str:
+        return self._backend_name
+
+    def _get_backend(self, device: Any = None) -> Backend | None:
+        return self._backend
+
+    def _get_sequence_number_for_group(self) -> int:
+        """How many collectives this group has issued (the next one's sequence number)."""
+        return self._collectives.next_seq
+
+    def _set_sequence_number_for_group(self) -> None:
+        """Nothing to do: sequence numbers start at 0 on every rank of a new group."""
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        """Change the default timeout of later operations."""
+        if not isinstance(timeout, timedelta):
+            raise TypeError(f"Expected timeout argument to be of type datetime.timedelta, "
+                            f"got {timeout}")
+        self._timeout = timeout
+        self._timeout_s = timeout.total_seconds()
+
+    def __repr__(self) -> str:
+        return (f"<ProcessGroup name={self._group_name!r} rank={self._rank} size={self._size} "
+                f"backend={self._backend_name!r}>")
+
+    # -- collectives ------------------------------------------------------------------------
+
+    def _collective(self, op_name: str, opts: Any, fn: RunFn, described: list[torch.Tensor],
+                    outputs: list[torch.Tensor]) -> Work:
+        """Submit one collective to the group's lane; synchronous ones may run right here."""
+        seconds = self._seconds(getattr(opts, "timeout", None))
+        check = self.collective_check
+        fingerprint = [(tuple(t.shape), t.dtype) for t in described] if check else []
+
+        def run(work: Work) -> Any:
+            deadline = time.monotonic() + seconds
+            if check is not None:
+                check(self, work.seq, op_name, fingerprint, deadline)
+            return fn(work.seq, deadline)
+
+        work = Work(op_name, -1, run, outputs, self._group_name)
+        self._collectives.submit(work, inline=not getattr(opts, "asyncOp", True),
+                                 collective=True)
+        return work
+
+    def _seconds(self, timeout: timedelta | None) -> float:
+        if timeout is None:
+            return self._timeout_s
+        chosen = timeout
+        if not isinstance(chosen, timedelta):
+            raise TypeError(f"Expected timeout argument to be of type datetime.timedelta, "
+                            f"got {chosen}")
+        return chosen.total_seconds()
+
+    def _backend_or_raise(self) -> Backend:
+        if self._backend is None:
+            raise DistBackendError(f"process group '{self._group_name}' has no backend")
+        return self._backend
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Fail queued work, close the backend's connections; later calls raise."""
+        self._stop(f"process group '{self._group_name}' has been destroyed", abort=False)
+
+    def abort(self) -> None:
+        """Like shutdown, but tell the peers first so that their pending work fails too."""
+        self._stop(f"process group '{self._group_name}' was aborted", abort=True)
+
+    def _stop(self, reason: str, abort: bool) -> None:
+        if self._shut:
+            return
+        self._shut = True
+        error = DistBackendError(reason)
+        self._collectives.close(error)
+        with self._p2p_lock:
+            lanes = list(self._p2p_lanes.values())
+        for lane in lanes:
+            lane.close(error)
+        if self._self_box is not None:
+            self._self_box.close(error)
+        if self._backend is not None:
+            if abort:
+                self._backend.abort(reason)
+            self._backend.close()
+
+
+
+__all__ = ["CollectiveCheck", "GroupBase", "RunFn"]

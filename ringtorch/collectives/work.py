@@ -1,0 +1,211 @@
+"""Work: the handle of one queued or finished operation, with torch's ``Work`` methods.
+
+A Work is created when an operation is submitted to its group and completed exactly once,
+by whichever thread ran it (the caller's, for a synchronous operation on an idle group, or
+the group's communication thread). ``wait()`` blocks until then and raises the operation's
+error; ``get_future()`` gives a ``torch.futures.Future`` whose value is the list of output
+tensors, as torch's does. Completion callbacks (copy-backs of staged outputs) run before
+anyone waiting is woken, so a woken waiter always sees its results in place.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from ringtorch._errors import DistBackendError
+
+
+class Work:
+    """One operation of a ProcessGroup (see the module docstring).
+
+    Attributes:
+        op_name: what the operation is ("all_reduce", "send", ...), for messages.
+        seq: the group's sequence number of the collective (-1 for point-to-point).
+    """
+
+    def __init__(self, op_name: str, seq: int, run: Callable[[Work], Any] | None,
+                 outputs: list[torch.Tensor] | None = None, group_name: str = "") -> None:
+        self.op_name = op_name
+        self.seq = seq
+        self.group_name = group_name
+        self._run_fn = run
+        self._outputs: list[torch.Tensor] = outputs if outputs is not None else []
+        self._exception: BaseException | None = None
+        self._source_rank_value = -1
+        self._done = False
+        # Made only when someone waits before completion: most synchronous Works complete
+        # on the caller's thread before anyone waits, and an Event costs microseconds.
+        self._event: threading.Event | None = None
+        self._lock = threading.Lock()
+        self._future: Any = None
+        self._on_finish: list[Callable[[], None]] | None = None
+
+    # -- run by the group ---------------------------------------------------------------------
+
+    def add_finish_step(self, step: Callable[[], None]) -> None:
+        """Run ``step`` after the operation succeeds and before waiters wake (copy-backs)."""
+        if self._on_finish is None:
+            self._on_finish = []
+        self._on_finish.append(step)
+
+    def run(self) -> None:
+        """Run the operation on this thread and complete the Work; never raises.
+
+        The operation function gets this Work (for its ``seq``); an int it returns is the
+        source rank of a receive."""
+        try:
+            result = self._run_fn(self) if self._run_fn is not None else None
+            if isinstance(result, int):
+                self._source_rank_value = result
+            if self._on_finish is not None:
+                for step in self._on_finish:
+                    step()
+        except BaseException as exc:
+            self._complete(exc)
+        else:
+            self._complete(None)
+
+    def fail(self, exc: BaseException) -> None:
+        """Complete the Work with ``exc`` without running it (its group was shut down)."""
+        self._complete(exc)
+
+    def _complete(self, exc: BaseException | None) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._exception = exc
+            self._run_fn = None
+            self._done = True
+            event, future = self._event, self._future
+        if event is not None:
+            event.set()
+        if future is not None:
+            _settle(future, self._outputs, exc)
+
+    # -- torch's Work API ---------------------------------------------------------------------
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        """Block until the operation is done; raise its error if it failed.
+
+        Args:
+            timeout: give up after this long (a ``timedelta``; None waits for the operation,
+                whose own deadline is the group's timeout).
+
+        Returns:
+            True, as torch's ``Work.wait`` does.
+
+        Raises:
+            DistBackendError: the operation failed (the original error, re-raised), or it was
+                not done within ``timeout``.
+        """
+        if not self._done:
+            with self._lock:
+                if not self._done and self._event is None:
+                    self._event = threading.Event()
+                event = self._event
+            seconds = None if timeout is None else _seconds(timeout)
+            if event is not None and not event.wait(seconds):
+                raise DistBackendError(
+                    f"{self._describe()} did not complete within {timeout} (Work.wait timed "
+                    f"out; the operation itself keeps its own deadline)")
+        if self._exception is not None:
+            raise self._exception
+        return True
+
+    def is_completed(self) -> bool:
+        """Whether the operation has finished, successfully or not."""
+        return self._done
+
+    def is_success(self) -> bool:
+        """Whether the operation has finished without an error (False while it runs)."""
+        return self._done and self._exception is None
+
+    def exception(self) -> BaseException | None:
+        """The operation's error, or None (also None while it runs)."""
+        return self._exception
+
+    def result(self) -> list[torch.Tensor]:
+        """The operation's output tensors (waits for it first, like torch)."""
+        self.wait()
+        return list(self._outputs)
+
+    def get_future(self) -> torch.futures.Future:
+        """A ``torch.futures.Future`` completed with ``result()`` (or the error)."""
+        with self._lock:
+            if self._future is None:
+                self._future = torch.futures.Future()
+                if self._done:
+                    _settle(self._future, self._outputs, self._exception)
+            return self._future
+
+    def source_rank(self) -> int:
+        """The group rank that sent the data of a receive from any source."""
+        self.wait()
+        if self._source_rank_value < 0:
+            raise RuntimeError(f"{self.op_name} has no source rank: only a receive has one")
+        return self._source_rank_value
+
+    def _source_rank(self) -> int:
+        """torch's private spelling of :meth:`source_rank`."""
+        return self.source_rank()
+
+    def synchronize(self) -> None:
+        """Nothing to do on CPU (torch uses it to join CUDA streams)."""
+
+    def block_current_stream(self) -> None:
+        """Nothing to do on CPU."""
+
+    def _get_sequence_number(self) -> int:
+        return self.seq
+
+    def _describe(self) -> str:
+        where = f" on group '{self.group_name}'" if self.group_name else ""
+        seq = f" #{self.seq}" if self.seq >= 0 else ""
+        return f"{self.op_name}{seq}{where}"
+
+    def __repr__(self) -> str:
+        state = ("pending" if not self._done
+                 else "failed" if self._exception is not None else "done")
+        return f"<Work {self._describe()} {state}>"
+
+
+def completed_work(op_name: str, outputs: list[torch.Tensor] | None = None) -> Work:
+    """A Work that is already done (operations with nothing to do)."""
+    work = Work(op_name, -1, None, outputs)
+    work.run()
+    return work
+
+
+def joined_work(op_name: str, works: list[Work], outputs: list[torch.Tensor]) -> Work:
+    """One Work standing for several, done when all are (their errors re-raised in order)."""
+    def run(_: Work) -> None:
+        for w in works:
+            w.wait()
+
+    joined = Work(op_name, -1, run, outputs)
+    if all(w.is_completed() for w in works):
+        joined.run()
+    else:
+        threading.Thread(target=joined.run, name=f"ringtorch-{op_name}", daemon=True).start()
+    return joined
+
+
+def _settle(future: Any, outputs: list[torch.Tensor], exc: BaseException | None) -> None:
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(list(outputs))
+
+
+def _seconds(timeout: Any) -> float:
+    if isinstance(timeout, timedelta):
+        return max(0.0, timeout.total_seconds())
+    return max(0.0, float(timeout))
+
+
+__all__ = ["Work", "completed_work", "joined_work"]
