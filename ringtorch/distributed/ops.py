@@ -1,0 +1,472 @@
+"""The collectives of ringtorch.distributed: torch's functions, arguments, defaults and errors.
+
+Each function checks its arguments as torch does (_args.py), picks the group (the default
+one for None), translates ``src``/``dst`` (global ranks) or ``group_src``/``group_dst``
+(group ranks), and calls the group's ProcessGroup method. ``async_op=True`` returns the
+Work at once; otherwise the call returns when the operation is done (a synchronous call on an
+idle group runs on this thread). A rank outside ``group`` gets torch's warning and None.
+Tensors may be torch CPU tensors of any dtype or NumPy arrays (results land in the array).
+"""
+
+from __future__ import annotations
+
+import warnings
+from datetime import timedelta
+from typing import Any
+
+import torch
+from typing_extensions import deprecated
+
+from ringtorch.collectives.options import (
+    AllgatherOptions,
+    AllreduceCoalescedOptions,
+    AllreduceOptions,
+    AllToAllOptions,
+    BarrierOptions,
+    BroadcastOptions,
+    GatherOptions,
+    ReduceOptions,
+    ReduceScatterOptions,
+    ScatterOptions,
+)
+from ringtorch.collectives.process_group import ProcessGroup
+from ringtorch.collectives.reduce_op import RedOpType, ReduceOp
+from ringtorch.collectives.work import Work
+from ringtorch.distributed import _args as a
+from ringtorch.distributed import groups
+from ringtorch.distributed._backend import Backend
+from ringtorch.distributed._world import GroupMember
+
+_COMPLEX_DENIED = (ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT, ReduceOp.BAND, ReduceOp.BOR,
+                   ReduceOp.BXOR)
+
+
+def supports_complex(reduceOp: Any) -> bool:
+    """Whether ``reduceOp`` has a meaning on complex tensors (MAX, MIN, PRODUCT and the
+    bitwise ops do not)."""
+    return reduceOp not in _COMPLEX_DENIED
+
+
+def _finish(work: Work | None, async_op: bool) -> Work | None:
+    if async_op:
+        return work
+    if work is not None:
+        work.wait()
+    return None
+
+
+def _real(t: torch.Tensor) -> torch.Tensor:
+    return torch.view_as_real(t) if t.is_complex() else t
+
+
+def broadcast(tensor: torch.Tensor, src: int | None = None, group: ProcessGroup | None = None,
+              async_op: bool = False, group_src: int | None = None) -> Work | None:
+    """Copy ``tensor`` from rank ``src`` (global) or ``group_src`` into every rank's ``tensor``.
+
+    Returns:
+        The Work with ``async_op``; otherwise None (also None on a rank outside ``group``).
+    """
+    group = a.group_or_default(group)
+    group_src = a.canonical_rank(group, src, group_src)
+    t = a.check_single_tensor(tensor, "tensor")
+    if a.not_in_group(group):
+        a.warn_not_in_group("broadcast")
+        return None
+    a.check_outputs_writable(tensor, "tensor")
+    opts = BroadcastOptions(rootRank=group_src, rootTensor=0, asyncOp=async_op)
+    return _finish(group.broadcast([_real(t)], opts), async_op)
+
+
+def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: ProcessGroup | None = None,
+               async_op: bool = False) -> Work | None:
+    """Reduce ``tensor`` across every rank with ``op``, in place; every rank gets the same
+    bits (the reduction runs in a fixed order).
+
+    Raises:
+        ValueError: ``op`` is MAX/MIN/PRODUCT/BAND/BOR/BXOR and ``tensor`` is complex.
+        RuntimeError: ``op`` has no meaning for the dtype (BAND on floats, AVG on ints).
+    """
+    t = a.check_single_tensor(tensor, "tensor")
+    if a.not_in_group(group):
+        a.warn_not_in_group("all_reduce")
+        return None
+    a.check_outputs_writable(tensor, "tensor")
+    if t.is_complex():
+        if not supports_complex(op):
+            raise ValueError(f"all_reduce does not support {op} on complex tensors")
+        t = torch.view_as_real(t)
+    group = a.group_or_default(group)
+    opts = AllreduceOptions(reduceOp=op, asyncOp=async_op)
+    return _finish(group.allreduce([t], opts), async_op)
+
+
+@deprecated("`torch.distributed.all_reduce_coalesced` will be deprecated. If you must use it, "
+            "please revisit our documentation later at "
+            "https://pytorch.org/docs/main/distributed.html#collective-functions",
+            category=FutureWarning)
+def all_reduce_coalesced(tensors: Any, op: Any = ReduceOp.SUM,
+                         group: ProcessGroup | None = None, async_op: bool = False) -> Any:
+    """All-reduce several tensors of one dtype in one collective (deprecated in torch).
+
+    Returns:
+        With ``async_op``, a Future (as torch returns); otherwise None.
+    """
+    if _is_buffer_like(tensors):
+        tensors = [tensors]
+    ts = a.check_tensor_list(tensors, "tensor")
+    a.ensure_same_dtype(ts)
+    if a.not_in_group(group):
+        a.warn_not_in_group("all_reduce_coalesced")
+        return None
+    if any(t.is_complex() for t in ts) and not supports_complex(op):
+        raise ValueError(f"all_reduce does not support {op} on complex tensors")
+    group = a.group_or_default(group)
+    opts = AllreduceCoalescedOptions(reduceOp=op, asyncOp=async_op)
+    work = group.allreduce_coalesced([_real(t) for t in ts], opts)
+    if async_op:
+        return work.get_future()
+    work.wait()
+    return None
+
+
+def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = ReduceOp.SUM,
+           group: ProcessGroup | None = None, async_op: bool = False,
+           group_dst: int | None = None) -> Work | None:
+    """Reduce ``tensor`` across ranks into rank ``dst``'s (global; or ``group_dst``) tensor.
+
+    Only ``dst``'s tensor is defined afterwards (others may hold partial results)."""
+    group = a.group_or_default(group)
+    group_dst = a.canonical_rank(group, dst, group_dst)
+    t = a.check_single_tensor(tensor, "tensor")
+    if a.not_in_group(group):
+        a.warn_not_in_group("reduce")
+        return None
+    a.check_outputs_writable(tensor, "tensor")
+    if t.is_complex():
+        if not supports_complex(op):
+            raise ValueError(f"reduce does not support {op} on complex tensors")
+        t = torch.view_as_real(t)
+    opts = ReduceOptions(reduceOp=op, rootRank=group_dst, asyncOp=async_op)
+    return _finish(group.reduce([t], opts), async_op)
+
+
+def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
+               group: ProcessGroup | None = None, async_op: bool = False) -> Work | None:
+    """Gather every rank's ``tensor`` into every rank's ``tensor_list`` (one per rank, in
+    group-rank order). The list's tensors may differ in size (ringtorch sends uneven parts;
+    gloo refuses them)."""
+    outs = a.check_tensor_list(tensor_list, "tensor_list")
+    t = a.check_single_tensor(tensor, "tensor")
+    a.ensure_same_dtype(outs, t)
+    if a.not_in_group(group):
+        a.warn_not_in_group("all_gather")
+        return None
+    a.check_outputs_writable(tensor_list, "tensor_list")
+    group = group or groups._get_default_group()
+    opts = AllgatherOptions(asyncOp=async_op)
+    return _finish(group.allgather([[_real(o) for o in outs]], [_real(t)], opts), async_op)
+
+
+def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                      group: ProcessGroup | None = None, async_op: bool = False) -> Work | None:
+    """Gather every rank's ``input_tensor`` into ``output_tensor``, concatenated or stacked
+    along the first dimension (same size on every rank)."""
+    inp = a.check_single_tensor(input_tensor, "input_tensor")
+    out = a.check_single_tensor(output_tensor, "output_tensor")
+    if a.not_in_group(group):
+        a.warn_not_in_group("all_gather_single")
+        return None
+    a.check_outputs_writable(output_tensor, "output_tensor")
+    group = group or groups._get_default_group()
+    opts = AllgatherOptions(asyncOp=async_op)
+    return _finish(group.all_gather_single(_real(out), _real(inp), opts), async_op)
+
+
+@deprecated("`torch.distributed.all_gather_into_tensor` is deprecated. Please use "
+            "`torch.distributed.all_gather_single` instead.", category=FutureWarning)
+def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                           group: ProcessGroup | None = None,
+                           async_op: bool = False) -> Work | None:
+    """``all_gather_single`` under its older name (deprecated in torch 2.13, as here)."""
+    return all_gather_single(output_tensor, input_tensor, group, async_op)
+
+
+@deprecated("`torch.distributed._all_gather_base` is a private function and will be deprecated. "
+            "Please use `torch.distributed.all_gather_single` instead.", category=FutureWarning)
+def _all_gather_base(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                     group: ProcessGroup | None = None, async_op: bool = False) -> Work | None:
+    return all_gather_single(output_tensor, input_tensor, group, async_op)
+
+
+@deprecated("`torch.distributed.all_gather_coalesced` will be deprecated. If you must use it, "
+            "please revisit our documentation later at "
+            "https://pytorch.org/docs/main/distributed.html#collective-functions",
+            category=FutureWarning)
+def all_gather_coalesced(output_tensor_lists: list[list[torch.Tensor]],
+                         input_tensor_list: list[torch.Tensor],
+                         group: ProcessGroup | None = None, async_op: bool = False) -> Any:
+    """Several all_gathers in one collective (deprecated in torch); ``async_op`` gives a
+    Future, as in torch."""
+    if a.not_in_group(group):
+        a.warn_not_in_group("all_gather_coalesced")
+        return None
+    ins = a.check_tensor_list(input_tensor_list, "input_tensor_list")
+    a.ensure_same_dtype(ins)
+    if not isinstance(output_tensor_lists, list):
+        raise TypeError("Invalid function argument: output_tensor_lists should be a list")
+    outs = []
+    for lst in output_tensor_lists:
+        checked = a.check_tensor_list(lst, "output_tensor_lists")
+        a.ensure_same_dtype(checked)
+        outs.append([_real(t) for t in checked])
+    group = group or groups._get_default_group()
+    work = group.allgather_coalesced(outs, [_real(t) for t in ins],
+                                     AllgatherOptions(asyncOp=async_op))
+    if async_op:
+        return work.get_future()
+    work.wait()
+    return None
+
+
+def _validate_output_list_for_rank(my_rank: int, dst: int, gather_list: Any) -> None:
+    if dst == my_rank:
+        if not gather_list:
+            raise ValueError("Argument ``gather_list`` must be specified on destination rank.")
+    elif gather_list:
+        raise ValueError("Argument ``gather_list`` must NOT be specified on non-destination "
+                         "ranks.")
+
+
+def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None,
+           dst: int | None = None, group: ProcessGroup | None = None, async_op: bool = False,
+           group_dst: int | None = None) -> Work | None:
+    """Gather every rank's ``tensor`` into ``gather_list`` on rank ``dst`` (global rank 0 by
+    default); other ranks pass no list."""
+    t = a.check_single_tensor(tensor, "tensor")
+    outs = a.check_tensor_list(gather_list, "gather_list") if gather_list else []
+    a.ensure_same_dtype(t, outs)
+    group = a.group_or_default(group)
+    if a.not_in_group(group):
+        a.warn_not_in_group("gather")
+        return None
+    if dst is None and group_dst is None:
+        dst = 0
+    group_dst = a.canonical_rank(group, dst, group_dst)
+    _validate_output_list_for_rank(group.rank(), group_dst, outs)
+    a.check_outputs_writable(gather_list or [], "gather_list")
+    output = [[_real(o) for o in outs]] if group_dst == group.rank() else []
+    opts = GatherOptions(rootRank=group_dst, asyncOp=async_op)
+    return _finish(group.gather(output, [_real(t)], opts), async_op)
+
+
+def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None,
+            src: int | None = None, group: ProcessGroup | None = None, async_op: bool = False,
+            group_src: int | None = None) -> Work | None:
+    """Send ``scatter_list[i]`` from rank ``src`` (global rank 0 by default) into rank i's
+    ``tensor``; other ranks pass no list (or an empty one)."""
+    t = a.check_single_tensor(tensor, "tensor")
+    ins = a.check_tensor_list(scatter_list, "scatter_list") if scatter_list else []
+    a.ensure_same_dtype(t, ins)
+    group = a.group_or_default(group)
+    if src is None and group_src is None:
+        src = 0
+    group_src = a.canonical_rank(group, src, group_src)
+    if a.not_in_group(group):
+        a.warn_not_in_group("scatter")
+        return None
+    a.check_outputs_writable(tensor, "tensor")
+    if group_src == group.rank():
+        if not ins:
+            raise ValueError("Argument ``scatter_list`` must be specified on source rank.")
+        inputs, outputs = [[_real(i) for i in ins]], [_real(t)]
+    else:
+        if ins:
+            raise ValueError("Argument ``scatter_list`` must NOT be specified on non-source "
+                             "ranks.")
+        inputs, outputs = [], [_real(t)]
+    opts = ScatterOptions(rootRank=group_src, asyncOp=async_op)
+    return _finish(group.scatter(outputs, inputs, opts), async_op)
+
+
+def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any = ReduceOp.SUM,
+                   group: ProcessGroup | None = None, async_op: bool = False) -> Work | None:
+    """Reduce ``input_list`` element-wise across ranks; rank i's ``output`` gets element i."""
+    out = a.check_single_tensor(output, "output")
+    ins = a.check_tensor_list(input_list, "input_list")
+    a.ensure_same_dtype(out, ins)
+    if a.not_in_group(group):
+        a.warn_not_in_group("reduce_scatter")
+        return None
+    a.check_outputs_writable(output, "output")
+    _check_complex_op(op, [out, *ins], "reduce_scatter")
+    group = group or groups._get_default_group()
+    opts = ReduceScatterOptions(reduceOp=op, asyncOp=async_op)
+    return _finish(group.reduce_scatter([_real(out)], [[_real(i) for i in ins]], opts),
+                   async_op)
+
+
+def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op: Any = ReduceOp.SUM,
+                          group: ProcessGroup | None = None,
+                          async_op: bool = False) -> Work | None:
+    """Reduce ``input`` (world size x ``output``, concatenated or stacked) across ranks; rank
+    i's ``output`` gets slice i."""
+    out = a.check_single_tensor(output, "output")
+    inp = a.check_single_tensor(input, "input")
+    if a.not_in_group(group):
+        a.warn_not_in_group("reduce_scatter_single")
+        return None
+    a.check_outputs_writable(output, "output")
+    _check_complex_op(op, [out, inp], "reduce_scatter")
+    group = group or groups._get_default_group()
+    opts = ReduceScatterOptions(reduceOp=op, asyncOp=async_op)
+    return _finish(group.reduce_scatter_single(_real(out), _real(inp), opts), async_op)
+
+
+@deprecated("`torch.distributed.reduce_scatter_tensor` is deprecated. Please use "
+            "`torch.distributed.reduce_scatter_single` instead.", category=FutureWarning)
+def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = ReduceOp.SUM,
+                          group: ProcessGroup | None = None,
+                          async_op: bool = False) -> Work | None:
+    """``reduce_scatter_single`` under its older name (deprecated in torch 2.13, as here)."""
+    return reduce_scatter_single(output, input, op, group, async_op)
+
+
+@deprecated("`torch.distributed._reduce_scatter_base` is a private function and will be "
+            "deprecated. Please use `torch.distributed.reduce_scatter_single` instead.",
+            category=FutureWarning)
+def _reduce_scatter_base(output: torch.Tensor, input: torch.Tensor, op: Any = ReduceOp.SUM,
+                         group: ProcessGroup | None = None,
+                         async_op: bool = False) -> Work | None:
+    return reduce_scatter_single(output, input, op, group, async_op)
+
+
+def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
+                      output_split_sizes: list[int] | None = None,
+                      input_split_sizes: list[int] | None = None,
+                      group: ProcessGroup | None = None, async_op: bool = False) -> Work | None:
+    """Split ``input`` along dim 0 (``input_split_sizes``, or evenly), send part j to rank j,
+    and concatenate what each rank sends here into ``output`` (``output_split_sizes``)."""
+    if a.not_in_group(group):
+        a.warn_not_in_group("all_to_all_single")
+        return None
+    out = a.check_single_tensor(output, "output")
+    inp = a.check_single_tensor(input, "input")
+    a.ensure_same_dtype(out, inp)
+    a.check_outputs_writable(output, "output")
+    group = group or groups._get_default_group()
+    opts = AllToAllOptions(asyncOp=async_op)
+    work = group.alltoall_base(_real(out), _real(inp), list(output_split_sizes or []),
+                               list(input_split_sizes or []), opts)
+    return _finish(work, async_op)
+
+
+def all_to_all(output_tensor_list: list[torch.Tensor], input_tensor_list: list[torch.Tensor],
+               group: ProcessGroup | None = None, async_op: bool = False) -> Work | None:
+    """Send ``input_tensor_list[j]`` to rank j; receive rank j's into
+    ``output_tensor_list[j]``."""
+    if a.not_in_group(group):
+        a.warn_not_in_group("all_to_all")
+        return None
+    outs = a.check_tensor_list(output_tensor_list, "output_tensor_list")
+    ins = a.check_tensor_list(input_tensor_list, "input_tensor_list")
+    a.ensure_same_dtype(outs, ins)
+    a.check_outputs_writable(output_tensor_list, "output_tensor_list")
+    group = group or groups._get_default_group()
+    opts = AllToAllOptions(asyncOp=async_op)
+    return _finish(group.alltoall([_real(o) for o in outs], [_real(i) for i in ins], opts),
+                   async_op)
+
+
+def barrier(group: ProcessGroup | None = GroupMember.WORLD, async_op: bool = False,
+            device_ids: list[int] | None = None,
+            timeout: timedelta | None = None) -> Work | None:
+    """Return once every rank of ``group`` has entered the barrier (``timeout`` overrides
+    the group's)."""
+    group = group or groups._get_default_group()
+    if a.not_in_group(group):
+        a.warn_not_in_group("barrier")
+        return None
+    if timeout is not None:
+        a.check_timeout(timeout)
+    opts = BarrierOptions(device_ids=list(device_ids or []), timeout=timeout, asyncOp=async_op)
+    return _finish(group.barrier(opts), async_op)
+
+
+def monitored_barrier(group: ProcessGroup | None = GroupMember.WORLD, timeout: Any = None,
+                      wait_all_ranks: bool = False) -> None:
+    """A barrier that names the ranks that did not arrive within ``timeout``.
+
+    Every rank but 0 reports to rank 0, which waits for each (``wait_all_ranks``: for all,
+    then names every missing one) and releases them.
+
+    Raises:
+        DistBackendError: on rank 0, "[Rank 0]: Rank 2 failed to pass monitoredBarrier in
+            1000 ms" ("Ranks 1, 2 ..." with ``wait_all_ranks``); on the others, that rank 0
+            reported a failure or could not be reached.
+        ValueError: the group's backend is not ringtorch's native ("gloo") backend.
+    """
+    if a.not_in_group(group):
+        a.warn_not_in_group("monitored_barrier")
+        return None
+    if groups.get_backend(group) not in (Backend.GLOO, "native", "ringtorch"):
+        raise ValueError("monitored_barrier is only implemented for GLOO backend.")
+    if timeout is None:
+        timeout = groups.default_pg_timeout
+    elif isinstance(timeout, float):
+        warnings.warn(f"Please specify timeout arg as a timedelta. Converting current value of "
+                      f"{timeout} assuming it represents seconds", stacklevel=2)
+        timeout = timedelta(seconds=timeout)
+    a.check_timeout(timeout)
+    pg = group if group is not None else groups._get_default_group()
+    return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+
+def _check_complex_op(op: Any, tensors: list[torch.Tensor], name: str) -> None:
+    if any(t.is_complex() for t in tensors) and not supports_complex(op):
+        raise ValueError(f"{name} does not support {op} on complex tensors")
+
+
+def _is_buffer_like(obj: Any) -> bool:
+    from ringtorch import _buffers
+
+    return _buffers.is_buffer(obj)
+
+
+class _ReduceOpAlias:
+    """``reduce_op``: the deprecated spelling of ReduceOp (attribute access warns)."""
+
+    def __init__(self) -> None:
+        for name, member in RedOpType.__members__.items():
+            object.__setattr__(self, name, member)
+        object.__setattr__(self, "__members__", RedOpType.__members__)
+
+    def __getattribute__(self, key: str) -> Any:
+        warnings.warn("`torch.distributed.reduce_op` is deprecated, please use "
+                      "`torch.distributed.ReduceOp` instead", FutureWarning, stacklevel=2)
+        return object.__getattribute__(self, key)
+
+
+reduce_op = _ReduceOpAlias()
+
+
+__all__ = [
+    "all_gather",
+    "all_gather_coalesced",
+    "all_gather_into_tensor",
+    "all_gather_single",
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "gather",
+    "monitored_barrier",
+    "reduce",
+    "reduce_op",
+    "reduce_scatter",
+    "reduce_scatter_single",
+    "reduce_scatter_tensor",
+    "scatter",
+    "supports_complex",
+]
