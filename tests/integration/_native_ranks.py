@@ -101,6 +101,16 @@ def _run_case(b: NativeBackend, case: dict[str, Any], seq: int) -> Any:
         b.reduce_scatter(out, make_input(dtype, r, salt, n * ws), redop(case["redop"]), seq,
                          deadline)
         return out
+    if op == "reduce_scatter_inplace":  # out is this rank's block of inp (FSDP-style)
+        inp = make_input(dtype, r, salt, n * ws)
+        out = inp[r * n:(r + 1) * n]
+        b.reduce_scatter(out, inp, redop(case["redop"]), seq, deadline)
+        return out.clone()
+    if op == "all_gather_inplace":  # inp is this rank's block of out
+        out = torch.zeros(n * ws, dtype=dtype)
+        out[r * n:(r + 1) * n] = make_input(dtype, r, salt, n)
+        b.all_gather(out, out[r * n:(r + 1) * n], seq, deadline)
+        return out
     if op == "all_to_all":
         in_splits = [a2a_split(r, j, n) for j in range(ws)]
         out_splits = [a2a_split(j, r, n) for j in range(ws)]

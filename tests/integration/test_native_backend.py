@@ -97,6 +97,9 @@ def _reduction_cases(ws: int) -> list[dict]:
                               "root": root})
             cases.append({**base, "key": f"ag-{name}-{n}", "op": "all_gather"})
             cases.append({**base, "key": f"rs-{name}-{n}", "op": "reduce_scatter", "redop": "SUM"})
+            cases.append({**base, "key": f"rsi-{name}-{n}", "op": "reduce_scatter_inplace",
+                          "redop": "SUM"})
+            cases.append({**base, "key": f"agi-{name}-{n}", "op": "all_gather_inplace"})
     for dtype in (torch.float16, torch.bfloat16, torch.complex64, torch.bool, torch.uint8):
         cases.append({"key": f"rs-{dtype}", "op": "reduce_scatter", "dtype": dtype, "n": 6,
                       "salt": 4, "redop": "SUM", "algorithms": FORCED["ring"]})
@@ -127,15 +130,15 @@ def _check_case(case: dict, results: list[dict], ws: int) -> None:
     elif op == "broadcast":
         for r in range(ws):
             _assert_same(got[r], ranks.make_input(dtype, root, salt, n), f"{key} rank {r}")
-    elif op in ("all_gather", "gather"):
+    elif op in ("all_gather", "gather", "all_gather_inplace"):
         want = torch.cat(_inputs(dtype, ws, salt, n))
-        for r in range(ws) if op == "all_gather" else [root]:
+        for r in range(ws) if op != "gather" else [root]:
             _assert_same(got[r], want, f"{key} rank {r}")
     elif op == "scatter":
         full = ranks.make_input(dtype, root, salt, n * ws)
         for r in range(ws):
             _assert_same(got[r], full[r * n:(r + 1) * n], f"{key} rank {r}")
-    elif op == "reduce_scatter":
+    elif op in ("reduce_scatter", "reduce_scatter_inplace"):
         full = expected_reduce(_inputs(dtype, ws, salt, n * ws), case["redop"])
         for r in range(ws):
             _assert_same(got[r], full[r * n:(r + 1) * n], f"{key} rank {r}")

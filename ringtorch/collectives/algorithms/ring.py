@@ -94,8 +94,12 @@ def reduce_scatter(link: Link, out: np.ndarray, inp: np.ndarray, reduce: ByteRed
     right, left = (r + 1) % p, (r - 1) % p
     m = out.nbytes // itemsize
     seg = elements_per(segment_nbytes, itemsize)
-    scratch = link.scratch(2 * seg * itemsize)
-    halves = (scratch[:seg * itemsize], scratch[seg * itemsize:])
+    scratch = link.scratch(3 * seg * itemsize)
+    halves = (scratch[:seg * itemsize], scratch[seg * itemsize:2 * seg * itemsize])
+    # when out is a view into inp (in-place use), the last hop must not land on the input
+    # it still has to add: it lands in a third scratch segment and is copied afterwards
+    aliased = np.may_share_memory(out, inp)
+    landing = scratch[2 * seg * itemsize:]
     for s0, s1 in segments(0, m, seg):
         lo, hi = s0 * itemsize, s1 * itemsize
 
@@ -107,10 +111,15 @@ def reduce_scatter(link: Link, out: np.ndarray, inp: np.ndarray, reduce: ByteRed
         for step in range(p - 1):
             # this hop adds this rank's part of block (r - step - 2) to the partial from the left
             last = step == p - 2
-            incoming = out[lo:hi] if last else halves[step % 2][:hi - lo]
+            if not last:
+                incoming = halves[step % 2][:hi - lo]
+            else:
+                incoming = landing[:hi - lo] if aliased else out[lo:hi]
             link.exchange([(right, outgoing)], [(left, incoming)])
             reduce(incoming, block(r - step - 2), True)
             outgoing = incoming
+        if aliased:
+            out[lo:hi] = landing[:hi - lo]
 
 
 def all_gather(link: Link, out: np.ndarray, inp: np.ndarray) -> None:

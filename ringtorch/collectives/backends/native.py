@@ -196,6 +196,10 @@ class NativeBackend(Backend):
         if isinstance(exc, PeerClosedError):
             peer = getattr(exc, "peer", -1)
             return DistBackendError(f"{what} failed: {self._peer_lost_cause(exc, peer)}")
+        # Anything else (KeyboardInterrupt, MemoryError, a bug) stopped this rank half way
+        # through its frames: the streams are out of step, so the group cannot go on.
+        self._abort_local(f"{what} was interrupted on {self._who(self.rank)} by "
+                          f"{type(exc).__name__}: {exc}", tell_peers=True)
         return None
 
     def _collective_done(self) -> None:
@@ -288,8 +292,8 @@ class NativeBackend(Backend):
     def all_reduce(self, buf: torch.Tensor, op: Any, seq: int, deadline: float) -> None:
         """See base class."""
         kind, reducer = self._plan_reduce(op, buf.dtype, "all_reduce")
+        factor = premul_factor(op)
         with self._collective("all_reduce", seq, deadline):
-            factor = premul_factor(op)
             if factor is not None:
                 buf.mul_(factor)
             data = as_bytes(buf)
@@ -322,8 +326,8 @@ class NativeBackend(Backend):
         """See base class."""
         kind, reducer = self._plan_reduce(op, buf.dtype, "reduce")
         self._check_root(root, "reduce")
+        factor = premul_factor(op)
         with self._collective("reduce", seq, deadline):
-            factor = premul_factor(op)
             if factor is not None:
                 buf.mul_(factor)
             data = as_bytes(buf)
@@ -379,8 +383,8 @@ class NativeBackend(Backend):
         """See base class."""
         kind, reducer = self._plan_reduce(op, inp.dtype, "reduce_scatter")
         check_sizes("reduce_scatter", inp, out, self.size)
+        factor = premul_factor(op)
         with self._collective("reduce_scatter", seq, deadline):
-            factor = premul_factor(op)
             if factor is not None:
                 inp = inp * factor
             out_bytes, inp_bytes = as_bytes(out), as_bytes(inp)
