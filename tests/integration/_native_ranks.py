@@ -323,3 +323,28 @@ def wrong_secret(rank: int, world_size: int) -> tuple[str, str]:
     except Exception as exc:
         return type(exc).__name__, str(exc)
     return "no error", ""
+
+
+def killed_during_recv(rank: int, world_size: int) -> dict[str, Any]:
+    """Rank 1 (a forked child) dies while rank 0 waits in recv from it."""
+    if rank == 1:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                backend(rank, world_size, "p2pkill")
+                time.sleep(0.3)
+                os.kill(os.getpid(), signal.SIGKILL)
+            finally:
+                os._exit(1)
+        os.waitpid(pid, 0)
+        return {}
+    b = backend(rank, world_size, "p2pkill")
+    start = time.monotonic()
+    try:
+        b.recv(torch.empty(4), 1, 0, time.monotonic() + 60)
+        error: tuple[str, str] = ("no error", "")
+    except Exception as exc:
+        error = (type(exc).__name__, str(exc))
+    after = time.monotonic() - start
+    b.close()
+    return {"error": error, "after": after}

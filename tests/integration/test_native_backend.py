@@ -271,3 +271,12 @@ def test_a_rank_with_another_job_secret_cannot_join_the_group() -> None:
     assert name == "DistNetworkError", results
     assert message.startswith("rank 1 of group 'secret': ranks [0] did not connect in time "
                               "(refused: ["), message
+
+
+def test_a_rank_killed_while_its_peer_waits_in_recv_fails_that_recv_naming_it() -> None:
+    result = run_ranks(ranks.killed_during_recv, 2, timeout=60)[0]
+    name, message = result["error"]
+    assert name == "DistBackendError", result
+    assert message.startswith("recv from rank 1 (tag 0) on group 'p2pkill' failed: the group was "
+                              "aborted: rank 1 closed its connection to rank 0"), message
+    assert result["after"] < 10.0, result

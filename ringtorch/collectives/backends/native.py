@@ -69,7 +69,14 @@ class _Timeout(Exception):
 
 
 class NativeBackend(Backend):
-    """See the module docstring and base.Backend."""
+    """See the module docstring and base.Backend.
+
+    Subclasses that add a faster path for some ops (the shared-memory backend) may use, and
+    this class keeps stable: ``_collective(op, seq, deadline)`` (the scope of one collective:
+    refuses a failed group, records progress, turns transport failures into
+    DistBackendError), ``_check_root(root, op)``, ``_cause`` (the abort cause or None) and
+    ``_abort_local(cause, tell_peers=True)``.
+    """
 
     def __init__(self, ctx: BackendContext) -> None:
         super().__init__(ctx)
@@ -119,7 +126,7 @@ class NativeBackend(Backend):
                 return
             self._cause = cause
         if self._mailbox is not None:
-            self._mailbox.fail(DistBackendError(cause))
+            self._mailbox.fail(DistBackendError(f"the group was aborted: {cause}"))
         if threading.current_thread().name.startswith("ringtorch-p2p"):
             # a reader thread must not block on a send lock: tell the peers from another thread
             threading.Thread(target=self._tell_and_shutdown, args=(cause, tell_peers),
@@ -445,7 +452,14 @@ class NativeBackend(Backend):
         try:
             return self._mailbox.recv(as_bytes(buf), src, tag, deadline)
         except mb.RecvError as exc:
-            raise DistBackendError(f"{what} failed: {exc.args[0]}") from None
+            error = exc.args[0]
+            if isinstance(error, PeerClosedError) and src is not None:
+                raise DistBackendError(f"{what} failed: {self._peer_lost_cause(error, src)}") \
+                    from None
+            if isinstance(error, PeerClosedError) and self._cause is not None:
+                raise DistBackendError(f"{what} failed: the group was aborted: {self._cause}") \
+                    from None
+            raise DistBackendError(f"{what} failed: {error}") from None
         except DeadlineExceeded:
             raise DistBackendError(f"{what} timed out: no matching message arrived") from None
 
