@@ -11,7 +11,7 @@ SGD step); a step's time is the slowest rank's. Reported per configuration:
 * for ringtorch also the time backward waits for the buckets at its end, measured in the reducer.
 
     python bench/ddp.py                      # MLP 1024-4096-4096-1024 (25.2 M params), batch 32
-    python bench/ddp.py --steps 40 --json bench/out/ddp.json
+    python bench/ddp.py --rounds 5 --steps 40 --json bench/out/ddp.json
 
 The default model and batch are those of reference/PERFORMANCE.md section 2.6 (torch gloo:
 0.54 weak-scaling efficiency on 2 cores). One intra-op thread per rank, so that the ranks do
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -110,12 +111,18 @@ def measure(impl: str, world_size: int, args: argparse.Namespace) -> dict[str, A
             "bucket_wait_p50_s": statistics.median(waits) if waits else None}
 
 
+def _median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The round whose median step time is the median over the rounds."""
+    return sorted(rows, key=lambda r: r["step_p50_s"])[len(rows) // 2]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--widths", type=int, nargs="+", default=[1024, 4096, 4096, 1024])
     parser.add_argument("--batch", type=int, default=32, help="per rank")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3, help="each configuration runs this often")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--bucket-cap-mb", type=float, default=None)
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -124,9 +131,13 @@ def main() -> None:
     n_params = sum(p.numel() for p in make_model(args.widths).parameters())
     print(f"model: MLP {'-'.join(map(str, args.widths))} ({n_params / 1e6:.1f} M params, "
           f"{n_params * 4 / 2**20:.0f} MiB of gradients), batch {args.batch}/rank, "
-          f"{args.steps} timed steps, world size {args.world_size}, 1 thread per rank")
-    single = measure("single", 1, args)
-    rows = [single] + [measure(impl, args.world_size, args) for impl in ("torch", "ringtorch")]
+          f"{args.rounds} rounds of {args.steps} timed steps, world size {args.world_size}, "
+          f"1 thread per rank; load average before: {os.getloadavg()[0]:.2f}")
+    # the configurations take turns, so that a change in the machine's load hits all of them
+    rounds = [[measure("single", 1, args), measure("torch", args.world_size, args),
+               measure("ringtorch", args.world_size, args)] for _ in range(args.rounds)]
+    rows = [_median_row([r[i] for r in rounds]) for i in range(3)]
+    single = rows[0]
     print(f"{'configuration':<24}{'step p50':>10}{'samples/s':>11}{'efficiency':>12}"
           f"{'exposed comm':>14}{'bucket wait':>13}")
     for row in rows:

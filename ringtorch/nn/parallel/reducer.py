@@ -254,20 +254,21 @@ class Reducer:
             self._launch_ready_buckets()
 
     def _fill_slot(self, param: torch.Tensor, view: torch.Tensor) -> None:
+        """Put the gradient (divided by the world size unless a comm hook divides) in its slot.
+
+        With gradient_as_bucket_view, ``param.grad`` usually is the slot already (autograd
+        accumulated into it); element-wise ops on exactly the same memory are safe in place.
+        """
         grad = param.grad
-        divide = self._comm_hook is None
         if grad is None:
             view.zero_()
-        elif _is_view_of(grad, view):
-            if divide:
-                view.div_(self._div_factor)
+            return
+        if self._comm_hook is None:
+            torch.div(grad, self._div_factor, out=view)
         else:
-            if divide:
-                torch.div(grad, self._div_factor, out=view)
-            else:
-                view.copy_(grad)
-            if self._as_view:
-                param.grad = view
+            view.copy_(grad)
+        if self._as_view and not _is_view_of(grad, view):
+            param.grad = view
 
     def _launch_ready_buckets(self) -> None:
         while self._next_bucket < len(self._buckets) and \
