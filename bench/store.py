@@ -55,6 +55,7 @@ def _client(kind: str, port: int, index: int, seconds: float, round_: int, out) 
         else:
             fn = lambda: store.add("counter", 1)
         count = 0
+        cpu_start = time.process_time()
         start = time.perf_counter()
         end = start + seconds
         while True:
@@ -66,11 +67,20 @@ def _client(kind: str, port: int, index: int, seconds: float, round_: int, out) 
         # set is not answered (in torch either): a round trip makes sure the server has
         # applied every set before the clock stops, so no backlog spills into the next op.
         store.check([key])
-        results[op] = (count, time.perf_counter() - start)
+        results[op] = (count, time.perf_counter() - start, time.process_time() - cpu_start)
+        store.add(f"done/{round_}/{op}", 1)
     out.send(results)
 
 
-def _run(kind: str, clients: int, seconds: float, round_: int) -> dict[str, float]:
+def _wait_count(master, key: str, count: int) -> None:
+    while int(master.add(key, 0)) < count:
+        time.sleep(0.005)
+
+
+def _run(kind: str, clients: int, seconds: float, round_: int
+         ) -> tuple[dict[str, float], dict[str, float]]:
+    """ops/s, and (server, client) CPU seconds per op; the server is this process's only
+    busy part."""
     master = _make_store(kind, 0, True)
     ctx = mp.get_context("spawn")
     pipes, procs = [], []
@@ -81,10 +91,13 @@ def _run(kind: str, clients: int, seconds: float, round_: int) -> dict[str, floa
         proc.start()
         pipes.append(parent)
         procs.append(proc)
+    cpu = {}
     for op in OPS:
-        while int(master.add(f"ready/{round_}/{op}", 0)) < clients:
-            time.sleep(0.005)
+        _wait_count(master, f"ready/{round_}/{op}", clients)
+        cpu_before = time.process_time()
         master.set(f"go/{round_}/{op}", b"1")
+        _wait_count(master, f"done/{round_}/{op}", clients)
+        cpu[op] = time.process_time() - cpu_before
     results = [p.recv() for p in pipes]
     for proc in procs:
         proc.join()
@@ -92,7 +105,10 @@ def _run(kind: str, clients: int, seconds: float, round_: int) -> dict[str, floa
         del master
     else:
         master.close()
-    return {op: sum(r[op][0] for r in results) / max(r[op][1] for r in results) for op in OPS}
+    rates = {op: sum(r[op][0] for r in results) / max(r[op][1] for r in results) for op in OPS}
+    ops = {op: sum(r[op][0] for r in results) for op in OPS}
+    return rates, {op: (cpu[op] / ops[op], sum(r[op][2] for r in results) / ops[op])
+                   for op in OPS}
 
 
 def main() -> None:
@@ -104,18 +120,27 @@ def main() -> None:
     args = parser.parse_args()
     samples: dict[str, dict[str, list[float]]] = {k: {op: [] for op in OPS}
                                                   for k in ("torch", "ringtorch")}
+    cpu: dict[str, dict[str, list[tuple[float, float]]]] = {
+        k: {op: [] for op in OPS} for k in ("torch", "ringtorch")}
     for round_ in range(args.rounds):
         for kind in ("torch", "ringtorch"):
-            for op, rate in _run(kind, args.clients, args.seconds, round_).items():
-                samples[kind][op].append(rate)
+            rates, cpu_per_op = _run(kind, args.clients, args.seconds, round_)
+            for op in OPS:
+                samples[kind][op].append(rates[op])
+                cpu[kind][op].append(cpu_per_op[op])
     print(f"TCPStore throughput, {args.clients} client processes, {args.seconds:g} s per op, "
           f"{args.rounds} round(s), median ops/s ({os.cpu_count()} CPUs)")
-    print("| op | torch TCPStore | ringtorch TCPStore | ringtorch / torch |")
-    print("|---|---|---|---|")
+    print("| op | torch ops/s | ringtorch ops/s | ringtorch / torch | CPU us/op torch "
+          "(server + client) | CPU us/op ringtorch (server + client) |")
+    print("|---|---|---|---|---|---|")
     for op in OPS:
         t = statistics.median(samples["torch"][op])
         r = statistics.median(samples["ringtorch"][op])
-        print(f"| {op} | {t:,.0f} | {r:,.0f} | {r / t:.2f}x |")
+        tc = [statistics.median(c[i] for c in cpu["torch"][op]) * 1e6 for i in (0, 1)]
+        rc = [statistics.median(c[i] for c in cpu["ringtorch"][op]) * 1e6 for i in (0, 1)]
+        print(f"| {op} | {t:,.0f} | {r:,.0f} | {r / t:.2f}x | {tc[0]:.1f} + {tc[1]:.1f} "
+              f"| {rc[0]:.1f} + {rc[1]:.1f} |")
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":
