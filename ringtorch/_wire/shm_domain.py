@@ -34,7 +34,8 @@ Segment header (little-endian u64 words; what each rank writes into its *own* se
     offset   64  round: rounds entered so far (its own cache line; the signal)
     offset  128  aborted: 0, or 1 once the owner aborted the group
     offset  136  length of the abort reason; offset 144..399: reason, UTF-8
-    offset  448  now descriptor: seq, kind, detail, nbytes (seq written last, read twice)
+    offset  448  now descriptor: seq + 1 (0: none yet), kind, detail, nbytes (the first word
+                 is written last and read before and after the others)
     offset  512  round descriptor of the op whose first round used slot 0 (same 4 words)
     offset  576  round descriptor, slot 1
     offset 4096  data: slot 0 = [4096, 4096 + half), slot 1 = [4096 + half, 4096 + 2 half)
@@ -206,6 +207,7 @@ class ShmDomain:
         self._signal_and_wait(t, desc, deadline)
         at = W_ROUND_DESC[t & 1]
         seq, kind, detail, nbytes = desc
+        seq += 1  # as stored
         for j in self.peers:
             w = self.words[j]
             if w[at] != seq or w[at + 1] != kind or w[at + 2] != detail or w[at + 3] != nbytes:
@@ -273,8 +275,7 @@ class ShmDomain:
                 self._fail(f"{self._what(desc)} failed: rank {j} (pid {pid}) died or left the "
                            f"group (its process no longer holds its shared-memory segment)", [j])
         if now > deadline:
-            where = "; ".join(f"rank {j} is at {self.describe(self._read_desc(j, W_NOW))}"
-                              for j in late)
+            where = "; ".join(self._where(j) for j in late)
             waited = timedelta(seconds=round(now - self._op_start))
             self._fail(f"{self._what(desc)} timed out after {waited}: ranks {late} did not "
                        f"arrive ({where})", late)
@@ -356,15 +357,20 @@ class ShmDomain:
     def _write_desc(self, at: int, desc: Desc) -> None:
         w = self.words[self.rank]
         w[at + 1], w[at + 2], w[at + 3] = desc.kind, desc.detail, desc.nbytes
-        w[at] = desc.seq
+        w[at] = desc.seq + 1  # 0 means "no collective yet"
 
     def _read_desc(self, j: int, at: int) -> Desc:
+        """Rank j's descriptor at word ``at`` (seq -1: none yet), never torn."""
         w = self.words[j]
         while True:
-            seq = w[at]
-            desc = Desc(seq, w[at + 1], w[at + 2], w[at + 3])
-            if w[at] == seq:
+            stamp = w[at]
+            desc = Desc(stamp - 1, w[at + 1], w[at + 2], w[at + 3])
+            if w[at] == stamp:
                 return desc
+
+    def _where(self, j: int) -> str:
+        now = self._read_desc(j, W_NOW)
+        return f"rank {j} is at " + ("no collective yet" if now.seq < 0 else self.describe(now))
 
 
 def _init_header(seg: Segment) -> None:

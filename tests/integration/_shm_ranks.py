@@ -115,7 +115,7 @@ def run_cases(rank: int, world_size: int, cases: list[dict[str, Any]],
     for cname, knobs in configs.items():
         b = backend(rank, world_size, f"c-{cname}", **knobs)
         results[f"uses_shm/{cname}"] = b.uses_shm
-        for seq, case in enumerate(cases, start=1):
+        for seq, case in enumerate(cases):  # the ProcessGroup numbers from 0
             results[f"{cname}/{case['key']}"] = run_case(b, case, seq)
         b.close()
     return results
@@ -352,3 +352,15 @@ def setup_abandoned(rank: int, world_size: int) -> tuple[int, str]:
     except Exception as exc:
         return os.getpid(), f"{type(exc).__name__}: {exc}"
     return os.getpid(), "no error"
+
+
+def late_for_the_first(rank: int, world_size: int) -> list[float]:
+    """Rank 1 arrives 0.3 s late at collective #0 (the ProcessGroup's first sequence number),
+    when the others have only its empty descriptor to look at."""
+    b = backend(rank, world_size, "first")
+    if rank == 1:
+        time.sleep(0.3)
+    t = torch.full((4,), float(rank + 1))
+    b.all_reduce(t, ReduceOp.SUM, 0, time.monotonic() + 20)
+    b.close()
+    return t.tolist()

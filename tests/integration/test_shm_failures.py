@@ -58,6 +58,10 @@ def test_matching_collectives_raise_nothing():
     assert run_ranks(ranks.mismatch, 2, args=("none",)) == [("no error", "")] * 2
 
 
+def test_a_rank_late_for_the_first_collective_is_waited_for_not_taken_for_a_mismatch():
+    assert run_ranks(ranks.late_for_the_first, 3) == [[6.0] * 4] * 3
+
+
 def test_a_rank_killed_mid_all_reduce_fails_the_others_within_seconds_naming_it():
     results = run_ranks(ranks.killed_rank, 3, args=(1,), timeout=60)
     assert results[1] == {"victim_signal": 9}
