@@ -348,3 +348,32 @@ def killed_during_recv(rank: int, world_size: int) -> dict[str, Any]:
     after = time.monotonic() - start
     b.close()
     return {"error": error, "after": after}
+
+
+def leaving_rank(rank: int, world_size: int) -> dict[str, Any]:
+    """Rank 1 closes its group (BYE) and leaves; ranks 0 and 2 go on talking to each other,
+    and rank 0's receive from rank 1 fails saying it left."""
+    b = backend(rank, world_size, "bye")
+    b.barrier(1, time.monotonic() + 30)
+    result: dict[str, Any] = {}
+    if rank == 1:
+        b.close()
+        return result
+    time.sleep(0.3)  # rank 1 has left by now
+    deadline = time.monotonic() + 30
+    peer = 2 - rank
+    got = torch.empty(3)
+    if rank == 0:
+        b.send(torch.ones(3), peer, 5, deadline)
+        b.recv(got, peer, 6, deadline)
+        try:
+            b.recv(torch.empty(1), 1, 0, deadline)
+            result["from_left"] = ("no error", "")
+        except Exception as exc:
+            result["from_left"] = (type(exc).__name__, str(exc))
+    else:
+        b.recv(got, peer, 5, deadline)
+        b.send(torch.ones(3) * 2, peer, 6, deadline)
+    result["got"] = got
+    b.close()
+    return result

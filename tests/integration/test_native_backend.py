@@ -280,3 +280,12 @@ def test_a_rank_killed_while_its_peer_waits_in_recv_fails_that_recv_naming_it() 
     assert message.startswith("recv from rank 1 (tag 0) on group 'p2pkill' failed: the group was "
                               "aborted: rank 1 closed its connection to rank 0"), message
     assert result["after"] < 10.0, result
+
+
+def test_a_rank_that_closes_its_group_is_gone_without_aborting_the_others() -> None:
+    results = run_ranks(ranks.leaving_rank, 3, timeout=60)
+    assert torch.equal(results[0]["got"], torch.full((3,), 2.0))
+    assert torch.equal(results[2]["got"], torch.ones(3))
+    assert results[0]["from_left"] == (
+        "DistBackendError", "recv from rank 1 (tag 0) on group 'bye' failed: rank 1 has closed "
+                            "its process group")

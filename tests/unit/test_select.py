@@ -30,6 +30,8 @@ KB = 1024
     ("broadcast", 64 * KB * KB, 3, "chain"),
     ("reduce", 1 * KB, 4, "direct"),
     ("reduce", 64 * KB * KB, 4, "ring"),
+    ("reduce", 64 * KB * KB, 2, "ring"),
+    ("reduce", 64 * KB * KB, 1, "direct"),
     ("all_gather", 1 * KB, 4, "direct"),
     ("all_gather", 64 * KB * KB, 4, "ring"),
     ("reduce_scatter", 1 * KB, 3, "direct"),

@@ -108,7 +108,8 @@ def _default(op: str, nbytes: int, world_size: int, table: Table) -> str:
     if op == "broadcast":
         return "tree" if nbytes <= table.small_broadcast or world_size <= 2 else "chain"
     if op == "reduce":
-        return "direct" if nbytes <= table.small_all_reduce or world_size <= 2 else "ring"
+        # the ring also at world 2: direct would need a scratch copy of the whole buffer
+        return "direct" if nbytes <= table.small_all_reduce or world_size == 1 else "ring"
     if op == "all_gather":
         return "direct" if nbytes <= table.small_all_gather or world_size <= 2 else "ring"
     if op == "reduce_scatter":
