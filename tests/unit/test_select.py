@@ -36,6 +36,7 @@ KB = 1024
     ("all_gather", 64 * KB * KB, 4, "ring"),
     ("reduce_scatter", 1 * KB, 3, "direct"),
     ("reduce_scatter", 64 * KB * KB, 3, "ring"),
+    ("reduce_scatter", 64 * KB * KB, 2, "ring"),
     ("gather", 64 * KB * KB, 4, "direct"),
     ("scatter", 1, 4, "direct"),
     ("all_to_all", 1, 4, "direct"),

@@ -113,7 +113,7 @@ def _default(op: str, nbytes: int, world_size: int, table: Table) -> str:
     if op == "all_gather":
         return "direct" if nbytes <= table.small_all_gather or world_size <= 2 else "ring"
     if op == "reduce_scatter":
-        return "direct" if nbytes <= table.small_reduce_scatter or world_size <= 2 else "ring"
+        return "direct" if nbytes <= table.small_reduce_scatter or world_size == 1 else "ring"
     return ALGORITHMS[op][0]
 
 
