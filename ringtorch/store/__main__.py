@@ -15,8 +15,8 @@ import sys
 import threading
 
 from ringtorch._wire.handshake import job_secret
+from ringtorch.store._tcp_master import bind_address
 from ringtorch.store._tcp_server import StoreServer
-from ringtorch.store.tcp import bind_address
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,6 @@ address only; any other host name binds every interface, and without a job secre
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import socket
@@ -32,12 +31,13 @@ import weakref
 from datetime import timedelta
 
 from ringtorch import _config
-from ringtorch._errors import DistNetworkError, DistStoreError
+from ringtorch._errors import DistError, DistNetworkError, DistStoreError
 from ringtorch._wire.errors import DeadlineExceeded, HandshakeError
-from ringtorch._wire.handshake import SERVICE_STORE, client_handshake, job_secret
+from ringtorch._wire.handshake import SERVICE_STORE, client_handshake
 from ringtorch._wire.sockets import connect_tcp
 from ringtorch.store import _protocol as P
 from ringtorch.store._table import INTERNAL_PREFIX, display_key
+from ringtorch.store._tcp_master import Resources, StoreAddressInUseError, acquire_server
 from ringtorch.store._tcp_server import StoreServer
 from ringtorch.store.base import DEFAULT_TIMEOUT, Store
 
@@ -47,89 +47,7 @@ JOIN_KEY = INTERNAL_PREFIX + b"joined"
 GRACE_S = 1.0
 _RECV_BUFFER_NBYTES = 64 * 1024
 _TIMEVAL = struct.Struct("@ll")
-_SET_HEAD = struct.Struct(P.REQUEST_HEAD.format + "I")  # the head and the key's length
-
-
-class StoreAddressInUseError(DistNetworkError, OSError):
-    """The master could not listen: the port is taken. Both a DistNetworkError (torch's type)
-    and an OSError (errno EADDRINUSE), so either ``except`` clause catches it."""
-
-
-# ----- servers shared in-process (multi_tenant) ------------------------------------------
-
-_servers_lock = threading.Lock()
-_servers: dict[tuple[str, int], list] = {}  # (host, port) -> [server, users]
-
-
-def bind_address(host_name: str) -> str:
-    """Where a master for ``host_name`` listens: that loopback address, else every interface."""
-    try:
-        infos = socket.getaddrinfo(host_name, None, type=socket.SOCK_STREAM)
-        addrs = [info[4][0] for info in infos]
-    except (socket.gaierror, UnicodeError):
-        addrs = []
-    if addrs and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs):
-        return next((a for a in addrs if ":" not in a), addrs[0])
-    return "0.0.0.0"
-
-
-def _acquire_server(host_name: str, port: int, multi_tenant: bool,
-                    listen_fd: int | None) -> StoreServer:
-    with _servers_lock:
-        entry = _servers.get((host_name, port)) if multi_tenant and port else None
-        if entry is not None and entry[0].owner_pid == os.getpid():
-            entry[1] += 1
-            return entry[0]
-        bind = bind_address(host_name)
-        try:
-            server = StoreServer(bind, port, listen_fd)
-        except OSError as exc:
-            error = StoreAddressInUseError(
-                f"The server socket has failed to listen on any local network address. "
-                f"port: {port}, host: {bind}: {exc.strerror or exc}")
-            error.errno = exc.errno
-            raise error from None
-        if bind == "0.0.0.0" and job_secret() is None:
-            log.warning(
-                "TCPStore server listens on every interface (0.0.0.0:%d, for host %r) WITHOUT a "
-                "job secret: anyone who can reach this port can read and write the store. Set "
-                "RINGTORCH_SECRET on every process of the job (ringrun does), or use a loopback "
-                "MASTER_ADDR for a single-host job.", server.port, host_name)
-        server.start()
-        if multi_tenant:
-            _servers[(host_name, server.port)] = [server, 1]
-        return server
-
-
-def _release_server(server: StoreServer, host_name: str, multi_tenant: bool) -> None:
-    with _servers_lock:
-        entry = _servers.get((host_name, server.port))
-        if multi_tenant and entry is not None and entry[0] is server:
-            entry[1] -= 1
-            if entry[1] > 0:
-                return
-            del _servers[(host_name, server.port)]
-    server.close()
-
-
-class _Resources:
-    """What a TCPStore must release even when it is garbage-collected without close()."""
-
-    __slots__ = ("host", "multi_tenant", "server", "sock")
-
-    def __init__(self, server: StoreServer | None, host: str, multi_tenant: bool) -> None:
-        self.server = server
-        self.host = host
-        self.multi_tenant = multi_tenant
-        self.sock: socket.socket | None = None
-
-    def release(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
-        server, self.server = self.server, None
-        if server is not None and server.owner_pid == os.getpid():
-            _release_server(server, self.host, self.multi_tenant)
+_ONE_KEY_HEAD = struct.Struct(P.REQUEST_HEAD.format + "I")  # the head and the key's length
 
 
 # ----- fork safety -----------------------------------------------------------------------
@@ -158,26 +76,14 @@ class TCPStore(Store):
         if not is_master and port == 0:
             raise ValueError("a TCPStore client needs the server's port; port=0 only makes "
                              "sense with is_master=True")
-        self._host = host_name
         self._world_size = world_size if world_size is not None and world_size > 0 else None
-        self._multi_tenant = multi_tenant
-        self._server: StoreServer | None = None
-        self._connect_host = host_name
-        self._lock = threading.Lock()
-        self._sock: socket.socket | None = None
-        self._pid = os.getpid()
-        self._next_id = 0
-        self._rcvtimeo = -1.0
-        self._buf = bytearray(_RECV_BUFFER_NBYTES)
-        self._max_value = _config.STORE_MAX_VALUE_BYTES.get()
+        server = None
+        connect_host = host_name
         if is_master:
-            self._server = _acquire_server(host_name, port, multi_tenant, master_listen_fd)
-            port = self._server.port
-            bound = self._server.host
-            self._connect_host = "127.0.0.1" if bound == "0.0.0.0" else bound
-        self._port = port
-        self._res = _Resources(self._server, host_name, multi_tenant)
-        self._finalizer = weakref.finalize(self, self._res.release)
+            server = acquire_server(host_name, port, multi_tenant, master_listen_fd)
+            port = server.port
+            connect_host = "127.0.0.1" if server.host == "0.0.0.0" else server.host
+        self._init_client(host_name, port, connect_host, server, multi_tenant)
         try:
             self._connect(time.monotonic() + self._timeout.total_seconds())
             self._request(P.OP_ADD, [JOIN_KEY], 1)
@@ -202,16 +108,32 @@ class TCPStore(Store):
         """A new client connection to the same server (no join, no server of its own)."""
         twin = TCPStore.__new__(TCPStore)
         Store.__init__(twin, self._timeout)
-        twin.__dict__.update(
-            _host=self._host, _world_size=self._world_size, _multi_tenant=False, _server=None,
-            _connect_host=self._connect_host, _lock=threading.Lock(), _sock=None,
-            _pid=os.getpid(), _next_id=0, _rcvtimeo=-1.0,
-            _buf=bytearray(_RECV_BUFFER_NBYTES), _max_value=self._max_value, _port=self._port,
-            _res=_Resources(None, self._host, False))
-        twin._finalizer = weakref.finalize(twin, twin._res.release)
+        twin._world_size = self._world_size
+        twin._init_client(self._host, self._port, self._connect_host, None, False)
         twin._connect(time.monotonic() + self._timeout.total_seconds())
         _clients.add(twin)
         return twin
+
+    def _init_client(self, host: str, port: int, connect_host: str, server: StoreServer | None,
+                     multi_tenant: bool) -> None:
+        self._host, self._port, self._connect_host = host, port, connect_host
+        self._server, self._multi_tenant = server, multi_tenant
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._pid = os.getpid()
+        self._next_id = 0
+        self._rcvtimeo = -1.0
+        self._plain_wait_s = max(self._timeout.total_seconds(), GRACE_S)
+        self._buf = bytearray(_RECV_BUFFER_NBYTES)
+        self._view = memoryview(self._buf)
+        self._max_value = _config.STORE_MAX_VALUE_BYTES.get()
+        self._res = Resources(server, host, multi_tenant)
+        self._finalizer = weakref.finalize(self, self._res.release)
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        """See base class."""
+        super().set_timeout(timeout)
+        self._plain_wait_s = max(self._timeout.total_seconds(), GRACE_S)
 
     def _describe(self) -> str:
         return f"TCPStore {self._host}:{self._port}"
@@ -241,7 +163,7 @@ class TCPStore(Store):
             raise
         sock.settimeout(None)  # blocking: SO_RCVTIMEO bounds each wait, without a poll() per recv
         self._sock = self._res.sock = sock
-        self._set_recv_timeout(sock, max(self._timeout.total_seconds(), GRACE_S))
+        self._set_recv_timeout(sock, self._plain_wait_s)
 
     def _drop_connection(self) -> None:
         if self._sock is not None:
@@ -280,7 +202,7 @@ class TCPStore(Store):
                              f"TCPStore limits ({self._max_value} bytes per value, see "
                              f"RINGTORCH_STORE_MAX_VALUE_BYTES; {P.MAX_FIELDS} keys)")
         if timeout is None:
-            tmo_ms, wait_s = 0, max(self._timeout.total_seconds(), GRACE_S)
+            tmo_ms, wait_s = 0, self._plain_wait_s
         else:
             seconds = timeout.total_seconds()
             tmo_ms, wait_s = P.timeout_ms(seconds), seconds + GRACE_S
@@ -298,16 +220,42 @@ class TCPStore(Store):
                 if op in P.NO_ANSWER_OPS:
                     return P.STATUS_OK, 0, []
                 return self._recv_answer(sock, rid)
-            except (BlockingIOError, TimeoutError):
-                self._drop_connection()
-                raise DistStoreError(
-                    f"TCPStore {self._host}:{self._port} did not answer within "
-                    f"{timedelta(seconds=wait_s)}: the server is hung or unreachable") from None
             except OSError as exc:
-                self._drop_connection()
-                raise DistNetworkError(
-                    f"lost the connection to TCPStore {self._host}:{self._port} ({exc}); "
-                    f"did the server process (the master, rank 0) exit or crash?") from None
+                raise self._failed(exc, wait_s) from None
+
+    def _one_key(self, op: int, key: bytes, arg: int = 0,
+                 timeout: timedelta | None = None) -> tuple[int, int, list[bytes]]:
+        """_request for the common single-key ops (get, add...), with less work per call."""
+        if len(key) > P.MAX_KEY_NBYTES:
+            self._check_sizes(key)
+        if timeout is None:
+            tmo_ms, wait_s = 0, self._plain_wait_s
+        else:
+            seconds = timeout.total_seconds()
+            tmo_ms, wait_s = P.timeout_ms(seconds), seconds + GRACE_S
+        with self._lock:
+            sock = self._sock or self._reconnect()
+            self._next_id = rid = (self._next_id + 1) & 0xFFFFFFFF
+            try:
+                if wait_s != self._rcvtimeo:
+                    self._set_recv_timeout(sock, wait_s)
+                sock.sendall(_ONE_KEY_HEAD.pack(4 + len(key), rid, op, 0, 1, tmo_ms, arg,
+                                                len(key)) + key)
+                return self._recv_answer(sock, rid)
+            except OSError as exc:
+                raise self._failed(exc, wait_s) from None
+
+    def _failed(self, exc: OSError, wait_s: float) -> DistError:
+        """The error for a request that broke; the connection is dropped (we reconnect on
+        the next request, so no stale answer can be read as a later one's)."""
+        self._drop_connection()
+        if isinstance(exc, (BlockingIOError, TimeoutError)):
+            return DistStoreError(
+                f"TCPStore {self._host}:{self._port} did not answer within "
+                f"{timedelta(seconds=wait_s)}: the server is hung or unreachable")
+        return DistNetworkError(
+            f"lost the connection to TCPStore {self._host}:{self._port} ({exc}); did the server "
+            f"process (the master, rank 0) exit or crash?")
 
     def _reconnect(self) -> socket.socket:
         self._connect(time.monotonic() + self._timeout.total_seconds())
@@ -329,33 +277,34 @@ class TCPStore(Store):
             sock.sendall(b"".join(small))
 
     def _recv_answer(self, sock: socket.socket, rid: int) -> tuple[int, int, list[bytes]]:
-        buf = self._buf
+        buf, view = self._buf, self._view
         head_size = P.RESPONSE_HEAD.size
-        with memoryview(buf) as view:
-            got = 0
-            while got < head_size:
-                n = sock.recv_into(view[got:])
+        got = sock.recv_into(view)
+        while got < head_size:
+            n = sock.recv_into(view[got:])
+            if n == 0:
+                raise ConnectionResetError("the server closed the connection")
+            got += n
+        nbytes, answer_id, status, _, nfields, value = P.RESPONSE_HEAD.unpack_from(buf)
+        total = head_size + nbytes
+        if answer_id != rid or got > total:
+            raise ConnectionResetError(f"protocol error: answer {answer_id} to request {rid}")
+        if nbytes == 0 and nfields == 0:
+            return status, value, []
+        if total > len(buf):
+            big = bytearray(nbytes)
+            big[:got - head_size] = view[head_size:got]
+            self._fill(sock, big, got - head_size)
+            fields = P.decode_fields(big, nfields)
+        else:
+            while got < total:
+                n = sock.recv_into(view[got:total])
                 if n == 0:
                     raise ConnectionResetError("the server closed the connection")
                 got += n
-            nbytes, answer_id, status, _, nfields, value = P.RESPONSE_HEAD.unpack_from(buf)
-            total = head_size + nbytes
-            if answer_id != rid or got > total:
-                raise ConnectionResetError(f"protocol error: answer {answer_id} to request {rid}")
-            if nfields == 0 and nbytes == 0:
-                return status, value, []
-            if total <= len(buf):
-                while got < total:
-                    n = sock.recv_into(view[got:total])
-                    if n == 0:
-                        raise ConnectionResetError("the server closed the connection")
-                    got += n
-                fields = P.decode_fields(view[head_size:total], nfields)
-            else:
-                big = bytearray(nbytes)
-                big[:got - head_size] = view[head_size:got]
-                self._fill(sock, big, got - head_size)
-                fields = P.decode_fields(big, nfields)
+            if nfields == 1 and nbytes == 4 + P.FIELD_LENGTH.unpack_from(buf, head_size)[0]:
+                return status, value, [bytes(view[head_size + 4:total])]
+            fields = P.decode_fields(view[head_size:total], nfields)
         if fields is None:
             raise ConnectionResetError("protocol error: a malformed answer")
         return status, value, fields
@@ -403,7 +352,7 @@ class TCPStore(Store):
             self._request(P.OP_SET, [key, value])
             return
         # The hot path: one bytes object, one send, no answer to wait for.
-        frame = b"".join((_SET_HEAD.pack(8 + len(key) + len(value), 0, P.OP_SET, 0, 2, 0, 0,
+        frame = b"".join((_ONE_KEY_HEAD.pack(8 + len(key) + len(value), 0, P.OP_SET, 0, 2, 0, 0,
                                          len(key)), key, P.FIELD_LENGTH.pack(len(value)), value))
         with self._lock:
             sock = self._sock or self._reconnect()
@@ -416,15 +365,16 @@ class TCPStore(Store):
                     f"did the server process (the master, rank 0) exit or crash?") from None
 
     def _get(self, key: bytes, timeout: timedelta) -> bytes | None:
-        self._check_sizes(key)
-        status, _, out = self._call(P.OP_GET, [key], 0, timeout)
+        status, _, out = self._one_key(P.OP_GET, key, 0, timeout)
         return out[0] if status == P.STATUS_OK else None
 
     def _add(self, key: bytes, amount: int) -> int:
-        self._check_sizes(key)
         if not -(2**63) <= amount < 2**63:
             raise ValueError(f"add amount {amount} does not fit in 64 bits")
-        return self._call(P.OP_ADD, [key], amount)[1]
+        status, value, out = self._one_key(P.OP_ADD, key, amount)
+        if status == P.STATUS_ERROR:
+            raise ValueError(out[0].decode(errors="replace"))
+        return value
 
     def _compare_set(self, key: bytes, expected: bytes, desired: bytes) -> bytes:
         self._check_sizes(key, desired)
@@ -439,7 +389,7 @@ class TCPStore(Store):
         return bool(self._call(P.OP_CHECK, keys)[1])
 
     def _delete_key(self, key: bytes) -> bool:
-        return bool(self._call(P.OP_DELETE, [key])[1])
+        return bool(self._one_key(P.OP_DELETE, key)[1])
 
     def _num_keys(self) -> int:
         return self._call(P.OP_NUM_KEYS, [])[1]
@@ -472,7 +422,7 @@ class TCPStore(Store):
         return out[0] if status == P.STATUS_OK else None
 
     def _queue_len(self, key: bytes) -> int:
-        return self._call(P.OP_QUEUE_LEN, [key])[1]
+        return self._one_key(P.OP_QUEUE_LEN, key)[1]
 
 
 __all__ = ["StoreAddressInUseError", "TCPStore"]

@@ -26,7 +26,7 @@ from ringtorch._wire.framing import recv_exactly
 from ringtorch._wire.handshake import SERVICE_STORE, client_handshake, handshake_deadline
 from ringtorch.store import StoreAddressInUseError, TCPStore
 from ringtorch.store import _protocol as P
-from ringtorch.store.tcp import bind_address
+from ringtorch.store._tcp_master import bind_address
 from ringtorch.testing import run_ranks
 from tests.integration import _store_ranks as ranks
 

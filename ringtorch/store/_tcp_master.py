@@ -1,0 +1,104 @@
+"""The master side of TCPStore: where its server listens, and servers shared in-process.
+
+A master whose host name is a loopback address listens on that address only; any other host
+name binds every interface, and without a job secret (RINGTORCH_SECRET) that logs a loud
+warning. ``multi_tenant`` masters of one (host, port) share one server, counted, closed with
+its last user. ``Resources`` is what a TCPStore must release even when it is garbage-collected
+without ``close()``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import socket
+import threading
+
+from ringtorch._errors import DistNetworkError
+from ringtorch._wire.handshake import job_secret
+from ringtorch.store._tcp_server import StoreServer
+
+log = logging.getLogger("ringtorch.store")
+
+
+class StoreAddressInUseError(DistNetworkError, OSError):
+    """The master could not listen: the port is taken. Both a DistNetworkError (torch's type)
+    and an OSError (errno EADDRINUSE), so either ``except`` clause catches it."""
+
+
+# ----- servers shared in-process (multi_tenant) ------------------------------------------
+
+_servers_lock = threading.Lock()
+_servers: dict[tuple[str, int], list] = {}  # (host, port) -> [server, users]
+
+
+def bind_address(host_name: str) -> str:
+    """Where a master for ``host_name`` listens: that loopback address, else every interface."""
+    try:
+        infos = socket.getaddrinfo(host_name, None, type=socket.SOCK_STREAM)
+        addrs = [info[4][0] for info in infos]
+    except (socket.gaierror, UnicodeError):
+        addrs = []
+    if addrs and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs):
+        return next((a for a in addrs if ":" not in a), addrs[0])
+    return "0.0.0.0"
+
+
+def acquire_server(host_name: str, port: int, multi_tenant: bool,
+                    listen_fd: int | None) -> StoreServer:
+    with _servers_lock:
+        entry = _servers.get((host_name, port)) if multi_tenant and port else None
+        if entry is not None and entry[0].owner_pid == os.getpid():
+            entry[1] += 1
+            return entry[0]
+        bind = bind_address(host_name)
+        try:
+            server = StoreServer(bind, port, listen_fd)
+        except OSError as exc:
+            error = StoreAddressInUseError(
+                f"The server socket has failed to listen on any local network address. "
+                f"port: {port}, host: {bind}: {exc.strerror or exc}")
+            error.errno = exc.errno
+            raise error from None
+        if bind == "0.0.0.0" and job_secret() is None:
+            log.warning(
+                "TCPStore server listens on every interface (0.0.0.0:%d, for host %r) WITHOUT a "
+                "job secret: anyone who can reach this port can read and write the store. Set "
+                "RINGTORCH_SECRET on every process of the job (ringrun does), or use a loopback "
+                "MASTER_ADDR for a single-host job.", server.port, host_name)
+        server.start()
+        if multi_tenant:
+            _servers[(host_name, server.port)] = [server, 1]
+        return server
+
+
+def release_server(server: StoreServer, host_name: str, multi_tenant: bool) -> None:
+    with _servers_lock:
+        entry = _servers.get((host_name, server.port))
+        if multi_tenant and entry is not None and entry[0] is server:
+            entry[1] -= 1
+            if entry[1] > 0:
+                return
+            del _servers[(host_name, server.port)]
+    server.close()
+
+
+class Resources:
+    """What a TCPStore must release even when it is garbage-collected without close()."""
+
+    __slots__ = ("host", "multi_tenant", "server", "sock")
+
+    def __init__(self, server: StoreServer | None, host: str, multi_tenant: bool) -> None:
+        self.server = server
+        self.host = host
+        self.multi_tenant = multi_tenant
+        self.sock: socket.socket | None = None
+
+    def release(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        server, self.server = self.server, None
+        if server is not None and server.owner_pid == os.getpid():
+            release_server(server, self.host, self.multi_tenant)
