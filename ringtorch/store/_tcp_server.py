@@ -67,8 +67,8 @@ class StoreServer(StoreOps):
     """A TCPStore server listening on ``host:port`` (``port=0`` picks one; read ``.port``)."""
 
     def __init__(self, host: str, port: int, listen_fd: int | None = None) -> None:
-        if listen_fd is not None:
-            self._listener = socket.socket(fileno=listen_fd)
+        if listen_fd is not None:  # a launcher's bound socket: ours is a copy, theirs stays
+            self._listener = socket.socket(fileno=os.dup(listen_fd))
             tune_tcp(self._listener)
         else:
             self._listener = listen_tcp(host, port)

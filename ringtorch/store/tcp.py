@@ -14,9 +14,10 @@ waits one grace second longer, so a server that died or hangs is reported, namin
 instead of waited on forever. After a fork, the child reconnects on its first operation and
 never touches the parent's stream.
 
-Binding (DESIGN.md, Security): a master whose host name is a loopback address listens on that
-address only; any other host name binds every interface, and without a job secret
-(RINGTORCH_SECRET) that logs a loud warning.
+Binding (DESIGN.md, Security; ``_tcp_master.py``): a master whose host name is a loopback
+address listens on that address only; any other host name binds every interface, and without a
+job secret (RINGTORCH_SECRET) that logs a loud warning. ``master_listen_fd`` hands the master an
+already-listening socket (a launcher's, so no other process can take the port in between).
 """
 
 from __future__ import annotations

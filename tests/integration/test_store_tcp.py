@@ -393,3 +393,16 @@ def test_list_keys_beyond_one_answer_is_an_error_not_a_truncation(master):
     with pytest.raises(DistStoreError, match=r"^list_keys: the store holds 65538 keys, more than "
                                              r"one answer carries \(65535\)$"):
         master.list_keys()
+
+
+def test_a_master_can_serve_on_a_socket_the_launcher_already_bound():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    store = TCPStore("127.0.0.1", port, 1, True, T30, master_listen_fd=listener.fileno())
+    client = TCPStore("127.0.0.1", port, None, False, T30)
+    client.set("k", "v")
+    assert store.get("k") == b"v" and store.port == port
+    store.close()
+    listener.close()
