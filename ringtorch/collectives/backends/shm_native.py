@@ -142,7 +142,7 @@ class ShmNativeBackend(NativeBackend):
             return super().all_reduce(buf, op, seq, deadline)
         kind, reducer = self._plan_shm_reduce(op, buf.dtype, "all_reduce")
         with self._collective("all_reduce", seq, deadline):
-            factor = premul_factor(op)
+            factor = premul_factor(op) if kind is RedOpType.PREMUL_SUM else None
             if factor is not None:
                 buf.mul_(factor)
             data = _bytes(buf)
@@ -160,7 +160,7 @@ class ShmNativeBackend(NativeBackend):
         kind, reducer = self._plan_shm_reduce(op, buf.dtype, "reduce")
         self._check_root(root, "reduce")
         with self._collective("reduce", seq, deadline):
-            factor = premul_factor(op)
+            factor = premul_factor(op) if kind is RedOpType.PREMUL_SUM else None
             if factor is not None:
                 buf.mul_(factor)
             data = _bytes(buf)
@@ -179,7 +179,7 @@ class ShmNativeBackend(NativeBackend):
         kind, reducer = self._plan_shm_reduce(op, inp.dtype, "reduce_scatter")
         check_sizes("reduce_scatter", inp, out, self.size)
         with self._collective("reduce_scatter", seq, deadline):
-            factor = premul_factor(op)
+            factor = premul_factor(op) if kind is RedOpType.PREMUL_SUM else None
             if factor is not None:
                 inp = inp * factor
             inp_bytes = _bytes(inp)
