@@ -79,6 +79,10 @@ def _run_case(b: NativeBackend, case: dict[str, Any], seq: int) -> Any:
             return t
         b.reduce(t, redop(case["redop"]), root, seq, deadline)
         return t if r == root else None
+    if op == "reduce_root_op":  # seed 003: only the root passes MAX, the others SUM
+        t = make_input(dtype, r, salt, n)
+        b.reduce(t, ReduceOp.MAX if r == root else ReduceOp.SUM, root, seq, deadline)
+        return t if r == root else None
     if op == "broadcast":
         t = make_input(dtype, r, salt, n)
         b.broadcast(t, root, seq, deadline)

@@ -107,6 +107,8 @@ def _reduction_cases(ws: int) -> list[dict]:
     for op in ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter"):
         cases.append({"key": f"big-{op}", "op": op, "dtype": torch.float32, "n": big, "salt": 5,
                       "redop": "SUM", "root": ws - 1})
+    cases.append({"key": "reduce-root-op", "op": "reduce_root_op", "dtype": torch.float32, "n": 5,
+                  "salt": 12, "root": ws - 1, "redop": "MAX"})
     for n in (0, 1, 4):
         for root in {0, ws - 1}:
             cases.append({"key": f"ga-{n}-{root}", "op": "gather", "dtype": torch.bfloat16, "n": n,
@@ -123,7 +125,7 @@ def _check_case(case: dict, results: list[dict], ws: int) -> None:
     key, op, dtype, n, salt = case["key"], case["op"], case["dtype"], case["n"], case["salt"]
     got = [res[key] for res in results]
     root = case.get("root", 0)
-    if op in ("all_reduce", "reduce"):
+    if op in ("all_reduce", "reduce", "reduce_root_op"):
         want = expected_reduce(_inputs(dtype, ws, salt, n), case["redop"])
         for r in range(ws) if op == "all_reduce" else [root]:
             _assert_same(got[r], want, f"{key} rank {r}", case["redop"])

@@ -338,8 +338,12 @@ class NativeBackend(Backend):
             if factor is not None:
                 buf.mul_(factor)
             data = as_bytes(buf)
-            link = self._link("reduce", buf.dtype, int(kind), root, seq, data.nbytes)
             algorithm, segment = self._choose("reduce", data.nbytes)
+            # direct: only the root reduces, so the root's op is the one applied and the
+            # others' op is not compared (seed 003's reduce passes MAX on the root only);
+            # the ring reduces on every rank, so there every rank must pass the same op
+            redop = NO_REDOP if algorithm == "direct" else int(kind)
+            link = self._link("reduce", buf.dtype, redop, root, seq, data.nbytes)
             if algorithm == "ring":
                 ring.reduce(link, data, root, reducer, buf.element_size(), segment)
             else:
