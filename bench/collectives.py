@@ -6,7 +6,9 @@
 
 For each world size, one world of processes per library runs every op and size in turn:
 torch.distributed on gloo, ringtorch's NativeBackend (driven directly, over its own socket
-mesh: Unix sockets on one host unless --transport tcp), and mpi4py's buffer methods under
+mesh: Unix sockets on one host unless --transport tcp), the same calls through
+ringtorch.distributed (--libs ringtorch-dist: the facade's cost on top of the backend; its
+transport follows RINGTORCH_TRANSPORT), and mpi4py's buffer methods under
 mpirun when mpi4py is importable; with --backend mpi, also ringtorch's MpiBackend (column
 ringtorch-mpi, driven directly under mpirun) and its overhead over raw mpi4py. Each timed
 call is preceded by a barrier (OSU style); the time of an iteration is the slowest rank's;
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 UNITS = {"K": 1024, "M": 1024**2, "G": 1024**3}
-LIBS = ("gloo", "ringtorch", "ringtorch-mpi", "mpi")
+LIBS = ("gloo", "ringtorch", "ringtorch-dist", "ringtorch-mpi", "mpi")
 
 
 def parse_size(text: str) -> int:
@@ -75,8 +77,11 @@ def busbw_factor(op: str, world_size: int) -> float:
 
 
 class _Gloo:
-    def __init__(self, rank: int, world_size: int, port: int) -> None:
-        import torch.distributed as dist
+    def __init__(self, rank: int, world_size: int, port: int, facade: bool = False) -> None:
+        if facade:  # ringtorch.distributed, the same calls as torch's (backend "gloo" = native)
+            import ringtorch.distributed as dist
+        else:
+            import torch.distributed as dist
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world_size, timeout=timedelta(seconds=120))
@@ -196,6 +201,7 @@ def run_rank(rank: int, world_size: int, lib: str, ops: list[str], sizes: list[i
 
     torch.set_num_threads(1)
     comm: Any = (_Gloo(rank, world_size, port) if lib == "gloo" else
+                 _Gloo(rank, world_size, port, facade=True) if lib == "ringtorch-dist" else
                  _Ringtorch(rank, world_size, port, transport) if lib == "ringtorch" else
                  _RingtorchMpi() if lib == "ringtorch-mpi" else _Mpi())
     times: dict[str, list[float]] = {}
