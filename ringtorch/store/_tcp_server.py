@@ -25,6 +25,7 @@ import os
 import queue
 import selectors
 import socket
+import struct
 import threading
 import time
 import weakref
@@ -44,6 +45,7 @@ MAX_HANDSHAKES_IN_FLIGHT = 128
 RECV_NBYTES = 256 * 1024
 OUT_HIGH_WATER_NBYTES = 16 * 1024 * 1024
 
+_ONE_FIELD_ANSWER = struct.Struct(P.RESPONSE_HEAD.format + "I")  # head + the field's length
 _LISTENER = "listener"
 _WAKE = "wake"
 
@@ -311,13 +313,21 @@ class StoreServer(StoreOps):
                 end = start + nbytes
                 if end > total:
                     break
-                if op == P.OP_SET and nfields == 2 and nbytes >= 8:  # the hot path, inlined
+                # The hot paths (set; get of a present key; add), inlined: same effect as
+                # their handlers in _tcp_ops.py, without the general machinery.
+                if op == P.OP_SET and nfields == 2 and nbytes >= 8:
                     key_end = start + 4 + unpack_length(buf, start)[0]
                     if key_end + 4 <= end and key_end + 4 + unpack_length(buf, key_end)[0] == end:
                         key = bytes(view[start + 4:key_end])
                         data[key] = bytes(view[key_end + 4:end])
                         if key in self._waiters:
                             self._notify(key)
+                        pos = end
+                        continue
+                elif (op == P.OP_GET or op == P.OP_ADD) and nfields == 1 and nbytes >= 4 and (
+                        unpack_length(buf, start)[0] == nbytes - 4):
+                    key = bytes(view[start + 4:end])
+                    if self._answer_fast(conn, rid, op, key, arg):
                         pos = end
                         continue
                 fields = P.decode_fields(view[start:end], nfields)
@@ -332,6 +342,28 @@ class StoreServer(StoreOps):
                 self._handlers[op](conn, rid, op, fields, tmo, arg)
                 pos = end
         return pos
+
+    def _answer_fast(self, conn: Conn, rid: int, op: int, key: bytes, arg: int) -> bool:
+        """Answer a get of a present key or an add at once; False to take the general path."""
+        if op == P.OP_GET:
+            value = self._table.data.get(key)
+            if value is None:
+                return False
+            conn.out.append(_ONE_FIELD_ANSWER.pack(4 + len(value), rid, P.STATUS_OK, 0, 1, 0,
+                                                   len(value)))
+            conn.out.append(value)
+        else:
+            try:
+                count = self._table.add(key, arg)
+            except ValueError:
+                return False
+            conn.out.append(P.RESPONSE_HEAD.pack(0, rid, P.STATUS_OK, 0, 0, count))
+            if key in self._waiters:
+                self._notify(key)
+        if not conn.dirty:
+            conn.dirty = True
+            self._dirty.append(conn)
+        return True
 
     # ----- writing ----------------------------------------------------------------------
 
