@@ -49,7 +49,7 @@ from ringtorch.distributed._debug import (
     set_debug_level,
     set_debug_level_from_env,
 )
-from ringtorch.distributed._world import GroupMember, GroupName, group
+from ringtorch.distributed._world import GroupMember, GroupName, RankType, group
 from ringtorch.distributed.groups import (
     default_pg_timeout,
     destroy_process_group,
@@ -133,6 +133,7 @@ __all__ = [
     "PrefixStore",
     "ProcessGroup",
     "QueueEmptyError",
+    "RankType",
     "ReduceOp",
     "ReduceOptions",
     "ReduceScatterOptions",

@@ -18,6 +18,9 @@ from ringtorch.collectives.process_group import ProcessGroup
 GroupName = NewType("GroupName", str)
 """A process group's name ("0", "1", ...), as torch types it."""
 
+RankType = int
+"""What torch accepts as a rank (``int``; torch also takes a ``SymInt`` when compiling)."""
+
 NON_GROUP_MEMBER = -100
 """What ``new_group`` returns on ranks outside the group (torch's value)."""
 
@@ -98,4 +101,4 @@ def is_non_member(pg: Any) -> bool:
     return isinstance(pg, int) and not isinstance(pg, bool) and pg == NON_GROUP_MEMBER
 
 
-__all__ = ["NON_GROUP_MEMBER", "GroupMember", "GroupName", "group", "is_non_member"]
+__all__ = ["NON_GROUP_MEMBER", "GroupMember", "GroupName", "RankType", "group", "is_non_member"]

@@ -83,7 +83,7 @@ def new_subgroups_by_enumeration(ranks_per_subgroup_list: list[list[int]],
 
 def split_group(parent_pg: ProcessGroup | None = None, split_ranks: list[list[int]] | None = None,
                 timeout: timedelta | None = None, pg_options: Any | None = None,
-                group_desc: str | None = None) -> Any:
+                group_desc: str | None = None, backend: str | None = None) -> Any:
     """Split the default group into disjoint subgroups; returns this rank's (None if none).
 
     Every rank of the default group calls it with the same ``split_ranks`` (global ranks).
@@ -97,7 +97,7 @@ def split_group(parent_pg: ProcessGroup | None = None, split_ranks: list[list[in
     if parent_pg is not None and parent_pg is not _get_default_group():
         raise ValueError("ringtorch's split_group splits the default group only; pass "
                          "parent_pg=None")
-    current, _ = new_subgroups_by_enumeration(split_ranks, timeout=timeout,
+    current, _ = new_subgroups_by_enumeration(split_ranks, timeout=timeout, backend=backend,
                                               pg_options=pg_options, group_desc=group_desc)
     return current
 
