@@ -28,12 +28,7 @@ from ringtorch import _config
 from ringtorch._errors import DistBackendError
 from ringtorch._wire import mailbox as mb
 from ringtorch._wire.errors import DeadlineExceeded, PeerClosedError
-from ringtorch._wire.mesh import (
-    NO_REDOP,
-    NO_ROOT,
-    FrameMismatch,
-    PeerMesh,
-)
+from ringtorch._wire.mesh import NO_REDOP, NO_ROOT, FrameMismatch, PeerMesh
 from ringtorch._wire.mesh_setup import connect_mesh
 from ringtorch.collectives.algorithms import direct, recursive_doubling, ring, tree
 from ringtorch.collectives.algorithms.link import MeshLink, ScratchPool
@@ -63,6 +58,7 @@ from ringtorch.collectives.reduce_op import (
 )
 
 log = logging.getLogger(__name__)
+
 
 class _Timeout(Exception):
     """Raised inside a wait when the collective's deadline passed; carries the message."""
