@@ -1,0 +1,208 @@
+"""How RPC workers find and connect to each other.
+
+At ``init_rpc`` every worker listens on TCP and, for peers on its own host, on an abstract
+Unix socket; publishes its name, rank, host identity and addresses in the rendezvous store;
+reads everybody else's; and opens one connection to every other worker (Unix socket on the
+same host: lower latency and higher throughput than TCP loopback; TCP otherwise). Every
+connection starts with the wire handshake (service RPC, HMAC-SHA256 on the job secret when
+there is one) before a single byte of it is unpickled; its authenticated ``info`` carries the
+worker's name and rank.
+
+A single-host job (the master address is a loopback address) binds TCP to 127.0.0.1 only;
+binding a public address without a job secret prints a warning.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import secrets
+import selectors
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlparse
+
+from ringtorch import _config
+from ringtorch._wire import sockets
+from ringtorch._wire.handshake import SERVICE_RPC, client_handshake, job_secret
+
+SOCKET_BUFFER_NBYTES = 4 * 1024 * 1024
+
+
+def host_identity() -> str:
+    """Which host this process runs on: RINGTORCH_HOST_ID, else hostname + boot id."""
+    override = _config.HOST_ID.get()
+    if override:
+        return override
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            boot = fh.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def _master_host(init_method: str) -> str | None:
+    url = urlparse(init_method)
+    if url.scheme == "env":
+        return os.environ.get("MASTER_ADDR")
+    if url.scheme == "tcp":
+        return url.hostname
+    return None
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def choose_addresses(init_method: str) -> tuple[str, str]:
+    """(host to bind, host to advertise) for this worker's TCP listener."""
+    master = _master_host(init_method)
+    if master and _is_loopback(master):
+        return "127.0.0.1", "127.0.0.1"
+    advertise = socket.gethostbyname(socket.gethostname())
+    if master:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((master, 1))  # no packet is sent: this only picks a route
+                advertise = probe.getsockname()[0]
+        except OSError:
+            pass
+    if job_secret() is None:
+        warnings.warn("ringtorch RPC is listening on all interfaces without a job secret: "
+                      "anyone who can reach this host can run code in this process. Set "
+                      "RINGTORCH_SECRET (ringrun sets one for its workers).", stacklevel=3)
+    return "0.0.0.0", advertise
+
+
+def tune(sock: socket.socket) -> None:
+    """Blocking mode (deadlines are ours, with poll) and large socket buffers (fewer
+    wake-ups for big tensors) on a connected socket."""
+    sock.settimeout(None)
+    for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER_NBYTES)
+        except OSError:
+            pass
+
+
+class Listener:
+    """The TCP and Unix listening sockets of one worker, and the thread accepting on them."""
+
+    def __init__(self, bind_host: str, advertise_host: str,
+                 on_accept: Callable[[socket.socket, str], None]) -> None:
+        self.tcp = sockets.listen_tcp(bind_host, 0)
+        self.unix_name = f"\0ringtorch-rpc-{os.getpid()}-{secrets.token_hex(8)}"
+        self.unix = sockets.listen_unix(self.unix_name)
+        self.address = {"host": advertise_host, "port": self.tcp.getsockname()[1],
+                        "unix": self.unix_name[1:], "host_id": host_identity(),
+                        "pid": os.getpid()}
+        self._on_accept = on_accept
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self.tcp, selectors.EVENT_READ, "tcp")
+        self._selector.register(self.unix, selectors.EVENT_READ, "unix")
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="rpc-accept")
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._closed:
+            try:
+                events = self._selector.select(timeout=0.2)
+            except (OSError, ValueError):
+                return
+            for key, _ in events:
+                try:
+                    sock, addr = key.fileobj.accept()  # type: ignore[union-attr]
+                except OSError:
+                    continue
+                peer = f"{addr[0]}:{addr[1]}" if key.data == "tcp" else "unix socket peer"
+                threading.Thread(target=self._on_accept, args=(sock, peer), daemon=True,
+                                 name="rpc-handshake").start()
+
+    def close(self) -> None:
+        self._closed = True
+        self._thread.join(1.0)
+        self._selector.close()
+        self.tcp.close()
+        self.unix.close()
+
+
+def connect(address: dict[str, Any], deadline: float) -> socket.socket:
+    """A connected socket to a worker: its Unix socket when it shares our host, else TCP."""
+    if address["host_id"] == host_identity():
+        try:
+            sock = sockets.connect_unix("\0" + address["unix"], min(deadline,
+                                                                     time.monotonic() + 5))
+            tune(sock)
+            return sock
+        except OSError:
+            pass  # another network namespace: fall back to TCP
+    sock = sockets.connect_tcp(address["host"], address["port"], deadline)
+    tune(sock)
+    return sock
+
+
+def handshake_info(name: str, rank: int, reads_you: bool = False) -> bytes:
+    """What a worker says about itself in the handshake; ``reads_you``: it may read the
+    other side's memory (so large tensors may be sent to it by reference, see _cma.py)."""
+    return json.dumps({"name": name, "rank": rank, "reads_you": reads_you}).encode()
+
+
+def parse_info(info: bytes) -> dict[str, Any]:
+    """A peer's handshake info, checked.
+
+    Raises:
+        ValueError: the info is not what an RPC worker sends.
+    """
+    data = json.loads(info.decode())
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not isinstance(
+            data.get("rank"), int):
+        raise ValueError(f"bad RPC handshake info {info[:100]!r}")
+    data["reads_you"] = bool(data.get("reads_you", False))
+    return data
+
+
+def client_connect(address: dict[str, Any], info: bytes,
+                   deadline: float) -> tuple[socket.socket, dict[str, Any]]:
+    """Connect and handshake; return the socket and the server's handshake info."""
+    sock = connect(address, deadline)
+    where = f"{address['host']}:{address['port']}"
+    try:
+        theirs = parse_info(client_handshake(
+            sock, SERVICE_RPC, min(deadline, time.monotonic() + max(
+                1.0, _config.HANDSHAKE_TIMEOUT.get())), where, info))
+    except BaseException:
+        sock.close()
+        raise
+    sock.settimeout(None)  # the handshake leaves a timeout: RPC sockets block, we poll
+    return sock, theirs
+
+
+def exchange_addresses(store: Any, rank: int, world_size: int, name: str,
+                       address: dict[str, Any]) -> list[dict[str, Any]]:
+    """Publish this worker's address; return every worker's, in rank order.
+
+    Raises:
+        RuntimeError: two workers use the same name.
+    """
+    store.set(f"worker/{rank}", json.dumps({"name": name, "rank": rank, **address}))
+    table = [json.loads(store.get(f"worker/{r}")) for r in range(world_size)]
+    names: dict[str, int] = {}
+    for entry in table:
+        if entry["name"] in names:
+            raise RuntimeError(f"RPC worker name '{entry['name']}' is used by ranks "
+                               f"{names[entry['name']]} and {entry['rank']}: every worker "
+                               f"needs a unique name")
+        names[entry["name"]] = entry["rank"]
+    return table

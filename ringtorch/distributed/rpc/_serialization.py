@@ -1,0 +1,216 @@
+"""Pickle protocol 5 for RPC messages, with tensor and array bytes out of band.
+
+A tensor is never pickled in band: its reducer hands pickle a ``PickleBuffer`` over the
+tensor's own bytes (a contiguous CPU tensor of any dtype, bfloat16 and bool included), which
+``buffer_callback`` collects; the sender writes those buffers straight from the tensor's memory
+and the receiver reads them into fresh arrays that become the new tensors' storage. NumPy
+arrays go out of band through their own protocol-5 support. Sparse COO tensors travel as their
+index and value tensors. Other layouts, and tensors that are not on the CPU, are refused with
+a clear error.
+
+Other modules plug their own types in with ``register_reducer`` (rref.py does, for RRefs);
+their reducers see the message being built through ``encode_context()`` (destination, objects
+to keep alive until the peer has the message) and rebuild functions see the message being
+loaded through ``decode_context()`` (source worker).
+
+This module keeps its own tensor <-> memory conversion (``_tensor_bytes``, ``_rebuild_tensor``):
+ringtorch/_buffers.py was not committed when it was written; switch to it once it is.
+"""
+
+from __future__ import annotations
+
+import copyreg
+import io
+import pickle
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+_CUDA_MESSAGE = (
+    "TensorPipe RPC backend only supports CPU tensors by default, please move your tensors "
+    "to CPU before sending them over RPC (ringtorch's RPC agent moves CPU tensors only)"
+)
+
+
+@dataclass
+class EncodeContext:
+    """What reducers may read and extend while one message is pickled."""
+
+    dst: int
+    holds: list[Any] = field(default_factory=list)
+    tensors: list[torch.Tensor] = field(default_factory=list)
+    rollback: list[Callable[[], None]] = field(default_factory=list)
+
+
+@dataclass
+class DecodeContext:
+    """What rebuild functions may read while one message is loaded."""
+
+    src: int
+    on_tensor: Callable[[torch.Tensor], torch.Tensor] | None = None
+    tensors: list[torch.Tensor] = field(default_factory=list)
+
+
+@dataclass
+class Encoded:
+    """One pickled message: bytes, out-of-band buffers, objects to keep alive, tensors seen."""
+
+    data: bytes
+    buffers: list[memoryview]
+    holds: list[Any]
+    tensors: list[torch.Tensor]
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data) + sum(b.nbytes for b in self.buffers)
+
+
+_tls = threading.local()
+
+
+def encode_context() -> EncodeContext:
+    """The message being pickled on this thread.
+
+    Raises:
+        RuntimeError: nothing is being pickled for RPC on this thread.
+    """
+    ctx = getattr(_tls, "encode", None)
+    if ctx is None:
+        raise RuntimeError("no RPC message is being pickled on this thread")
+    return ctx
+
+
+def decode_context() -> DecodeContext:
+    """The message being loaded on this thread (see ``encode_context``)."""
+    ctx = getattr(_tls, "decode", None)
+    if ctx is None:
+        raise RuntimeError("no RPC message is being loaded on this thread")
+    return ctx
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor as a flat view of its own memory."""
+    flat = tensor.reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+
+
+def _rebuild_tensor(dtype: torch.dtype, shape: tuple[int, ...], requires_grad: bool,
+                    buf: Any) -> torch.Tensor:
+    arr = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, dtype=np.uint8)
+    if arr.size == 0:
+        tensor = torch.empty(shape, dtype=dtype)
+    else:
+        tensor = torch.from_numpy(arr)
+        if dtype != torch.uint8:
+            tensor = tensor.view(dtype)
+        tensor = tensor.view(shape)
+    if requires_grad:
+        tensor.requires_grad_(True)
+    ctx = getattr(_tls, "decode", None)
+    if ctx is not None:
+        if ctx.on_tensor is not None:
+            tensor = ctx.on_tensor(tensor)
+        ctx.tensors.append(tensor)
+    return tensor
+
+
+def _rebuild_sparse_coo(indices: torch.Tensor, values: torch.Tensor, size: tuple[int, ...],
+                        coalesced: bool, requires_grad: bool) -> torch.Tensor:
+    tensor = torch.sparse_coo_tensor(indices, values, size, is_coalesced=coalesced,
+                                     check_invariants=True)
+    return tensor.requires_grad_(requires_grad)
+
+
+def _reduce_tensor(tensor: torch.Tensor) -> tuple[Any, ...]:
+    if tensor.device.type != "cpu":
+        raise RuntimeError(f"{_CUDA_MESSAGE}; got a tensor on {tensor.device}")
+    if tensor.layout == torch.sparse_coo:
+        return (_rebuild_sparse_coo, (tensor._indices(), tensor._values(), tuple(tensor.shape),
+                                      tensor.is_coalesced(), tensor.requires_grad))
+    if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_nested:
+        raise TypeError(f"tensors of layout {tensor.layout} (quantized={tensor.is_quantized}, "
+                        f"nested={tensor.is_nested}) cannot be sent over ringtorch RPC; "
+                        f"send dense or sparse COO tensors")
+    ctx = getattr(_tls, "encode", None)
+    if ctx is not None:
+        ctx.tensors.append(tensor)
+    data = tensor.detach().resolve_conj().resolve_neg()
+    if not data.is_contiguous():
+        data = data.contiguous()
+    buf = pickle.PickleBuffer(_tensor_bytes(data))
+    return (_rebuild_tensor, (tensor.dtype, tuple(tensor.shape), tensor.requires_grad, buf))
+
+
+class _RpcPickler(pickle.Pickler):
+    dispatch_table = copyreg.dispatch_table.copy()
+    dispatch_table[torch.Tensor] = _reduce_tensor
+
+
+def register_reducer(cls: type, reducer: Callable[[Any], Any]) -> None:
+    """Pickle instances of exactly ``cls`` with ``reducer`` in every RPC message."""
+    _RpcPickler.dispatch_table[cls] = reducer
+
+
+def encode(obj: Any, dst: int) -> Encoded:
+    """Pickle ``obj`` for worker ``dst``: in-band bytes plus out-of-band buffers.
+
+    Raises:
+        Whatever pickling raises (an unpicklable object, a CUDA tensor); nothing was sent.
+    """
+    ctx = EncodeContext(dst)
+    buffers: list[pickle.PickleBuffer] = []
+    out = io.BytesIO()
+    saved = getattr(_tls, "encode", None)
+    _tls.encode = ctx
+    try:
+        _RpcPickler(out, protocol=5, buffer_callback=buffers.append).dump(obj)
+    except BaseException:
+        for undo in ctx.rollback:
+            undo()
+        raise
+    finally:
+        _tls.encode = saved
+    return Encoded(out.getvalue(), [b.raw() for b in buffers], ctx.holds, ctx.tensors)
+
+
+def decode(data: Any, buffers: list[Any], src: int,
+           on_tensor: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Any:
+    """Load a message pickled by ``encode`` on worker ``src``.
+
+    Raises:
+        AttributeError: a function or class of the message does not exist here; the message
+            says that functions are sent by name (torch's hint).
+        Whatever unpickling raises otherwise.
+    """
+    saved = getattr(_tls, "decode", None)
+    _tls.decode = DecodeContext(src, on_tensor)
+    try:
+        return pickle.loads(data, buffers=buffers)
+    except AttributeError as exc:
+        raise AttributeError(
+            f"{exc} Default RPC pickler does not serialize function code. Ensure that UDFs "
+            f"are defined on both caller and callee modules.") from exc
+    finally:
+        _tls.decode = saved
+
+
+def copy_buffers(buffers: list[memoryview]) -> list[np.ndarray]:
+    """Private copies of out-of-band buffers (for calls a worker makes to itself)."""
+    return [np.frombuffer(buf, dtype=np.uint8).copy() for buf in buffers]
+
+
+__all__ = [
+    "DecodeContext",
+    "EncodeContext",
+    "Encoded",
+    "copy_buffers",
+    "decode",
+    "decode_context",
+    "encode",
+    "encode_context",
+    "register_reducer",
+]

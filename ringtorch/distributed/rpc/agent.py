@@ -1,0 +1,436 @@
+"""The RPC agent of one worker: its connections, its calls, its server, its failures.
+
+One agent per process (api.py holds it). It owns one outgoing connection to every other
+worker (its calls and their replies), one incoming connection from every other worker (their
+calls, served by ``_server.Server``), and a loopback for calls to itself. Every message is
+built here: ``request`` pickles the payload for its destination, stamps the autograd hook's
+ids in the header and sends; ``on_reply`` loads a reply and completes its call.
+
+Failures: a connection that breaks (EOF within milliseconds of the peer's death, a reset, a
+protocol error) marks its worker dead: every call pending on it fails at once with
+``RpcPeerDiedError`` naming the worker and the call, and later calls to it fail immediately.
+A housekeeping thread fails calls past their deadline, rescues requests served inline for
+too long, and runs the RRef context's periodic work.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ringtorch import _config
+from ringtorch._wire.errors import DeadlineExceeded, PeerClosedError
+from ringtorch._wire.handshake import SERVICE_RPC, handshake_deadline, server_handshake
+from ringtorch.distributed.rpc import _cma, _mesh, _serialization, messages
+from ringtorch.distributed.rpc._connection import (
+    Loopback,
+    OutgoingConnection,
+    Pending,
+    PendingTable,
+)
+from ringtorch.distributed.rpc._server import (
+    IncomingConnection,
+    Server,
+    remote_error_payload,
+    resolve_exception,
+    yield_inline_role,
+)
+from ringtorch.distributed.rpc._stream import Message, build_parts
+from ringtorch.distributed.rpc._workerinfo import WorkerInfo, describe
+from ringtorch.distributed.rpc.errors import (
+    RpcPeerDiedError,
+    RpcProtocolError,
+    RpcTimeoutError,
+)
+
+
+def _default_spin_s(table: list[dict[str, Any]]) -> float:
+    spin_us = _config.RPC_SPIN_US.get()
+    if spin_us < 0:  # auto: spin only while every local worker can have a core
+        local = sum(1 for entry in table if entry["host_id"] == _mesh.host_identity())
+        spin_us = 50 if local <= (os.cpu_count() or 1) else 0
+    return spin_us / 1e6
+
+
+_current: RpcAgent | None = None
+
+
+def current_agent() -> RpcAgent:
+    """This process's RPC agent.
+
+    Raises:
+        RuntimeError: RPC is not initialized (torch's message).
+    """
+    agent = _current
+    if agent is None:
+        raise RuntimeError("RPC has not been initialized. Call "
+                           "ringtorch.distributed.rpc.init_rpc first.")
+    return agent
+
+
+def set_current_agent(agent: RpcAgent | None) -> None:
+    global _current
+    _current = agent
+
+
+class RpcAgent:
+    """Connections, calls and serving for one worker (see module docstring)."""
+
+    def __init__(self, name: str, rank: int, world_size: int, options: Any) -> None:
+        self.info = WorkerInfo(name, rank)
+        self.world_size = world_size
+        self.rpc_timeout = options.rpc_timeout
+        self.options = options
+        self.workers: list[WorkerInfo] = []
+        self._by_name: dict[str, WorkerInfo] = {}
+        self.outgoing: dict[int, PendingTable] = {}
+        self.incoming: dict[int, IncomingConnection] = {}
+        self.dead: dict[int, str] = {}
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._ids = itertools.count(1)
+        self._counts_lock = threading.Lock()
+        self.sent = 0
+        self.handled = 0
+        self.response_holds: dict[tuple[int, int], list[Any]] = {}
+        self.pids: dict[int, int] = {}
+        self.can_read: dict[int, bool] = {}  # we may copy tensors out of this peer's memory
+        self.reads_me: dict[int, bool] = {}  # this peer may copy tensors out of ours
+        self.autograd_hook: Any = None
+        self.rref_context: Any = None
+        self.peer_death_listeners: list[Callable[[int, BaseException], None]] = []
+        self.periodic_tasks: list[Callable[[float], None]] = []
+        self.closing = False
+        self.closed = False
+        self.server: Server | None = None
+        self._listener: _mesh.Listener | None = None
+        self._stop = threading.Event()
+
+    # ---- start-up ---------------------------------------------------------------------
+
+    def start(self, store: Any, init_method: str, timeout: float) -> None:
+        """Listen, exchange addresses through ``store``, connect to every worker.
+
+        Raises:
+            RuntimeError: duplicate worker names; DeadlineExceeded/HandshakeError: a worker
+            could not be reached in ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        bind, advertise = _mesh.choose_addresses(init_method)
+        self._listener = _mesh.Listener(bind, advertise, self._accept)
+        table = _mesh.exchange_addresses(store, self.info.id, self.world_size, self.info.name,
+                                         {**self._listener.address, "cma": _cma.token()})
+        spin_s = _default_spin_s(table)
+        here = _mesh.host_identity()
+        with self._lock:
+            self.pids = {e["rank"]: e["pid"] for e in table}
+            self.can_read = {e["rank"]: e["host_id"] == here and _cma.probe(e["pid"], e["cma"])
+                             for e in table}
+            self.workers = [WorkerInfo(e["name"], e["rank"]) for e in table]
+            self._by_name = {w.name: w for w in self.workers}
+            self.server = Server(self, self.options.num_worker_threads, spin_s)
+            self.outgoing[self.info.id] = Loopback(self)
+            self._changed.notify_all()
+        for entry in table:
+            if entry["rank"] != self.info.id:
+                self._connect(entry, deadline, spin_s)
+        self._wait_for_incoming(deadline)
+        assert self.server is not None
+        self.server.start()
+        threading.Thread(target=self._housekeep, daemon=True, name="rpc-housekeeping").start()
+
+    def _connect(self, entry: dict[str, Any], deadline: float, spin_s: float) -> None:
+        peer = self.workers[entry["rank"]]
+        reads = self.can_read[peer.id]
+        info = _mesh.handshake_info(self.info.name, self.info.id, reads)
+        sock, theirs = _mesh.client_connect(entry, info, deadline)
+        if (theirs["name"], theirs["rank"]) != (peer.name, peer.id):
+            sock.close()
+            raise RuntimeError(f"expected {describe(peer)} at {entry['host']}:{entry['port']} "
+                               f"but worker '{theirs['name']}' (rank {theirs['rank']}) answered")
+        conn = OutgoingConnection(sock, describe(peer), peer.id, self.on_reply,
+                                  self._on_outgoing_broken, self._timeout_error, spin_s,
+                                  entry["pid"] if reads else None)
+        with self._lock:
+            self.outgoing[peer.id] = conn
+
+    def _accept(self, sock: Any, where: str) -> None:
+        try:
+            info = _mesh.parse_info(server_handshake(
+                sock, SERVICE_RPC, handshake_deadline(), where,
+                _mesh.handshake_info(self.info.name, self.info.id)))
+            name, rank = info["name"], info["rank"]
+            with self._lock:
+                ok = self._changed.wait_for(lambda: self.workers or self.closing, 60.0)
+                known = ok and 0 <= rank < len(self.workers) and self.workers[rank].name == name
+                if not known or rank in self.incoming or rank == self.info.id or self.closing:
+                    raise RuntimeError(f"unexpected RPC connection from worker '{name}' (rank "
+                                       f"{rank}) at {where}")
+                conn = IncomingConnection(sock, self.workers[rank],
+                                          self.pids[rank] if self.can_read[rank] else None)
+                self.reads_me[rank] = info["reads_you"]
+                self.incoming[rank] = conn
+                self._changed.notify_all()
+            _mesh.tune(sock)
+        except Exception as exc:
+            print(f"ringtorch RPC: refused a connection from {where}: {exc}", file=sys.stderr)
+            sock.close()
+            return
+        assert self.server is not None
+        self.server.add(conn)
+
+    def _wait_for_incoming(self, deadline: float) -> None:
+        with self._lock:
+            done = self._changed.wait_for(
+                lambda: len(self.incoming) == self.world_size - 1,
+                max(0.0, deadline - time.monotonic()))
+            missing = [w.name for w in self.workers
+                       if w.id != self.info.id and w.id not in self.incoming]
+        if not done:
+            raise DeadlineExceeded(f"RPC workers {missing} did not connect to "
+                                   f"{describe(self.info)} in time")
+
+    # ---- names ------------------------------------------------------------------------
+
+    def get_worker_info(self, to: Any = None) -> WorkerInfo:
+        """The WorkerInfo of a name, a rank or a WorkerInfo (this worker's for None).
+
+        Raises:
+            RuntimeError: no worker has that name or rank; the message lists the names.
+        """
+        if to is None:
+            return self.info
+        if isinstance(to, WorkerInfo):
+            to = to.name
+        if isinstance(to, str) and to in self._by_name:
+            return self._by_name[to]
+        if isinstance(to, int) and not isinstance(to, bool) and 0 <= to < len(self.workers):
+            return self.workers[to]
+        raise RuntimeError(f"unknown destination worker {to!r}: the workers of this RPC group "
+                           f"are {sorted(self._by_name)}")
+
+    # ---- calls ------------------------------------------------------------------------
+
+    def request(self, dst: WorkerInfo, kind: int, payload: Any, timeout: float, what: str, *,
+                sync: bool = False, future: Any = None,
+                on_done: Callable[[Any, Any], None] | None = None,
+                one_way: bool = False) -> Any:
+        """Send a request to ``dst``.
+
+        ``timeout`` is in seconds, 0 for none. With ``sync`` wait here and return the reply's
+        value (or raise its error); otherwise complete ``future`` / call ``on_done(value,
+        error)`` when the reply comes. One-way messages get no reply.
+
+        Raises:
+            Pickling errors (nothing was sent); with ``sync``, the call's error.
+        """
+        conn = self.outgoing[dst.id]
+        encoded = _serialization.encode(payload, dst.id)
+        ids = (-1, -1)
+        if self.autograd_hook is not None:
+            ids = self.autograd_hook.on_send(dst, encoded.tensors)
+        message_id = next(self._ids)
+        flags = messages.FLAG_ONE_WAY if one_way else 0
+        parts, by_reference = build_parts(kind, flags, message_id, ids, encoded,
+                                          not one_way and self.reads_me.get(dst.id, False))
+        if messages.HANDLERS[kind].counted:
+            self._count(sent=1)
+        if one_way:
+            self._send(conn, parts, None)
+            return None
+        holds = encoded.holds + [encoded.buffers] if by_reference else encoded.holds
+        pending = Pending(message_id, what, timeout, holds, future, on_done)
+        try:
+            conn.register(pending)
+        except BaseException as exc:
+            pending.finish(None, conn.error if conn.error is not None else exc)
+        else:
+            try:
+                self._send(conn, parts, pending.deadline)
+            except DeadlineExceeded:
+                conn.expire(pending)
+        if not sync:
+            if not pending.done:
+                conn.wake_background_reader()
+            return pending
+        if not pending.done:
+            yield_inline_role()
+            conn.wait(pending)  # type: ignore[attr-defined]
+        if pending.error is not None:
+            raise pending.error
+        return pending.value
+
+    def _send(self, conn: Any, parts: list[Any], deadline: float | None) -> None:
+        try:
+            conn.send(parts, deadline)
+        except DeadlineExceeded:
+            raise
+        except (PeerClosedError, OSError):
+            pass  # the connection is marked broken: the pending call carries the error
+
+    def on_reply(self, conn: Any, message: Message) -> None:
+        """Load a reply and complete the call it answers (on whichever thread reads)."""
+        header = message.header
+        peer = self.workers[conn.rank]
+        if header.kind not in (messages.RESPONSE, messages.RESPONSE_ERROR):
+            raise RpcProtocolError(f"{describe(peer)} sent a message of kind {header.kind} "
+                                   f"on a reply stream")
+        pending = conn.pop(header.message_id)
+        value, error = None, None
+        try:
+            value = self.load(message, peer)
+        except BaseException as exc:
+            error = exc
+        if header.flags & messages.FLAG_WANTS_RELEASE:
+            self.request(peer, messages.RELEASE_HOLD, header.message_id, 0, "release",
+                         one_way=True)
+        if pending is None:
+            return
+        if error is None and header.kind == messages.RESPONSE_ERROR:
+            value, error = None, resolve_exception(*value)
+        future = pending.future
+        if future is not None and getattr(future, "_has_callbacks", False):
+            # user callbacks may block: never run them on the thread reading replies
+            assert self.server is not None
+            self.server.pool.submit(pending.finish, value, error)
+        else:
+            pending.finish(value, error)
+
+    def load(self, message: Message, peer: WorkerInfo) -> Any:
+        """Unpickle a message from ``peer`` (tensors pass through the autograd hook)."""
+        on_tensor = None
+        header = message.header
+        if self.autograd_hook is not None and header.context_id >= 0:
+            on_tensor = self.autograd_hook.on_recv(peer, header.context_id,
+                                                   header.context_message_id)
+        return _serialization.decode(message.data, message.buffers, peer.id, on_tensor)
+
+    def encode_reply(self, peer: WorkerInfo, header: Any, value: Any,
+                     error: BaseException | None) -> list[Any]:
+        """The parts of the reply to ``header``'s request (the error if there is one)."""
+        kind = messages.RESPONSE
+        if error is None:
+            try:
+                encoded = _serialization.encode(value, peer.id)
+            except BaseException as exc:
+                error = exc
+        if error is not None:
+            kind = messages.RESPONSE_ERROR
+            exc_type, text = remote_error_payload(self.info, error)
+            encoded = _serialization.encode(
+                (exc_type.__module__, exc_type.__qualname__, text), peer.id)
+        parts, by_reference = build_parts(kind, 0, header.message_id, (-1, -1), encoded,
+                                          self.reads_me.get(peer.id, False))
+        holds = encoded.holds + [encoded.buffers] if by_reference else encoded.holds
+        if holds:
+            with self._lock:
+                self.response_holds[(peer.id, header.message_id)] = holds
+            head = bytearray(parts[0])
+            head[3] |= messages.FLAG_WANTS_RELEASE  # the flags byte of the header
+            parts[0] = bytes(head)
+        return parts
+
+    def release_hold(self, peer: WorkerInfo, message_id: int) -> None:
+        with self._lock:
+            self.response_holds.pop((peer.id, message_id), None)
+
+    def _timeout_error(self, pending: Pending) -> BaseException:
+        return RpcTimeoutError(f"RPC ran for more than set timeout ({pending.timeout:g} s) and "
+                               f"will now be marked with an error: {pending.what}")
+
+    def _count(self, sent: int = 0, handled: int = 0) -> None:
+        with self._counts_lock:
+            self.sent += sent
+            self.handled += handled
+
+    def note_handled(self) -> None:
+        self._count(handled=1)
+
+    def counts(self) -> tuple[int, int]:
+        with self._counts_lock:
+            return self.sent, self.handled
+
+    def log_one_way_error(self, peer: WorkerInfo, header: Any, error: BaseException) -> None:
+        kind = messages.KIND_NAMES.get(header.kind, header.kind)
+        print(f"ringtorch RPC on {describe(self.info)}: one-way message {kind} from "
+              f"{describe(peer)} failed: {error!r}", file=sys.stderr)
+
+    # ---- failures ---------------------------------------------------------------------
+
+    def _on_outgoing_broken(self, conn: Any, exc: BaseException) -> None:
+        self.peer_failed(conn.rank, exc)
+
+    def on_incoming_broken(self, conn: IncomingConnection, exc: BaseException) -> None:
+        self.peer_failed(conn.peer.id, exc)
+
+    def peer_failed(self, rank: int, reason: BaseException) -> None:
+        """Mark a worker dead: fail its pending and later calls, drop its references."""
+        with self._lock:
+            if rank in self.dead:
+                return
+            self.dead[rank] = str(reason)
+            for key in [k for k in self.response_holds if k[0] == rank]:
+                del self.response_holds[key]
+        peer = self.workers[rank]
+        what = "closed its connection" if self.closing else "died or closed its connection"
+
+        def make_error(pending: Pending | None) -> BaseException:
+            call = f"; call: {pending.what}" if pending is not None else ""
+            return RpcPeerDiedError(f"RPC to {describe(peer)} failed: the worker {what} "
+                                    f"({reason}){call}")
+
+        out = self.outgoing.get(rank)
+        if out is not None:
+            out.fail(make_error)
+        inc = self.incoming.get(rank)
+        if inc is not None:
+            with inc.lock:
+                inc.reader_gen += 1
+            inc.close()
+        for listener in list(self.peer_death_listeners):
+            listener(rank, make_error(None))
+
+    # ---- housekeeping and shutdown ----------------------------------------------------
+
+    def _housekeep(self) -> None:
+        tick = 0.1
+        while not self._stop.wait(tick):
+            now = time.monotonic()
+            for conn in list(self.outgoing.values()):
+                conn.expire_due(now)
+            assert self.server is not None
+            self.server.rescue_stalled(now)
+            for task in list(self.periodic_tasks):
+                try:
+                    task(now)
+                except Exception as exc:
+                    print(f"ringtorch RPC housekeeping: {exc!r}", file=sys.stderr)
+            tick = 0.005 if now - self.server.last_inline < 1.0 else 0.1
+
+    def pending_calls(self) -> int:
+        return sum(len(conn.pending) for conn in self.outgoing.values())
+
+    def close(self) -> None:
+        """Close every connection and stop every thread of this agent (local, immediate)."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closing = True
+            self.closed = True
+            self._changed.notify_all()
+        self._stop.set()
+        if self._listener is not None:
+            self._listener.close()
+        for rank, conn in list(self.outgoing.items()):
+            conn.fail(lambda p, rank=rank: RpcPeerDiedError(
+                f"RPC was shut down on {describe(self.info)} while calling "
+                f"{describe(self.workers[rank])}" + (f": {p.what}" if p else "")))
+            if isinstance(conn, OutgoingConnection):
+                conn.close()
+        if self.server is not None:
+            self.server.stop()

@@ -1,0 +1,281 @@
+"""Remote references: ``RRef``, how one travels in a message (a fork), and the proxies.
+
+The protocol (docs/design/rref-protocol.md, guarantees G1-G5) in one paragraph: the owner
+keeps a value while any user reference to it exists anywhere. Each user reference is a fork
+with a globally unique id, recorded by the owner before it is ever used: ``remote()`` sends
+its fork with the call; the owner registers a fork it sends itself before sending it; a user
+that passes its reference to a third worker keeps its own reference alive (a "child" hold)
+until the owner has recorded the new fork (FORK_REQUEST) and the child said so
+(CHILD_ACCEPT). A user that passes a reference back to its owner keeps it alive until the
+owner has loaded the message. Deleted user references are batched to their owner
+(RREF_USER_DELETE); the owner drops the value when the last fork is gone. Messages between
+two workers are loaded in the order they were sent, which the protocol relies on.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Generic, TypeVar
+
+from ringtorch.distributed.rpc import _serialization, messages
+from ringtorch.distributed.rpc._rref_context import (
+    Id,
+    RRefContext,
+    _gid,
+    _OwnerEntry,
+    resolve_timeout,
+)
+from ringtorch.distributed.rpc._workerinfo import WorkerInfo, describe
+from ringtorch.distributed.rpc.agent import current_agent
+from ringtorch.distributed.rpc.functions import async_execution, is_async
+from ringtorch.distributed.rpc.options import UNSET_RPC_TIMEOUT
+from ringtorch.futures import Future
+
+T = TypeVar("T")
+
+
+class RRef(Generic[T]):
+    """A reference to a value that lives on one worker, its owner.
+
+    ``RRef(value)`` makes a reference owned by this worker; ``rpc.remote`` returns one owned
+    by the callee. RRefs can be passed in RPC arguments and return values; the owner keeps
+    the value as long as a reference to it exists anywhere.
+    """
+
+    __slots__ = ("__weakref__", "_confirmed", "_created", "_ctx", "_deleted", "_entry",
+                 "_error", "_fork_id", "_owner", "_rref_id", "_type")
+
+    def __init__(self, value: T, type_hint: type | None = None) -> None:
+        agent = current_agent()
+        ctx = agent.rref_context
+        entry = _OwnerEntry(ctx.new_id())
+        entry.future.set_result(value)
+        self._init(ctx, entry.rref_id, agent.info, None)
+        self._entry = entry
+        self._type = type_hint
+
+    def _init(self, ctx: RRefContext, rref_id: Id, owner: WorkerInfo,
+              fork_id: Id | None) -> None:
+        self._ctx = ctx
+        self._rref_id = rref_id
+        self._owner = owner
+        self._fork_id = fork_id
+        self._entry: _OwnerEntry | None = None
+        self._confirmed = fork_id is None
+        self._created: Future[Any] | None = None
+        self._error: BaseException | None = None
+        self._deleted = False
+        self._type: type | None = None
+
+    @classmethod
+    def _make_owner(cls, ctx: RRefContext, entry: _OwnerEntry) -> RRef[Any]:
+        rref = cls.__new__(cls)
+        rref._init(ctx, entry.rref_id, ctx.agent.info, None)
+        rref._entry = entry
+        return rref
+
+    @classmethod
+    def _make_user(cls, ctx: RRefContext, rref_id: Id, owner: WorkerInfo,
+                   fork_id: Id) -> RRef[Any]:
+        rref = cls.__new__(cls)
+        rref._init(ctx, rref_id, owner, fork_id)
+        ctx.users.add(rref)
+        return rref
+
+    def __del__(self) -> None:
+        # Only appends to a deque (no lock): __del__ may run on any thread at any moment.
+        if getattr(self, "_fork_id", None) is not None and not self._deleted:
+            if not self._ctx.closed:
+                self._ctx.deletes.append((self._owner.id, self._rref_id, self._fork_id))
+
+    def _release(self) -> None:
+        if self._fork_id is not None and not self._deleted:
+            self._deleted = True
+            self._ctx.deletes.append((self._owner.id, self._rref_id, self._fork_id))
+
+    def is_owner(self) -> bool:
+        """Whether this worker owns the value."""
+        return self._fork_id is None
+
+    def owner(self) -> WorkerInfo:
+        """The WorkerInfo of the owner."""
+        return self._owner
+
+    def owner_name(self) -> str:
+        """The name of the owner."""
+        return self._owner.name
+
+    def confirmed_by_owner(self) -> bool:
+        """Whether the owner has recorded this reference (always True on the owner)."""
+        return self._confirmed
+
+    def local_value(self) -> T:
+        """The value itself, on the owner (waits if ``remote()`` is still computing it).
+
+        Raises:
+            RuntimeError: called on a user; the creation error if the value failed.
+        """
+        if self._entry is None:
+            raise RuntimeError(f"For {self!r}, can't call localValue() on user "
+                               f"{self._ctx.agent.info}. Call it on owner {self._owner}")
+        return self._entry.future.wait()
+
+    def to_here(self, timeout: float = UNSET_RPC_TIMEOUT) -> T:
+        """A copy of the value, fetched from the owner (the value itself on the owner).
+
+        Raises:
+            The error of the ``remote()`` that made this RRef, RpcTimeoutError, or
+            RpcPeerDiedError when the owner is gone.
+        """
+        if self._entry is not None:
+            return self.local_value()
+        self._check_usable()
+        agent = self._ctx.agent
+        return agent.request(self._owner, messages.RREF_FETCH, self._rref_id,
+                             resolve_timeout(agent, timeout),
+                             f"RRef.to_here() of {self!r} from {describe(self._owner)}",
+                             sync=True)
+
+    def _check_usable(self) -> None:
+        if self._deleted:
+            raise RuntimeError(f"{self!r} was deleted when RPC shut down")
+        if self._error is not None:
+            raise self._error
+
+    def rpc_sync(self, timeout: float = UNSET_RPC_TIMEOUT) -> Any:
+        """A proxy: ``rref.rpc_sync().f(*args)`` runs ``value.f(*args)`` on the owner."""
+        from ringtorch.distributed.rpc import api
+
+        return _Proxy(self, api.rpc_sync, timeout)
+
+    def rpc_async(self, timeout: float = UNSET_RPC_TIMEOUT) -> Any:
+        """As ``rpc_sync()``, returning a Future of the method's result."""
+        from ringtorch.distributed.rpc import api
+
+        return _Proxy(self, api.rpc_async, timeout)
+
+    def remote(self, timeout: float = UNSET_RPC_TIMEOUT) -> Any:
+        """As ``rpc_sync()``, returning an RRef (owned by this RRef's owner) to the result."""
+        from ringtorch.distributed.rpc import api
+
+        return _Proxy(self, api.remote, timeout)
+
+    def _get_future(self) -> Future[Any]:
+        """A future completed when the owner has created the value (torch's private API)."""
+        if self._created is None:
+            done: Future[Any] = Future()
+            if self._error is not None:
+                done.set_exception(self._error)  # type: ignore[arg-type]
+            else:
+                done.set_result(None)
+            return done
+        return self._created
+
+    def _get_type(self, timeout: float = UNSET_RPC_TIMEOUT, blocking: bool = True) -> Any:
+        """The type of the value (fetched from the owner once, then cached)."""
+        if self._type is None:
+            if self._entry is not None:
+                self._type = type(self.local_value())
+            else:
+                from ringtorch.distributed.rpc import api
+
+                self._type = api.rpc_sync(self._owner, _type_on_owner, args=(self,),
+                                          timeout=timeout)
+        if blocking:
+            return self._type
+        fut: Future[Any] = Future()
+        fut.set_result(self._type)
+        return fut
+
+    def __repr__(self) -> str:
+        if self._fork_id is None:
+            return f"OwnerRRef({_gid(self._rref_id)})"
+        return f"UserRRef(RRefId = {_gid(self._rref_id)}, ForkId = {_gid(self._fork_id)})"
+
+    def __reduce__(self) -> Any:
+        raise RuntimeError("RRef can only be pickled by the RPC framework: pass it as an "
+                           "argument or return value of rpc_sync, rpc_async or remote")
+
+
+def _reduce_rref(rref: RRef[Any]) -> tuple[Any, ...]:
+    """How an RRef travels in an RPC message to ``encode_context().dst`` (a fork)."""
+    ectx = _serialization.encode_context()
+    ctx = rref._ctx
+    if ctx.closed:
+        raise RuntimeError(f"{rref!r} belongs to an RPC agent that was shut down")
+    me = ctx.agent.info.id
+    if rref._entry is not None:  # the owner forks: record the fork before it leaves (G2)
+        fork_id = ctx.new_id()
+        ctx.add_user(rref._entry, fork_id, ectx.dst)
+        ectx.rollback.append(lambda: ctx.drop_users([(rref._rref_id, fork_id)]))
+        return (_rebuild_rref, ((rref._rref_id, me, fork_id, me),))
+    rref._check_usable()
+    if ectx.dst == rref._owner.id:  # back to the owner: keep ours until it is loaded (G4)
+        ectx.holds.append(rref)
+        return (_rebuild_rref, ((rref._rref_id, rref._owner.id, None, me),))
+    fork_id = ctx.new_id()  # to a third worker: hold ours until the owner knows (G3)
+    with ctx.lock:
+        ctx.children[fork_id] = (rref, ectx.dst)
+    ectx.rollback.append(lambda: ctx.child_accepted(fork_id))
+    return (_rebuild_rref, ((rref._rref_id, rref._owner.id, fork_id, me),))
+
+
+def _rebuild_rref(data: tuple[Id, int, Id | None, int]) -> RRef[Any]:
+    rref_id, owner, fork_id, parent = data
+    ctx: RRefContext = current_agent().rref_context
+    if owner == ctx.agent.info.id:
+        entry = ctx.entry(rref_id)
+        if fork_id is not None:  # a fork this worker sent itself: the view replaces it
+            ctx.drop_users([(rref_id, fork_id)])
+        return RRef._make_owner(ctx, entry)
+    assert fork_id is not None
+    user = RRef._make_user(ctx, rref_id, ctx.agent.workers[owner], fork_id)
+    if parent == owner:
+        user._confirmed = True
+    else:
+        ctx.request_fork(user, parent)
+    return user
+
+
+_serialization.register_reducer(RRef, _reduce_rref)
+
+
+def _type_on_owner(rref: RRef[Any]) -> type:
+    return type(rref.local_value())
+
+
+@async_execution
+def _invoke_on_owner(rref: RRef[Any], name: str, args: tuple[Any, ...],
+                     kwargs: dict[str, Any]) -> Future[Any]:
+    """Run ``value.name(*args, **kwargs)`` on the owner (the proxies' remote function)."""
+    value = rref.local_value()
+    result = getattr(value, name)(*args, **kwargs)
+    if is_async(getattr(type(value), name, None)):
+        return result
+    done: Future[Any] = Future()
+    done.set_result(result)
+    return done
+
+
+class _Proxy:
+    """``rref.rpc_sync()`` and friends: attribute access builds the remote method call."""
+
+    def __init__(self, rref: RRef[Any], api_fn: Any, timeout: float) -> None:
+        self._rref = rref
+        self._api_fn = api_fn
+        self._timeout = timeout
+
+    def __getattr__(self, name: str) -> Any:
+        return functools.partial(_proxy_call, self._rref, self._api_fn, name, self._timeout)
+
+
+def _proxy_call(rref: RRef[Any], api_fn: Any, name: str, timeout: float, *args: Any,
+                **kwargs: Any) -> Any:
+    return api_fn(rref.owner(), _invoke_on_owner, args=(rref, name, args, kwargs),
+                  timeout=timeout)
+
+
+# ---- handlers (owner side unless noted) ---------------------------------------------------
+
+
+__all__ = ["RRef"]

@@ -1,0 +1,72 @@
+"""RPC under failure: a worker killed with calls pending, and connections that cannot prove
+the job secret. Bounds on "within seconds" are generous: the machine is shared."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from ringtorch.testing import run_ranks
+from tests.integration import _rpc_ranks as R
+
+DIED = ("RPC to worker 'worker1' (rank 1) failed: the worker died or closed its connection "
+        "(connection to worker 'worker1' (rank 1) was closed)")
+CALL = "; call: tests.integration._rpc_ranks.sleep_then on worker 'worker1' (rank 1)"
+
+
+@functools.cache
+def killed(ws: int) -> list[dict]:
+    return run_ranks(R.killed_worker, ws, args=(1,), timeout=90)
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_pending_calls_to_a_killed_worker_fail_within_seconds_naming_it(ws: int) -> None:
+    out = killed(ws)[0]
+    assert killed(ws)[1] == {"signal": 9}
+    name, message, took = out["pending_sync"]
+    assert (name, message) == ("RpcPeerDiedError", DIED + CALL)
+    assert took < 5.0  # it was killed 0.5 s after start; the call would sleep 20 s
+    name, message, took = out["pending_async"]
+    assert (name, message) == ("RpcPeerDiedError", DIED + CALL)
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_later_calls_to_a_dead_worker_fail_at_once(ws: int) -> None:
+    out = killed(ws)[0]
+    for key in ("later", "later_remote", "to_here"):
+        name, message, took = out[key]
+        assert (name, message) == ("RpcPeerDiedError", DIED), key
+        assert took < 1.0, key
+
+
+def test_the_other_workers_keep_working_and_shutdown_names_the_dead_one() -> None:
+    results = killed(3)
+    assert results[0]["others_fine"] == [1, 3]
+    for rank in (0, 2):
+        name, message, took = results[rank]["shutdown"]
+        assert (name, message) == ("RpcPeerDiedError", "graceful RPC shutdown cannot complete: "
+                                                       "worker 'worker1' (rank 1) died")
+        assert took < 5.0
+
+
+@functools.cache
+def guarded() -> dict:
+    return run_ranks(R.handshake_guard, 2, args=("s3cret",), timeout=60)[0]
+
+
+def test_a_connection_without_the_job_secret_is_refused() -> None:
+    out = guarded()
+    assert out["wrong"] == ("HandshakeError", "test failed to prove the job secret: "
+                                              "RINGTORCH_SECRET differs between this process "
+                                              "and the server")
+    assert out["none"] == ("HandshakeError", "test requires a job secret and this process has "
+                                             "none: set RINGTORCH_SECRET to the job's secret "
+                                             "(ringrun sets it for its workers)")
+
+
+def test_nothing_a_refused_peer_sends_is_ever_unpickled() -> None:
+    out = guarded()
+    assert out["canary"] is False  # the pickle would have created this file
+    assert out["raw_closed"] in (b"", "ConnectionResetError(104, 'Connection reset by peer')")
+    assert out["works"] == 3
