@@ -65,8 +65,40 @@ def subgroups(rank: int, ws: int) -> dict[str, Any]:
                              None if gl is None else [x.item() for x in gl])
         got = torch.zeros(1)
         out["p2p"] = _p2p_in_subgroup(rank, ws, first, got)
+    out["every_op"] = _every_op(rank, ws, first)
     dist.barrier()  # rank 0 hosts the store: nobody leaves early
     dist.destroy_process_group()
+    return out
+
+
+def _every_op(rank: int, ws: int, g: Any) -> dict[str, Any]:
+    """Every collective on the group of global ranks 1 .. ws-1 (rank 0 is outside it)."""
+    n = ws - 1
+    out: dict[str, Any] = {}
+    parts = [torch.zeros(1) for _ in range(n)]
+    out["all_gather"] = (_call(dist.all_gather, parts, torch.full((1,), float(rank)), group=g),
+                         [p.item() for p in parts])
+    o = torch.zeros(max(n, 1))
+    out["all_gather_single"] = (_call(dist.all_gather_single, o[:n],
+                                      torch.full((1,), float(rank)), group=g), o.tolist())
+    gl = [torch.zeros(1) for _ in range(n)] if rank == ws - 1 else None
+    out["gather"] = (_call(dist.gather, torch.full((1,), float(rank)), gl, dst=ws - 1, group=g),
+                     None if gl is None else [x.item() for x in gl])
+    o = torch.zeros(1)
+    sl = [torch.full((1,), 10.0 + i) for i in range(n)] if rank == 1 else None
+    out["scatter"] = (_call(dist.scatter, o, sl, group=g, group_src=0), o.item())
+    o = torch.zeros(1)
+    out["reduce_scatter"] = (_call(dist.reduce_scatter, o,
+                                   [torch.full((1,), float(rank * 100 + i)) for i in range(n)],
+                                   group=g), o.item())
+    o = torch.zeros(max(n, 1))
+    out["all_to_all_single"] = (_call(dist.all_to_all_single, o[:n],
+                                      torch.arange(float(n)) + 10 * rank, group=g), o.tolist())
+    out["barrier"] = _call(dist.barrier, group=g)
+    out["monitored_barrier"] = _call(dist.monitored_barrier, group=g)
+    box: list[Any] = [f"from {rank}"]
+    out["broadcast_object_list"] = (_call(dist.broadcast_object_list, box, src=ws - 1, group=g),
+                                    box[0])
     return out
 
 

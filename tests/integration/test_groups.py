@@ -117,6 +117,29 @@ def test_rank_translation_reduce_gather_and_p2p_on_a_subgroup(ws: int) -> None:
         assert results[0]["p2p"] == (-1, _warning("irecv", 0))
 
 
+@pytest.mark.parametrize("ws", WORLDS)
+def test_every_collective_on_a_subgroup_and_from_outside_it(ws: int) -> None:
+    members = list(range(1, ws))
+    for rank, res in enumerate(subgroups(ws)):
+        ops = res["every_op"]
+        if rank == 0:
+            for op, got in ops.items():
+                result = got[0] if isinstance(got[0], tuple) else got
+                assert result == (None, _warning(op, 0)), op
+            continue
+        me = rank - 1
+        assert ops["all_gather"] == ((None, []), [float(r) for r in members])
+        assert ops["all_gather_single"] == ((None, []), [float(r) for r in members])
+        if rank == ws - 1:
+            assert ops["gather"] == ((None, []), [float(r) for r in members])
+        assert ops["scatter"] == ((None, []), 10.0 + me)
+        assert ops["reduce_scatter"] == ((None, []), float(sum(r * 100 + me for r in members)))
+        assert ops["all_to_all_single"] == ((None, []), [float(me + 10 * r) for r in members])
+        assert ops["barrier"] == (None, [])
+        assert ops["monitored_barrier"] == (None, [])
+        assert ops["broadcast_object_list"] == ((None, []), f"from {ws - 1}")
+
+
 def test_subgroup_helpers_split_the_world_and_refuse_bad_sizes() -> None:
     results = run_ranks(G.subgroup_helpers, 4, timeout=60)
     for rank, res in enumerate(results):
