@@ -56,6 +56,10 @@ def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         pytest.fail(f"{' '.join(cmd)} ran past {timeout} s:\n{out[-4000:]}")
+    finally:  # also when pytest-timeout interrupts us: leave no rank behind
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
 
 
@@ -69,7 +73,7 @@ def _launch(n: int, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
         cmd = [*_mpirun(), "-n", str(n), sys.executable, str(SCRIPTS / "backend_ops.py"), str(out)]
         if n in THREAD_LEVEL:
             cmd.append(THREAD_LEVEL[n])
-        done = _run(cmd, timeout=120)
+        done = _run(cmd, timeout=100)
         assert done.returncode == 0, f"mpirun -n {n} failed:\n{done.stdout[-4000:]}"
         _worlds[n] = [pickle.loads((out / f"rank{r}.pkl").read_bytes()) for r in range(n)]
     return _worlds[n]

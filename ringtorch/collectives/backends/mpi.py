@@ -32,7 +32,6 @@ from __future__ import annotations
 import struct
 import sys
 import time
-import zlib
 from typing import Any
 
 import numpy as np
@@ -81,6 +80,12 @@ _COLLECTIVE_CODES = {name: code for code, name in enumerate(_COLLECTIVES)}
 #   seq | collective code | reduce op (RedOpType) | dtype code | nbytes | root
 _HEADER = struct.Struct("<6q")
 
+# Every subgroup is made with this tag: MPI matches Create_group calls on COMM_WORLD in the
+# order the members make them, which is new_group's order (every rank calls it in the same
+# order). A tag from the group's name would not do: torch's hashed names for
+# use_local_synchronization differ between ranks whose histories differ.
+_CREATE_GROUP_TAG = 0x5247
+
 _SPIN_SECONDS = 100e-6  # a wait polls flat out this long, then sleeps between polls
 
 _user_ops: dict[tuple[RedOpType, torch.dtype], Any] = {}
@@ -98,10 +103,6 @@ def _user_op(MPI: Any, kind: RedOpType, dtype: torch.dtype) -> Any:
 
         _user_ops[key] = MPI.Op.Create(reduce_words, commute=True)
     return _user_ops[key]
-
-
-def _group_tag(group_name: str) -> int:
-    return zlib.crc32(group_name.encode()) & 0x7FFF
 
 
 class MpiBackend(Backend):
@@ -138,7 +139,7 @@ class MpiBackend(Backend):
         else:
             world_group = world.Get_group()
             group = world_group.Incl(ranks)
-            comm = world.Create_group(group, _group_tag(ctx.group_name))
+            comm = world.Create_group(group, _CREATE_GROUP_TAG)
             group.Free()
             world_group.Free()
         comm.Set_errhandler(MPI.ERRORS_RETURN)
