@@ -45,6 +45,7 @@ MAX_HANDSHAKES_IN_FLIGHT = 128
 RECV_NBYTES = 256 * 1024
 OUT_HIGH_WATER_NBYTES = 16 * 1024 * 1024
 
+_OP_SET, _OP_GET, _OP_ADD = P.OP_SET, P.OP_GET, P.OP_ADD
 _ONE_FIELD_ANSWER = struct.Struct(P.RESPONSE_HEAD.format + "I")  # head + the field's length
 _LISTENER = "listener"
 _WAKE = "wake"
@@ -303,10 +304,12 @@ class StoreServer(StoreOps):
         unpack_head = P.REQUEST_HEAD.unpack_from
         unpack_length = P.FIELD_LENGTH.unpack_from
         data = self._table.data
+        waiters = self._waiters
+        max_frame = self._max_frame
         with memoryview(buf) as view:
             while total - pos >= head_size and not conn.closed:
                 nbytes, rid, op, _flags, nfields, tmo, arg = unpack_head(buf, pos)
-                if nbytes > self._max_frame:
+                if nbytes > max_frame:
                     raise _ProtocolError(f"a request of {nbytes} bytes, over the cap of "
                                          f"{self._max_frame}")
                 start = pos + head_size
@@ -315,16 +318,16 @@ class StoreServer(StoreOps):
                     break
                 # The hot paths (set; get of a present key; add), inlined: same effect as
                 # their handlers in _tcp_ops.py, without the general machinery.
-                if op == P.OP_SET and nfields == 2 and nbytes >= 8:
+                if op == _OP_SET and nfields == 2 and nbytes >= 8:
                     key_end = start + 4 + unpack_length(buf, start)[0]
                     if key_end + 4 <= end and key_end + 4 + unpack_length(buf, key_end)[0] == end:
                         key = bytes(view[start + 4:key_end])
                         data[key] = bytes(view[key_end + 4:end])
-                        if key in self._waiters:
+                        if key in waiters:
                             self._notify(key)
                         pos = end
                         continue
-                elif (op == P.OP_GET or op == P.OP_ADD) and nfields == 1 and nbytes >= 4 and (
+                elif (op == _OP_GET or op == _OP_ADD) and nfields == 1 and nbytes >= 4 and (
                         unpack_length(buf, start)[0] == nbytes - 4):
                     key = bytes(view[start + 4:end])
                     if self._answer_fast(conn, rid, op, key, arg):
