@@ -336,6 +336,14 @@ def test_subgroups_reduce_and_talk_over_their_own_communicators(sub_world: list[
             assert f"subgroup/{name}" not in sub_world[g]
 
 
+def test_a_subgroup_forms_even_when_its_members_name_it_differently(sub_world: list[dict]) -> None:
+    ends = [0, len(sub_world) - 1]
+    for rank, book in enumerate(sub_world):
+        r = book["subgroup/names_differ"]
+        assert "traceback" not in r, r.get("traceback")
+        assert r["out"] == (2.0 if rank in ends else None)
+
+
 def test_groups_run_collectives_at_once_from_their_own_threads(sub_world: list[dict]) -> None:
     n = len(sub_world)
     for name, ranks in (("world", list(range(n))), ("tail", list(range(1, n))), ("ends", [0, n - 1])):

@@ -325,6 +325,16 @@ def subgroup_cases(w: Ranks) -> None:
             return {"in": inp, "out": buf.numpy().copy(), "peer_global": int(got.item()),
                     "group_rank": backend.rank}
         w.record(f"subgroup/{name}", sub)
+
+    def names_differ() -> dict:  # what use_local_synchronization's hashed names can do
+        if w.rank not in ends:
+            return {"out": None}
+        backend = w.backend(ends, f"ends-as-rank-{w.rank}-calls-it")
+        buf = torch.ones(1)
+        backend.all_reduce(buf, R.SUM, 1, D())
+        backend.close()
+        return {"out": buf.item()}
+    w.record("subgroup/names_differ", names_differ)
     if mpi_env.thread_level_name() != "MPI_THREAD_MULTIPLE":
         return  # with SERIALIZED, blocking calls of two groups at once can deadlock (as torch)
     threads = {}
