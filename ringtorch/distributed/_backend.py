@@ -35,8 +35,8 @@ class Backend(str):
     default_device_backend_map: dict[str, str] = {"cpu": GLOO, "cuda": NCCL, "xpu": XCCL,
                                                   "mps": GLOO}
     backend_capability: dict[str, list[str]] = {
-        GLOO: ["cpu"], NCCL: ["cuda"], XCCL: ["xpu"], UCC: ["cpu", "cuda"], MPI: ["cpu"],
-        FAKE: ["cpu"],
+        GLOO: ["cpu", "cuda"], NCCL: ["cuda"], XCCL: ["xpu"], UCC: ["cpu", "cuda"],
+        MPI: ["cpu", "cuda"], FAKE: ["cpu"],
     }
 
     def __new__(cls, name: str) -> str:  # type: ignore[misc]

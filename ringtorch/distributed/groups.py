@@ -85,11 +85,11 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     elif init_method is None:
         init_method = "env://"
     _check_device_id(device_id)
+    # As in torch, get_backend() then reports "undefined" when no backend was named; the
+    # group runs on the CPU backend ("gloo": ringtorch's native backend).
     backend_str = Backend(backend if backend is not None else "undefined")
     config = BackendConfig(backend_str)
     impl_name = config.cpu_backend()
-    if backend_str == Backend.UNDEFINED:
-        backend_str = Backend(impl_name)
     if timeout is None:
         timeout = registry.default_timeout(backend_str)
     _check_valid_timeout(timeout)
@@ -155,7 +155,7 @@ def _make_group(size: int, rank: int, global_ranks: list[int], impl_name: str,
     ctx = BackendContext(store=store, rank=rank, size=size, timeout=timeout,
                          group_name=group_name, global_ranks=tuple(global_ranks))
     impl = registry.create(impl_name, ctx, pg_options)
-    pg = ProcessGroup(store, rank, size, backend=impl, backend_name=backend_name,
+    pg = ProcessGroup(store, rank, size, backend=impl, backend_name=impl_name,
                       group_name=group_name, group_desc=group_desc, timeout=timeout,
                       global_ranks=global_ranks)
     if impl_name != Backend.MPI:

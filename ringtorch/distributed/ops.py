@@ -408,7 +408,9 @@ def monitored_barrier(group: ProcessGroup | None = GroupMember.WORLD, timeout: A
     if a.not_in_group(group):
         a.warn_not_in_group("monitored_barrier")
         return None
-    if groups.get_backend(group) not in (Backend.GLOO, "native", "ringtorch"):
+    # torch refuses backends other than gloo; ringtorch's native backend is gloo's stand-in
+    # under every name it has (and "undefined", what a group made without a backend reports).
+    if groups.get_backend(group) not in (Backend.GLOO, Backend.UNDEFINED, "native", "ringtorch"):
         raise ValueError("monitored_barrier is only implemented for GLOO backend.")
     if timeout is None:
         timeout = groups.default_pg_timeout

@@ -214,6 +214,13 @@ def backends(rank: int, ws: int) -> dict[str, Any]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dist.Backend.register_backend("loop", _make_loop, devices=["cpu"])
+    dist.init_process_group(rank=0, world_size=1, store=dist.HashStore())
+    out["no_backend"] = (dist.get_backend(), dist.get_backend_config(),
+                         dist.group.WORLD.name(), _error(dist.monitored_barrier))
+    dist.destroy_process_group()
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    out["gloo_config"] = dist.get_backend_config()
+    dist.destroy_process_group()
     dist.init_process_group("loop", rank=0, world_size=1, store=dist.HashStore())
     t = torch.ones(2)
     dist.all_reduce(t)

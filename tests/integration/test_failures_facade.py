@@ -188,3 +188,5 @@ def test_backend_names_unknown_unavailable_and_user_registered() -> None:
                                                 "datetime.timedelta, got 30")
     assert res["available"] == (True, True, False, True, False)
     assert res["loop"] == ("loop", [10.0, 10.0], "loop")
+    assert res["no_backend"] == ("undefined", "cpu:gloo", "gloo", None)
+    assert res["gloo_config"] == "cpu:gloo,cuda:gloo"
