@@ -345,3 +345,20 @@ def test_a_python_subclass_overriding_public_methods_works_under_a_prefix_store(
 def test_what_a_python_subclass_leaves_out_says_so():
     with pytest.raises(NotImplementedError, match=r"^DictStore does not implement add\(\)$"):
         DictStore().add("k", 1)
+
+
+@pytest.mark.parametrize("kind", ["tcp", "file", "hash"])
+def test_prefix_stores_over_one_store_do_not_see_each_other(kind, tmp_path):
+    base = FACTORIES[kind](tmp_path).store
+    left, right = PrefixStore("left", base), PrefixStore("right", base)
+    left.set("k", "L")
+    right.set("k", "R")
+    left.add("n", 1)
+    assert (left.get("k"), right.get("k")) == (b"L", b"R")
+    assert right.check(["n"]) is False
+    assert sorted(left.list_keys()) == ["k", "n"] and right.list_keys() == ["k"]
+    assert right.delete_key("n") is False and left.get("n") == b"1"
+    nested = PrefixStore("group0/", PrefixStore("default_pg", base))
+    nested.set("rank0", "addr")
+    assert base.get("default_pg/group0//rank0") == b"addr"
+    base.close()
