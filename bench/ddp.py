@@ -12,6 +12,7 @@ SGD step); a step's time is the slowest rank's. Reported per configuration:
 
     python bench/ddp.py                      # MLP 1024-4096-4096-1024 (25.2 M params), batch 32
     python bench/ddp.py --rounds 5 --steps 40 --json bench/out/ddp.json
+    python bench/ddp.py --bucket-view        # both DDPs with gradient_as_bucket_view=True
 
 The default model and batch are those of reference/PERFORMANCE.md section 2.6 (torch gloo:
 0.54 weak-scaling efficiency on 2 cores). One intra-op thread per rank, so that the ranks do
@@ -44,16 +45,18 @@ def make_model(widths: list[int]) -> nn.Module:
     return nn.Sequential(*layers)
 
 
-def _wrap(impl: str, model: nn.Module, bucket_cap_mb: float | None) -> tuple[nn.Module, Any]:
+def _wrap(impl: str, model: nn.Module, bucket_cap_mb: float | None, bucket_view: bool
+          ) -> tuple[nn.Module, Any]:
     """The model wrapped in the implementation's DDP, and a list to collect bucket waits."""
     waits: list[float] = []
+    options = {"bucket_cap_mb": bucket_cap_mb, "gradient_as_bucket_view": bucket_view}
     if impl == "single":
         return model, waits
     if impl == "torch":
         from torch.nn.parallel import DistributedDataParallel as DDP
-        return DDP(model, bucket_cap_mb=bucket_cap_mb), waits
+        return DDP(model, **options), waits
     from ringtorch.nn.parallel import DistributedDataParallel as DDP
-    ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
+    ddp = DDP(model, **options)
     reducer = ddp.reducer
     finalize = reducer._finalize_backward
 
@@ -67,7 +70,7 @@ def _wrap(impl: str, model: nn.Module, bucket_cap_mb: float | None) -> tuple[nn.
 
 
 def rank_main(rank: int, world_size: int, impl: str, widths: list[int], batch: int, steps: int,
-              warmup: int, bucket_cap_mb: float | None) -> dict[str, Any]:
+              warmup: int, bucket_cap_mb: float | None, bucket_view: bool) -> dict[str, Any]:
     torch.set_num_threads(1)
     dist: Any = None
     if impl == "torch":
@@ -76,7 +79,7 @@ def rank_main(rank: int, world_size: int, impl: str, widths: list[int], batch: i
         from ringtorch import distributed as dist
     if dist is not None:
         dist.init_process_group("gloo", world_size=world_size)
-    model, waits = _wrap(impl, make_model(widths), bucket_cap_mb)
+    model, waits = _wrap(impl, make_model(widths), bucket_cap_mb, bucket_view)
     params = list(model.parameters())
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(batch, widths[0], generator=g)
@@ -87,7 +90,10 @@ def rank_main(rank: int, world_size: int, impl: str, widths: list[int], batch: i
             dist.barrier()
         start = time.perf_counter()
         for p in params:
-            p.grad = None
+            if bucket_view and p.grad is not None:
+                p.grad.zero_()  # zero_grad(set_to_none=False): the grads stay bucket views
+            else:
+                p.grad = None
         nn.functional.mse_loss(model(x), y).backward()
         with torch.no_grad():
             for p in params:
@@ -102,7 +108,7 @@ def rank_main(rank: int, world_size: int, impl: str, widths: list[int], batch: i
 def measure(impl: str, world_size: int, args: argparse.Namespace) -> dict[str, Any]:
     results = run_ranks(rank_main, world_size, timeout=600,
                         args=(impl, args.widths, args.batch, args.steps, args.warmup,
-                              args.bucket_cap_mb))
+                              args.bucket_cap_mb, args.bucket_view))
     step_times = [max(r["times"][i] for r in results) for i in range(args.steps)]
     median = statistics.median(step_times)
     waits = results[0]["waits"]
@@ -125,6 +131,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="each configuration runs this often")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--bucket-cap-mb", type=float, default=None)
+    parser.add_argument("--bucket-view", action="store_true",
+                        help="gradient_as_bucket_view=True for both DDPs, grads zeroed in place")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
 
@@ -132,7 +140,8 @@ def main() -> None:
     print(f"model: MLP {'-'.join(map(str, args.widths))} ({n_params / 1e6:.1f} M params, "
           f"{n_params * 4 / 2**20:.0f} MiB of gradients), batch {args.batch}/rank, "
           f"{args.rounds} rounds of {args.steps} timed steps, world size {args.world_size}, "
-          f"1 thread per rank; load average before: {os.getloadavg()[0]:.2f}")
+          f"1 thread per rank, gradient_as_bucket_view={args.bucket_view}; "
+          f"load average before: {os.getloadavg()[0]:.2f}")
     # the configurations take turns, so that a change in the machine's load hits all of them
     rounds = [[measure("single", 1, args), measure("torch", args.world_size, args),
                measure("ringtorch", args.world_size, args)] for _ in range(args.rounds)]
