@@ -48,7 +48,7 @@ def _env() -> dict[str, str]:
 
 def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
     """Run a launcher; on timeout kill its whole process group (no orphaned ranks)."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
