@@ -247,7 +247,10 @@ def overlap(rank: int, world_size: int) -> list[tuple[str, Any]]:
             index = len([e for e in events if e[0] == "launch"])
             events.append(("launch", index))
             work = real_all_reduce(tensor, *args, **kwargs)
-            work.get_future().then(lambda fut: events.append(("done", index)))
+            if work is None:  # synchronous: done when it returns
+                events.append(("done", index))
+            else:
+                work.get_future().then(lambda fut: events.append(("done", index)))
             return work
 
         ddp.module.l1.weight.register_post_accumulate_grad_hook(

@@ -132,7 +132,6 @@ class Reducer:
         self._unused: list[int] = []
         self._marked_unused = False
         self._used_map = torch.zeros(len(self._params), dtype=torch.int32)
-        self._used_map_work: Any = None
         self._div_factor: float = float(self._world_size)
         self._count_work: tuple[Any, torch.Tensor] | None = None
         self._handles = [p.register_post_accumulate_grad_hook(self._make_hook(i))
@@ -186,7 +185,6 @@ class Reducer:
         self._require_finalize = True
         self._marked_unused = False
         self._used_map.zero_()
-        self._used_map_work = None
         if self._find_unused:
             if self._static_unused is not None:
                 self._unused = self._static_unused
@@ -271,24 +269,29 @@ class Reducer:
             param.grad = view
 
     def _launch_ready_buckets(self) -> None:
-        while self._next_bucket < len(self._buckets) and \
-                self._buckets[self._next_bucket].pending == 0:
-            self._launch(self._next_bucket)
+        last = len(self._buckets) - 1
+        while self._next_bucket <= last and self._buckets[self._next_bucket].pending == 0:
+            # The iteration's last collective is waited for right away: run it synchronously,
+            # on this thread when the group is idle, which saves two thread wake-ups.
+            self._launch(self._next_bucket,
+                         wait_now=self._next_bucket == last and not self._find_unused)
             self._next_bucket += 1
-        if self._next_bucket == len(self._buckets):
+        if self._next_bucket > last:
             if self._find_unused:
-                self._used_map_work = dist.all_reduce(self._used_map, group=self._group,
-                                                      async_op=True)
+                dist.all_reduce(self._used_map, group=self._group)
             Variable._execution_engine.queue_callback(self._finalize_backward)
 
-    def _launch(self, b: int) -> None:
+    def _launch(self, b: int, wait_now: bool = False) -> None:
         bucket = self._buckets[b]
-        if self._comm_hook is None:
-            bucket.comm = _Pending(work=dist.all_reduce(bucket.buffer, group=self._group,
-                                                        async_op=True))
-        else:
+        if self._comm_hook is not None:
             hook, state = self._comm_hook
             bucket.comm = _Pending(future=hook(state, self.grad_bucket(b, bucket.buffer)))
+        elif wait_now:
+            dist.all_reduce(bucket.buffer, group=self._group)
+            bucket.comm = None
+        else:
+            bucket.comm = _Pending(work=dist.all_reduce(bucket.buffer, group=self._group,
+                                                        async_op=True))
 
     def grad_bucket(self, b: int, buffer: torch.Tensor) -> GradBucket:
         """The GradBucket a comm hook gets for bucket ``b``, its gradients viewing ``buffer``."""
@@ -303,13 +306,10 @@ class Reducer:
         self._expect_hooks = False
         self._require_finalize = False
         for bucket in self._buckets:
-            result = bucket.comm.wait()
+            result = None if bucket.comm is None else bucket.comm.wait()
             if result is not None and result is not bucket.buffer:
                 bucket.buffer.copy_(result.reshape(-1))
-        globally_used = None
-        if self._used_map_work is not None:
-            self._used_map_work.wait()
-            globally_used = self._used_map.tolist()
+        globally_used = self._used_map.tolist() if self._find_unused else None
         for bucket in self._buckets:
             for index, param, view in zip(bucket.indices, bucket.params, bucket.views,
                                           strict=True):
