@@ -121,7 +121,7 @@ def monitored_ok(rank: int, ws: int) -> dict[str, Any]:
 
 def detail_mismatch(rank: int, ws: int, case: str) -> dict[str, Any]:
     """RINGTORCH_DEBUG=DETAIL: mismatched collectives raise on every rank before data moves."""
-    dist.init_process_group("gloo", timeout=timedelta(seconds=3))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=2))
     out: dict[str, Any] = {"level": dist.get_debug_level().name}
     if case == "shape":
         out["error"] = _error(dist.all_reduce, torch.zeros(2 + rank))
@@ -133,7 +133,7 @@ def detail_mismatch(rank: int, ws: int, case: str) -> dict[str, Any]:
                                                              else torch.float64))
     elif case == "missing":
         out["error"] = _error(dist.all_reduce, torch.zeros(2)) if rank == 0 else None
-        time.sleep(3.5) if rank != 0 else None
+        time.sleep(2.5) if rank != 0 else None
     if case != "missing":
         t = torch.ones(2)
         dist.all_reduce(t)

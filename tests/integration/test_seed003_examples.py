@@ -1,9 +1,12 @@
 """Seed 003's programs (examples/seed003_*.py) run as the blog runs them, on ringtorch.
 
-Three processes started by hand, ``--rank r --world_size 3``, meeting on
-``tcp://127.0.0.1:PORT``; and the ``mp.spawn`` variant. What the ranks print is checked
-against each other: every receiver prints what rank 0's list holds for it, rank 0 prints
-what every sender sent.
+The scatter program runs as three processes started by hand, ``python seed003_scatter.py
+--rank r --world_size 3``, meeting on ``tcp://127.0.0.1:PORT``; the gather and reduce
+programs run the same file as ``__main__`` with the same arguments in run_ranks workers
+(torch already imported: three fresh interpreters cost seconds each on these machines); the
+``mp.spawn`` variant runs as one command. What the ranks print is checked against each
+other: every receiver prints what rank 0's list holds for it, rank 0 prints what every
+sender sent.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ringtorch.testing import free_port
+from ringtorch.testing import free_port, run_ranks
+from tests.integration import _seed003_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 VALUE = r"tensor\(\[(-?\d+\.\d*)\]\)"
@@ -50,6 +54,12 @@ def _by_hand(program: str) -> list[str]:
     return outputs
 
 
+def _in_workers(program: str) -> list[str]:
+    """The program as ``__main__`` with ``--rank r --world_size 3``, in three workers."""
+    return run_ranks(_seed003_ranks.run_program, 3, timeout=90,
+                     args=(program, f"tcp://127.0.0.1:{free_port()}"))
+
+
 def _spawned() -> str:
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / "seed003_spawn.py"),
                            "--init_method", f"tcp://127.0.0.1:{free_port()}"], cwd=ROOT,
@@ -72,7 +82,7 @@ def test_scatter_gives_rank_i_element_i_of_rank_0s_list() -> None:
 
 
 def test_gather_gives_rank_0_every_ranks_weight() -> None:
-    rank0, rank1, rank2 = _by_hand("seed003_gather.py")
+    rank0, rank1, rank2 = _in_workers("seed003_gather.py")
     got = _floats(rank0)
     assert got[0] == 0.0
     for rank, out in ((1, rank1), (2, rank2)):
@@ -81,7 +91,7 @@ def test_gather_gives_rank_0_every_ranks_weight() -> None:
 
 
 def test_reduce_gives_rank_0_the_maximum_it_asked_for() -> None:
-    rank0, rank1, rank2 = _by_hand("seed003_reduce.py")
+    rank0, rank1, rank2 = _in_workers("seed003_reduce.py")
     sent = [0.0, _floats(rank1)[0], _floats(rank2)[0]]
     assert re.search(rf"rank 1 sending data {VALUE} to rank 0", rank1), rank1
     assert _floats(rank0) == [max(sent)]
