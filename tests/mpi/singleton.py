@@ -15,12 +15,7 @@ import time
 import warnings
 from datetime import timedelta
 
-import torch
-
-from ringtorch.collectives.backends import mpi as mpi_backend  # must not load MPI
-from ringtorch.collectives.backends import mpi_env
-from ringtorch.collectives.backends.base import BackendContext
-from ringtorch.collectives.reduce_op import ReduceOp
+from ringtorch.collectives.backends import mpi_env  # light: neither torch nor mpi4py
 
 
 def D() -> float:
@@ -29,11 +24,18 @@ def D() -> float:
 
 
 def main() -> None:
+    thread_level = sys.argv[2] if len(sys.argv) > 2 else None
+    if thread_level is None:  # (the refusal below needs no torch: it starts faster without)
+        import torch
+
+        from ringtorch.collectives.backends import mpi as mpi_backend  # must not load MPI
+        from ringtorch.collectives.backends.base import BackendContext
+        from ringtorch.collectives.reduce_op import ReduceOp
     seen: dict = {"mpi_loaded_by_import": "mpi4py.MPI" in sys.modules}
-    if len(sys.argv) > 2:
+    if thread_level is not None:
         import mpi4py
 
-        mpi4py.rc.thread_level = sys.argv[2]
+        mpi4py.rc.thread_level = thread_level
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
