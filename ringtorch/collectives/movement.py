@@ -36,14 +36,17 @@ class MovementOps(GroupBase):
             opts = BroadcastOptions(rootRank=opts if opts is not None else 0, timeout=timeout)
             tensors = [tensors]
         opts = opts if opts is not None else BroadcastOptions()
-        ts = checks.tensors("broadcast", tensors)
         root = checks.root("broadcast", opts.rootRank, self._size)
-        if not 0 <= opts.rootTensor < len(ts):
-            raise checks.fail("broadcast", f"invalid root tensor: {opts.rootTensor}")
-        checks.type_and_sizes_match("broadcast", ts, ts[0])
+        if type(tensors) is list and len(tensors) == 1 and opts.rootTensor == 0:
+            ts = [checks.tensor("broadcast", tensors[0])]  # the usual case, kept short
+        else:
+            ts = checks.tensors("broadcast", tensors)
+            if not 0 <= opts.rootTensor < len(ts):
+                raise checks.fail("broadcast", f"invalid root tensor: {opts.rootTensor}")
+            checks.type_and_sizes_match("broadcast", ts, ts[0])
         is_root = self._rank == root
         main = _buffers.Staged(ts[opts.rootTensor], read=is_root, write=not is_root)
-        others = [t for i, t in enumerate(ts) if i != opts.rootTensor]
+        others = [t for i, t in enumerate(ts) if i != opts.rootTensor] if len(ts) > 1 else ()
 
         def run(seq: int, deadline: float) -> None:
             self._backend_or_raise().broadcast(main.flat, root, seq, deadline)

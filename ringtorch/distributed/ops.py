@@ -47,6 +47,24 @@ def supports_complex(reduceOp: Any) -> bool:
     return reduceOp not in _COMPLEX_DENIED
 
 
+_OPTIONS: dict[tuple[Any, ...], Any] = {}
+
+
+def _options(cls: Any, **fields: Any) -> Any:
+    """``cls(**fields)``, shared between calls: options are frozen, so one object per distinct
+    set of fields is enough (building a dataclass costs about a microsecond per call)."""
+    key = (cls, *fields.items())
+    try:
+        found = _OPTIONS.get(key)
+    except TypeError:  # an unhashable field (a PREMUL_SUM factor tensor): build it
+        return cls(**fields)
+    if found is None:
+        found = cls(**fields)
+        if len(_OPTIONS) < 4096:
+            _OPTIONS[key] = found
+    return found
+
+
 def _finish(work: Work | None, async_op: bool) -> Work | None:
     if async_op:
         return work
@@ -73,7 +91,7 @@ def broadcast(tensor: torch.Tensor, src: int | None = None, group: ProcessGroup 
         a.warn_not_in_group("broadcast")
         return None
     a.check_outputs_writable(tensor, "tensor")
-    opts = BroadcastOptions(rootRank=group_src, rootTensor=0, asyncOp=async_op)
+    opts = _options(BroadcastOptions, rootRank=group_src, asyncOp=async_op)
     return _finish(group.broadcast([_real(t)], opts), async_op)
 
 
@@ -96,7 +114,7 @@ def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: ProcessGroup
             raise ValueError(f"all_reduce does not support {op} on complex tensors")
         t = torch.view_as_real(t)
     group = a.group_or_default(group)
-    opts = AllreduceOptions(reduceOp=op, asyncOp=async_op)
+    opts = _options(AllreduceOptions, reduceOp=op, asyncOp=async_op)
     return _finish(group.allreduce([t], opts), async_op)
 
 
@@ -146,7 +164,7 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = ReduceOp.SUM,
         if not supports_complex(op):
             raise ValueError(f"reduce does not support {op} on complex tensors")
         t = torch.view_as_real(t)
-    opts = ReduceOptions(reduceOp=op, rootRank=group_dst, asyncOp=async_op)
+    opts = _options(ReduceOptions, reduceOp=op, rootRank=group_dst, asyncOp=async_op)
     return _finish(group.reduce([t], opts), async_op)
 
 
