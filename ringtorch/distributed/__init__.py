@@ -50,6 +50,13 @@ from ringtorch.distributed._debug import (
     set_debug_level_from_env,
 )
 from ringtorch.distributed._world import GroupMember, GroupName, RankType, group
+from ringtorch.distributed.deprecated_ops import (
+    all_gather_coalesced,
+    all_gather_into_tensor,
+    all_reduce_coalesced,
+    reduce_op,
+    reduce_scatter_tensor,
+)
 from ringtorch.distributed.groups import (
     default_pg_timeout,
     destroy_process_group,
@@ -76,11 +83,8 @@ from ringtorch.distributed.object_ops import (
 )
 from ringtorch.distributed.ops import (
     all_gather,
-    all_gather_coalesced,
-    all_gather_into_tensor,
     all_gather_single,
     all_reduce,
-    all_reduce_coalesced,
     all_to_all,
     all_to_all_single,
     barrier,
@@ -88,10 +92,8 @@ from ringtorch.distributed.ops import (
     gather,
     monitored_barrier,
     reduce,
-    reduce_op,
     reduce_scatter,
     reduce_scatter_single,
-    reduce_scatter_tensor,
     scatter,
     supports_complex,
 )

@@ -15,11 +15,9 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-from typing_extensions import deprecated
 
 from ringtorch.collectives.options import (
     AllgatherOptions,
-    AllreduceCoalescedOptions,
     AllreduceOptions,
     AllToAllOptions,
     BarrierOptions,
@@ -30,7 +28,7 @@ from ringtorch.collectives.options import (
     ScatterOptions,
 )
 from ringtorch.collectives.process_group import ProcessGroup
-from ringtorch.collectives.reduce_op import RedOpType, ReduceOp
+from ringtorch.collectives.reduce_op import ReduceOp
 from ringtorch.collectives.work import Work
 from ringtorch.distributed import _args as a
 from ringtorch.distributed import groups
@@ -118,35 +116,6 @@ def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: ProcessGroup
     return _finish(group.allreduce([t], opts), async_op)
 
 
-@deprecated("`torch.distributed.all_reduce_coalesced` will be deprecated. If you must use it, "
-            "please revisit our documentation later at "
-            "https://pytorch.org/docs/main/distributed.html#collective-functions",
-            category=FutureWarning)
-def all_reduce_coalesced(tensors: Any, op: Any = ReduceOp.SUM,
-                         group: ProcessGroup | None = None, async_op: bool = False) -> Any:
-    """All-reduce several tensors of one dtype in one collective (deprecated in torch).
-
-    Returns:
-        With ``async_op``, a Future (as torch returns); otherwise None.
-    """
-    if _is_buffer_like(tensors):
-        tensors = [tensors]
-    ts = a.check_tensor_list(tensors, "tensor")
-    a.ensure_same_dtype(ts)
-    if a.not_in_group(group):
-        a.warn_not_in_group("all_reduce_coalesced")
-        return None
-    if any(t.is_complex() for t in ts) and not supports_complex(op):
-        raise ValueError(f"all_reduce does not support {op} on complex tensors")
-    group = a.group_or_default(group)
-    opts = AllreduceCoalescedOptions(reduceOp=op, asyncOp=async_op)
-    work = group.allreduce_coalesced([_real(t) for t in ts], opts)
-    if async_op:
-        return work.get_future()
-    work.wait()
-    return None
-
-
 def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = ReduceOp.SUM,
            group: ProcessGroup | None = None, async_op: bool = False,
            group_dst: int | None = None) -> Work | None:
@@ -198,52 +167,6 @@ def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
     group = group or groups._get_default_group()
     opts = AllgatherOptions(asyncOp=async_op)
     return _finish(group.all_gather_single(_real(out), _real(inp), opts), async_op)
-
-
-@deprecated("`torch.distributed.all_gather_into_tensor` is deprecated. Please use "
-            "`torch.distributed.all_gather_single` instead.", category=FutureWarning)
-def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
-                           group: ProcessGroup | None = None,
-                           async_op: bool = False) -> Work | None:
-    """``all_gather_single`` under its older name (deprecated in torch 2.13, as here)."""
-    return all_gather_single(output_tensor, input_tensor, group, async_op)
-
-
-@deprecated("`torch.distributed._all_gather_base` is a private function and will be deprecated. "
-            "Please use `torch.distributed.all_gather_single` instead.", category=FutureWarning)
-def _all_gather_base(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
-                     group: ProcessGroup | None = None, async_op: bool = False) -> Work | None:
-    return all_gather_single(output_tensor, input_tensor, group, async_op)
-
-
-@deprecated("`torch.distributed.all_gather_coalesced` will be deprecated. If you must use it, "
-            "please revisit our documentation later at "
-            "https://pytorch.org/docs/main/distributed.html#collective-functions",
-            category=FutureWarning)
-def all_gather_coalesced(output_tensor_lists: list[list[torch.Tensor]],
-                         input_tensor_list: list[torch.Tensor],
-                         group: ProcessGroup | None = None, async_op: bool = False) -> Any:
-    """Several all_gathers in one collective (deprecated in torch); ``async_op`` gives a
-    Future, as in torch."""
-    if a.not_in_group(group):
-        a.warn_not_in_group("all_gather_coalesced")
-        return None
-    ins = a.check_tensor_list(input_tensor_list, "input_tensor_list")
-    a.ensure_same_dtype(ins)
-    if not isinstance(output_tensor_lists, list):
-        raise TypeError("Invalid function argument: output_tensor_lists should be a list")
-    outs = []
-    for lst in output_tensor_lists:
-        checked = a.check_tensor_list(lst, "output_tensor_lists")
-        a.ensure_same_dtype(checked)
-        outs.append([_real(t) for t in checked])
-    group = group or groups._get_default_group()
-    work = group.allgather_coalesced(outs, [_real(t) for t in ins],
-                                     AllgatherOptions(asyncOp=async_op))
-    if async_op:
-        return work.get_future()
-    work.wait()
-    return None
 
 
 def _validate_output_list_for_rank(my_rank: int, dst: int, gather_list: Any) -> None:
@@ -340,24 +263,6 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op: Any = R
     return _finish(group.reduce_scatter_single(_real(out), _real(inp), opts), async_op)
 
 
-@deprecated("`torch.distributed.reduce_scatter_tensor` is deprecated. Please use "
-            "`torch.distributed.reduce_scatter_single` instead.", category=FutureWarning)
-def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = ReduceOp.SUM,
-                          group: ProcessGroup | None = None,
-                          async_op: bool = False) -> Work | None:
-    """``reduce_scatter_single`` under its older name (deprecated in torch 2.13, as here)."""
-    return reduce_scatter_single(output, input, op, group, async_op)
-
-
-@deprecated("`torch.distributed._reduce_scatter_base` is a private function and will be "
-            "deprecated. Please use `torch.distributed.reduce_scatter_single` instead.",
-            category=FutureWarning)
-def _reduce_scatter_base(output: torch.Tensor, input: torch.Tensor, op: Any = ReduceOp.SUM,
-                         group: ProcessGroup | None = None,
-                         async_op: bool = False) -> Work | None:
-    return reduce_scatter_single(output, input, op, group, async_op)
-
-
 def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
                       output_split_sizes: list[int] | None = None,
                       input_split_sizes: list[int] | None = None,
@@ -446,36 +351,10 @@ def _check_complex_op(op: Any, tensors: list[torch.Tensor], name: str) -> None:
         raise ValueError(f"{name} does not support {op} on complex tensors")
 
 
-def _is_buffer_like(obj: Any) -> bool:
-    from ringtorch import _buffers
-
-    return _buffers.is_buffer(obj)
-
-
-class _ReduceOpAlias:
-    """``reduce_op``: the deprecated spelling of ReduceOp (attribute access warns)."""
-
-    def __init__(self) -> None:
-        for name, member in RedOpType.__members__.items():
-            object.__setattr__(self, name, member)
-        object.__setattr__(self, "__members__", RedOpType.__members__)
-
-    def __getattribute__(self, key: str) -> Any:
-        warnings.warn("`torch.distributed.reduce_op` is deprecated, please use "
-                      "`torch.distributed.ReduceOp` instead", FutureWarning, stacklevel=2)
-        return object.__getattribute__(self, key)
-
-
-reduce_op = _ReduceOpAlias()
-
-
 __all__ = [
     "all_gather",
-    "all_gather_coalesced",
-    "all_gather_into_tensor",
     "all_gather_single",
     "all_reduce",
-    "all_reduce_coalesced",
     "all_to_all",
     "all_to_all_single",
     "barrier",
@@ -483,10 +362,8 @@ __all__ = [
     "gather",
     "monitored_barrier",
     "reduce",
-    "reduce_op",
     "reduce_scatter",
     "reduce_scatter_single",
-    "reduce_scatter_tensor",
     "scatter",
     "supports_complex",
 ]
