@@ -251,8 +251,13 @@ class Server:
 
     def _execute(self, conn: IncomingConnection, header: Any, handler: Any,
                  prepared: Any) -> None:
+        hook = self.agent.autograd_hook
         try:
-            result = handler.run(self.agent, conn.peer, prepared)
+            if hook is not None and header.context_id >= 0:
+                with hook.running(header.context_id):
+                    result = handler.run(self.agent, conn.peer, prepared)
+            else:
+                result = handler.run(self.agent, conn.peer, prepared)
         except BaseException as exc:
             self.reply(conn, header, None, exc, handler.counted)
             return

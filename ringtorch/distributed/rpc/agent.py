@@ -59,6 +59,10 @@ def _default_spin_s(table: list[dict[str, Any]]) -> float:
 
 _current: RpcAgent | None = None
 
+# Called with each agent as it becomes current: distributed autograd installs its hook here
+# (the layer above RPC, which RPC may not import).
+agent_start_hooks: list[Callable[[RpcAgent], None]] = []
+
 
 def current_agent() -> RpcAgent:
     """This process's RPC agent.
@@ -76,6 +80,9 @@ def current_agent() -> RpcAgent:
 def set_current_agent(agent: RpcAgent | None) -> None:
     global _current
     _current = agent
+    if agent is not None:
+        for hook in list(agent_start_hooks):
+            hook(agent)
 
 
 class RpcAgent:
@@ -324,7 +331,10 @@ class RpcAgent:
             exc_type, text = remote_error_payload(self.info, error)
             encoded = _serialization.encode(
                 (exc_type.__module__, exc_type.__qualname__, text), peer.id)
-        parts, by_reference = build_parts(kind, 0, header.message_id, (-1, -1), encoded,
+        ids = (-1, -1)
+        if self.autograd_hook is not None and header.context_id >= 0 and error is None:
+            ids = self.autograd_hook.on_reply(peer, header.context_id, encoded.tensors)
+        parts, by_reference = build_parts(kind, 0, header.message_id, ids, encoded,
                                           self.reads_me.get(peer.id, False))
         holds = encoded.holds + [encoded.buffers] if by_reference else encoded.holds
         if holds:
