@@ -1,0 +1,146 @@
+"""The distributed backward pass: local pieces of the graph, joined by RPC.
+
+Each worker runs ``torch.autograd.grad`` on its own piece of the graph, from the roots (on the
+root worker) or from the tensors it once sent (when their gradients come back), to the leaves
+the piece reaches: parameter leaves accumulate in the context, never in ``.grad``; leaves
+that were received over RPC have their gradient sent back to the worker that sent them, which
+runs its own piece and so on (torch's FAST mode). Guarantee: a BACKWARD request is answered
+only when every piece it triggered, on every worker, is done, so ``backward`` on the root
+returns when the whole pass is over (and raises the first error of any piece).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ringtorch.distributed.autograd import context as _context
+from ringtorch.distributed.rpc import messages
+from ringtorch.distributed.rpc.agent import current_agent
+from ringtorch.futures import Future
+
+BACKWARD = 32   # (context_id, [(message_id, tensor index, grad)]): run the sender's piece
+RELEASE = 33    # one-way, context_id: drop the context here and on the workers it knew
+
+_container: _context.Container | None = None
+
+
+def container() -> _context.Container:
+    """This worker's context container (the hook installed on its RPC agent).
+
+    Raises:
+        RuntimeError: RPC is not initialized.
+    """
+    agent = current_agent()
+    if _container is None or agent.autograd_hook is not _container:
+        install(agent)
+    assert _container is not None
+    return _container
+
+
+def install(agent: Any) -> None:
+    """Install a fresh container as ``agent``'s autograd hook (on every ``init_rpc``)."""
+    global _container
+    _container = _context.Container(agent.info.id)
+    agent.autograd_hook = _container
+
+
+def _leaves(outputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The leaves requiring grad that the graph of ``outputs`` reaches (each once)."""
+    found: dict[int, torch.Tensor] = {}
+    seen: set[int] = set()
+    stack = []
+    for out in outputs:
+        if out.grad_fn is None:
+            found[id(out)] = out
+        else:
+            stack.append(out.grad_fn)
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        variable = getattr(node, "variable", None)
+        if variable is not None:
+            found[id(variable)] = variable
+            continue
+        for child, _ in node.next_functions:
+            if child is not None and id(child) not in seen:
+                stack.append(child)
+    return list(found.values())
+
+
+def run_piece(ctx: _context.DistAutogradContext, outputs: list[torch.Tensor],
+              grads: list[torch.Tensor] | None) -> None:
+    """Backward through this worker's graph from ``outputs``; forward to the senders."""
+    inputs = _leaves(outputs)
+    if not inputs:
+        return
+    results = torch.autograd.grad(outputs, inputs, grads, retain_graph=True,
+                                  allow_unused=True)
+    onward: dict[int, list[tuple[int, int, torch.Tensor]]] = {}
+    for tensor, grad in zip(inputs, results, strict=True):
+        if grad is None:
+            continue
+        origin = ctx.recvs.get(id(tensor))
+        if origin is None:
+            ctx.accumulate(tensor, grad)
+        else:
+            onward.setdefault(origin[0], []).append((origin[1], origin[2], grad))
+    _propagate(ctx, onward)
+
+
+def _propagate(ctx: _context.DistAutogradContext,
+               onward: dict[int, list[tuple[int, int, torch.Tensor]]]) -> None:
+    if not onward:
+        return
+    agent = current_agent()
+    previous = _context.current()
+    _context.set_current(None)  # engine messages are not part of the recorded graph
+    try:
+        pendings = []
+        for worker_id, entries in onward.items():
+            future: Future[Any] = Future()
+            agent.request(agent.workers[worker_id], BACKWARD, (ctx.context_id, entries), 0,
+                          "distributed autograd backward", future=future)
+            pendings.append(future)
+    finally:
+        _context.set_current(previous)
+    for future in pendings:
+        future.wait()
+
+
+def _run_backward(agent: Any, src: Any, payload: Any) -> None:
+    context_id, entries = payload
+    ctx = container().retrieve(context_id)
+    outputs, grads = [], []
+    for message_id, index, grad in entries:
+        outputs.append(ctx.sends[message_id][index])
+        grads.append(grad)
+    run_piece(ctx, outputs, grads)
+
+
+def release_everywhere(context_id: int, skip: int | None = None) -> None:
+    """Drop a context here and tell every worker it knew (they pass it on)."""
+    ctx = container().release(context_id)
+    if ctx is None:
+        return
+    agent = current_agent()
+    previous = _context.current()
+    _context.set_current(None)
+    try:
+        for worker_id in ctx.workers:
+            if worker_id != skip and worker_id != agent.info.id and worker_id not in agent.dead:
+                agent.request(agent.workers[worker_id], RELEASE, context_id, 0,
+                              "release distributed autograd context", one_way=True)
+    finally:
+        _context.set_current(previous)
+
+
+def _run_release(agent: Any, src: Any, context_id: int) -> None:
+    release_everywhere(context_id, skip=src.id)
+
+
+messages.register_handler(messages.Handler(BACKWARD, _run_backward))
+messages.register_handler(messages.Handler(RELEASE, _run_release))

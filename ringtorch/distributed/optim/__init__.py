@@ -1,0 +1,78 @@
+"""ringtorch.distributed.optim: torch's DistributedOptimizer on ringtorch's RPC and autograd.
+
+One local optimizer is created on each owner of the parameters (``rpc.remote``); ``step``
+runs them all concurrently with the gradients of one distributed autograd context. The rule
+it keeps: optimizers on one worker step under one lock, so several trainers stepping at once
+never interleave inside an update.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from typing import Any
+
+import ringtorch.distributed.autograd as dist_autograd
+import ringtorch.distributed.rpc as rpc
+
+_step_lock = threading.Lock()  # one per worker, as torch's _LocalOptimizer.global_lock
+
+
+class _LocalOptimizer:
+    """The optimizer of the parameters one worker owns."""
+
+    def __init__(self, optimizer_class: Any, local_params_rref: list[Any], *args: Any,
+                 **kwargs: Any) -> None:
+        self._params = [rref.local_value() for rref in local_params_rref]
+        self.optim = optimizer_class(self._params, *args, **kwargs)
+
+    def step(self, context_id: int) -> None:
+        grads = dist_autograd.get_gradients(context_id)
+        with _step_lock:
+            for param in self._params:
+                param.grad = grads.get(param)
+            self.optim.step()
+
+
+def _new_local_optimizer(optimizer_class: Any, params: list[Any], args: tuple[Any, ...],
+                         kwargs: dict[str, Any]) -> _LocalOptimizer:
+    return _LocalOptimizer(optimizer_class, params, *args, **kwargs)
+
+
+def _local_step(optimizer_rref: Any, context_id: int) -> None:
+    optimizer_rref.local_value().step(context_id)
+
+
+class DistributedOptimizer:
+    """torch.distributed.optim.DistributedOptimizer: ``step(context_id)`` on every owner."""
+
+    def __init__(self, optimizer_class: Any, params_rref: list[Any], *args: Any,
+                 **kwargs: Any) -> None:
+        by_owner: dict[Any, list[Any]] = defaultdict(list)
+        for rref in params_rref:
+            by_owner[rref.owner()].append(rref)
+        self.remote_optimizers = [
+            rpc.remote(owner, _new_local_optimizer, args=(optimizer_class, rrefs, args, kwargs))
+            for owner, rrefs in by_owner.items()]
+
+    def step(self, context_id: int) -> None:
+        """One step of every local optimizer with ``context_id``'s gradients (concurrently).
+
+        Raises:
+            RuntimeError: unknown context; the first error of any owner's step.
+        """
+        dist_autograd.get_gradients(context_id)  # an unknown context fails here, as in torch
+        futures = [rpc.rpc_async(opt.owner(), _local_step, args=(opt, context_id))
+                   for opt in self.remote_optimizers]
+        errors = []
+        for future in futures:
+            try:
+                future.wait()
+            except Exception as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+
+__all__ = ["DistributedOptimizer"]
+
