@@ -10,7 +10,7 @@ unpickled, and same-host workers talk over Unix sockets.
 
 from __future__ import annotations
 
-from ringtorch.distributed.rpc import functions
+from ringtorch.distributed.rpc import constants, functions
 from ringtorch.distributed.rpc._workerinfo import WorkerInfo
 from ringtorch.distributed.rpc.api import (
     _set_rpc_timeout,
@@ -39,6 +39,7 @@ from ringtorch.distributed.rpc.options import (
     BackendType,
     RpcBackendOptions,
     TensorPipeRpcBackendOptions,
+    backend_registered,
     construct_rpc_backend_options,
 )
 from ringtorch.distributed.rpc.rref import RRef
@@ -63,6 +64,8 @@ __all__ = [
     "WorkerInfo",
     "_set_rpc_timeout",
     "_wait_all",
+    "backend_registered",
+    "constants",
     "construct_rpc_backend_options",
     "functions",
     "get_rpc_timeout",

@@ -32,7 +32,7 @@ class Pending:
     __slots__ = ("deadline", "done", "error", "event", "future", "holds", "message_id",
                  "on_done", "timeout", "value", "what")
 
-    def __init__(self, message_id: int, what: str, timeout: float, holds: list[Any],
+    def __init__(self, message_id: int, what: Any, timeout: float, holds: list[Any],
                  future: Any = None, on_done: Callable[[Any, Any], None] | None = None) -> None:
         self.message_id = message_id
         self.what = what

@@ -137,7 +137,7 @@ for _handler in (
 
 
 def create_remote(agent: RpcAgent, dst: WorkerInfo, func: Any, args: Any, kwargs: Any,
-                  timeout: float, what: str) -> RRef[Any]:
+                  timeout: float, what: Any) -> RRef[Any]:
     """``rpc.remote``: start ``func`` on ``dst``; return the RRef to its result at once."""
     ctx: RRefContext = agent.rref_context
     if dst.id == agent.info.id:

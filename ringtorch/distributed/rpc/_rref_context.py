@@ -136,7 +136,9 @@ class RRefContext:
 
     def delete_all_users(self) -> None:
         """Shutdown: delete every live user reference and tell the owners now."""
-        for rref in list(self.users):
+        with self.lock:
+            users = list(self.users)
+        for rref in users:
             rref._release()
         self.flush_deletes()
 

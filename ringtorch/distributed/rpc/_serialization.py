@@ -24,7 +24,6 @@ import io
 import pickle
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -36,37 +35,43 @@ _CUDA_MESSAGE = (
 )
 
 
-@dataclass
 class EncodeContext:
-    """What reducers may read and extend while one message is pickled."""
+    """What reducers may read and extend while one message is pickled: its destination,
+    objects to keep alive until the peer has loaded it, the tensors met, and what to undo if
+    pickling fails."""
 
-    dst: int
-    holds: list[Any] = field(default_factory=list)
-    tensors: list[torch.Tensor] = field(default_factory=list)
-    rollback: list[Callable[[], None]] = field(default_factory=list)
+    __slots__ = ("dst", "holds", "rollback", "tensors")
+
+    def __init__(self, dst: int) -> None:
+        self.dst = dst
+        self.holds: list[Any] = []
+        self.tensors: list[torch.Tensor] = []
+        self.rollback: list[Callable[[], None]] = []
 
 
-@dataclass
 class DecodeContext:
     """What rebuild functions may read while one message is loaded."""
 
-    src: int
-    on_tensor: Callable[[torch.Tensor], torch.Tensor] | None = None
-    tensors: list[torch.Tensor] = field(default_factory=list)
+    __slots__ = ("on_tensor", "src", "tensors")
+
+    def __init__(self, src: int,
+                 on_tensor: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        self.src = src
+        self.on_tensor = on_tensor
+        self.tensors: list[torch.Tensor] = []
 
 
-@dataclass
 class Encoded:
     """One pickled message: bytes, out-of-band buffers, objects to keep alive, tensors seen."""
 
-    data: bytes
-    buffers: list[memoryview]
-    holds: list[Any]
-    tensors: list[torch.Tensor]
+    __slots__ = ("buffers", "data", "holds", "tensors")
 
-    @property
-    def nbytes(self) -> int:
-        return len(self.data) + sum(b.nbytes for b in self.buffers)
+    def __init__(self, data: bytes, buffers: list[memoryview], holds: list[Any],
+                 tensors: list[torch.Tensor]) -> None:
+        self.data = data
+        self.buffers = buffers
+        self.holds = holds
+        self.tensors = tensors
 
 
 _tls = threading.local()
@@ -155,6 +160,31 @@ def register_reducer(cls: type, reducer: Callable[[Any], Any]) -> None:
     _RpcPickler.dispatch_table[cls] = reducer
 
 
+class _Pickling:
+    """A pickler and its output buffer, reused by one thread (creating them costs more than
+    pickling a small call)."""
+
+    __slots__ = ("buffers", "busy", "out", "pickler")
+
+    def __init__(self) -> None:
+        self.out = io.BytesIO()
+        self.buffers: list[pickle.PickleBuffer] = []
+        self.pickler = _RpcPickler(self.out, protocol=5, buffer_callback=self._collect)
+        self.busy = False
+
+    def _collect(self, buf: pickle.PickleBuffer) -> None:
+        self.buffers.append(buf)
+
+
+def _pickling() -> _Pickling:
+    cached = getattr(_tls, "pickling", None)
+    if cached is None or cached.busy:
+        cached = _Pickling()
+        if getattr(_tls, "pickling", None) is None:
+            _tls.pickling = cached
+    return cached
+
+
 def encode(obj: Any, dst: int) -> Encoded:
     """Pickle ``obj`` for worker ``dst``: in-band bytes plus out-of-band buffers.
 
@@ -162,19 +192,27 @@ def encode(obj: Any, dst: int) -> Encoded:
         Whatever pickling raises (an unpicklable object, a CUDA tensor); nothing was sent.
     """
     ctx = EncodeContext(dst)
-    buffers: list[pickle.PickleBuffer] = []
-    out = io.BytesIO()
+    work = _pickling()
+    work.busy = True
     saved = getattr(_tls, "encode", None)
     _tls.encode = ctx
     try:
-        _RpcPickler(out, protocol=5, buffer_callback=buffers.append).dump(obj)
+        work.pickler.dump(obj)
+        data = work.out.getvalue()
     except BaseException:
+        _tls.pickling = None  # a pickler that failed half way is not reused
         for undo in ctx.rollback:
             undo()
         raise
     finally:
         _tls.encode = saved
-    return Encoded(out.getvalue(), [b.raw() for b in buffers], ctx.holds, ctx.tensors)
+        work.busy = False
+    buffers = [b.raw() for b in work.buffers]
+    work.buffers = []
+    work.out.seek(0)
+    work.out.truncate()
+    work.pickler.clear_memo()
+    return Encoded(data, buffers, ctx.holds, ctx.tensors)
 
 
 def decode(data: Any, buffers: list[Any], src: int,

@@ -298,7 +298,7 @@ class Server:
             with conn.lock:
                 conn.reader_gen += 1
             conn.close()
-        self.pool.stop(timeout=0.5)
+        self.pool.stop()
 
 
 def is_future(obj: Any) -> bool:

@@ -189,27 +189,35 @@ def send_message(sock: socket.socket, parts: list[Any], deadline: float | None,
         DeadlineExceeded: nothing was sent before ``deadline`` (the stream is intact).
         StalledError: part of the message was sent before ``deadline`` passed.
     """
-    views = [memoryview(p).cast("B") for p in parts if len(p)]
-    poller: Any = None
-    sent_any = False
-    while views:
+    sent = 0
+    if len(parts) <= 64:  # IOV_MAX is larger; past 64 buffers, send them in batches
         try:
-            sent = sock.sendmsg(views[:64], [], socket.MSG_DONTWAIT)
+            sent = sock.sendmsg(parts, [], socket.MSG_DONTWAIT)
         except BlockingIOError:
-            sent = 0
+            pass
         except OSError as exc:
             raise PeerClosedError(f"connection to {peer} failed while sending ({exc})") from exc
-        if sent:
-            sent_any = True
-            while sent:
-                head = views[0]
-                if sent >= len(head):
-                    sent -= len(head)
-                    views.pop(0)
-                else:
-                    views[0] = head[sent:]
-                    sent = 0
-            continue
+    total = sum(len(p) if isinstance(p, bytes) else memoryview(p).nbytes for p in parts)
+    if sent < total:
+        _send_rest(sock, parts, sent, deadline, peer)
+
+
+def _send_rest(sock: socket.socket, parts: list[Any], sent: int, deadline: float | None,
+               peer: str) -> None:
+    views = [memoryview(p).cast("B") for p in parts if len(p)]
+    poller: Any = None
+    sent_any = sent > 0
+    while True:
+        while sent:
+            head = views[0]
+            if sent >= len(head):
+                sent -= len(head)
+                views.pop(0)
+            else:
+                views[0] = head[sent:]
+                sent = 0
+        if not views:
+            return
         if poller is None:
             poller = select.poll()
             poller.register(sock.fileno(), _POLLOUT)
@@ -218,7 +226,13 @@ def send_message(sock: socket.socket, parts: list[Any], deadline: float | None,
             if sent_any:
                 raise StalledError(f"{peer} stopped reading in the middle of a message")
             raise DeadlineExceeded(f"{peer} did not accept a message before the deadline")
-
+        try:
+            sent = sock.sendmsg(views[:64], [], socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            raise PeerClosedError(f"connection to {peer} failed while sending ({exc})") from exc
+        sent_any = sent_any or sent > 0
 
 
 def message_from_parts(parts: list[Any]) -> Message:

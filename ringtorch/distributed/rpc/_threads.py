@@ -47,16 +47,12 @@ class WorkerPool:
             fn, args = job
             fn(*args)
 
-    def stop(self, timeout: float = 1.0) -> None:
-        """Let every thread finish its current job and exit (waits up to ``timeout`` each)."""
+    def stop(self) -> None:
+        """Let every thread finish its current job and exit (without waiting for them)."""
         with self._lock:
             threads, self._threads = self._threads, []
         for _ in threads:
             self._jobs.put(_STOP)
-        current = threading.current_thread()
-        for thread in threads:
-            if thread is not current:
-                thread.join(timeout)
 
 
 class _Spare:

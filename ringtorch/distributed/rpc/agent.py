@@ -53,7 +53,9 @@ def _default_spin_s(table: list[dict[str, Any]]) -> float:
     spin_us = _config.RPC_SPIN_US.get()
     if spin_us < 0:  # auto: spin only while every local worker can have a core
         local = sum(1 for entry in table if entry["host_id"] == _mesh.host_identity())
-        spin_us = 50 if local <= (os.cpu_count() or 1) else 0
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+        spin_us = 50 if local <= cores else 0
     return spin_us / 1e6
 
 
@@ -223,7 +225,7 @@ class RpcAgent:
 
     # ---- calls ------------------------------------------------------------------------
 
-    def request(self, dst: WorkerInfo, kind: int, payload: Any, timeout: float, what: str, *,
+    def request(self, dst: WorkerInfo, kind: int, payload: Any, timeout: float, what: Any, *,
                 sync: bool = False, future: Any = None,
                 on_done: Callable[[Any, Any], None] | None = None,
                 one_way: bool = False) -> Any:

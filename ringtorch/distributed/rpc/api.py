@@ -162,12 +162,21 @@ def _to_worker_info(agent: RpcAgent, to: Any) -> WorkerInfo:
     return agent.get_worker_info(to)
 
 
-def _describe_call(func: Callable[..., Any], args: Any, dst: WorkerInfo) -> str:
-    if func is _invoke_on_owner and args:
-        return f"RRef proxy call {args[0]!r}.{args[1]}() on {describe(dst)}"
-    name = getattr(func, "__qualname__", None) or repr(func)
-    module = getattr(func, "__module__", None)
-    return f"{module}.{name} on {describe(dst)}" if module else f"{name} on {describe(dst)}"
+class _Call:
+    """What a call was, for error messages; formatted only if one is raised."""
+
+    __slots__ = ("args", "dst", "func")
+
+    def __init__(self, func: Callable[..., Any], args: Any, dst: WorkerInfo) -> None:
+        self.func, self.args, self.dst = func, args, dst
+
+    def __str__(self) -> str:
+        if self.func is _invoke_on_owner and self.args:
+            return f"RRef proxy call {self.args[0]!r}.{self.args[1]}() on {describe(self.dst)}"
+        name = getattr(self.func, "__qualname__", None) or repr(self.func)
+        module = getattr(self.func, "__module__", None)
+        return f"{module}.{name} on {describe(self.dst)}" if module else (
+            f"{name} on {describe(self.dst)}")
 
 
 def _prepare(to: Any, func: Any, timeout: float) -> tuple[RpcAgent, WorkerInfo, float]:
@@ -188,7 +197,7 @@ def rpc_sync(to: Any, func: Callable[..., Any], args: tuple[Any, ...] | None = N
     """
     agent, dst, seconds = _prepare(to, func, timeout)
     return agent.request(dst, messages.CALL, (func, args, kwargs), seconds,
-                         _describe_call(func, args, dst), sync=True)
+                         _Call(func, args, dst), sync=True)
 
 
 def rpc_async(to: Any, func: Callable[..., Any], args: tuple[Any, ...] | None = None,
@@ -198,7 +207,7 @@ def rpc_async(to: Any, func: Callable[..., Any], args: tuple[Any, ...] | None = 
     agent, dst, seconds = _prepare(to, func, timeout)
     future: Future[Any] = Future()
     agent.request(dst, messages.CALL, (func, args, kwargs), seconds,
-                  _describe_call(func, args, dst), future=future)
+                  _Call(func, args, dst), future=future)
     futures = getattr(_thread_local, "future_list", None)
     if futures is not None:
         futures.append(future)
@@ -213,7 +222,7 @@ def remote(to: Any, func: Callable[..., Any], args: tuple[Any, ...] | None = Non
     """
     agent, dst, seconds = _prepare(to, func, timeout)
     return create_remote(agent, dst, func, args, kwargs, seconds,
-                         _describe_call(func, args, dst))
+                         _Call(func, args, dst))
 
 
 @contextlib.contextmanager

@@ -68,17 +68,21 @@ KIND_NAMES = {
 }
 
 
-@dataclass
 class Header:
     """The fixed fields of one message."""
 
-    kind: int
-    flags: int
-    pickle_nbytes: int
-    message_id: int
-    context_id: int = -1
-    context_message_id: int = -1
-    nbuffers: int = 0
+    __slots__ = ("context_id", "context_message_id", "flags", "kind", "message_id", "nbuffers",
+                 "pickle_nbytes")
+
+    def __init__(self, kind: int, flags: int, pickle_nbytes: int, message_id: int,
+                 context_id: int = -1, context_message_id: int = -1, nbuffers: int = 0) -> None:
+        self.kind = kind
+        self.flags = flags
+        self.pickle_nbytes = pickle_nbytes
+        self.message_id = message_id
+        self.context_id = context_id
+        self.context_message_id = context_message_id
+        self.nbuffers = nbuffers
 
 
 def pack_header(kind: int, flags: int, pickle_nbytes: int, message_id: int,

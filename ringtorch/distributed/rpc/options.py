@@ -101,6 +101,11 @@ class TensorPipeRpcBackendOptions(RpcBackendOptions):
         self.devices = list(devices)
 
 
+def backend_registered(backend_name: str) -> bool:
+    """Whether ``backend_name`` names an RPC backend (torch's backend_registry function)."""
+    return backend_name in BackendType.__members__
+
+
 def construct_rpc_backend_options(backend: BackendType, **kwargs: Any) -> RpcBackendOptions:
     """The default options of ``backend`` (torch's backend_registry function of that name)."""
     if backend is not BackendType.TENSORPIPE:
@@ -117,5 +122,6 @@ __all__ = [
     "BackendType",
     "RpcBackendOptions",
     "TensorPipeRpcBackendOptions",
+    "backend_registered",
     "construct_rpc_backend_options",
 ]

@@ -79,14 +79,17 @@ class RRef(Generic[T]):
                    fork_id: Id) -> RRef[Any]:
         rref = cls.__new__(cls)
         rref._init(ctx, rref_id, owner, fork_id)
-        ctx.users.add(rref)
+        with ctx.lock:
+            ctx.users.add(rref)
         return rref
 
     def __del__(self) -> None:
         # Only appends to a deque (no lock): __del__ may run on any thread at any moment.
-        if getattr(self, "_fork_id", None) is not None and not self._deleted:
-            if not self._ctx.closed:
+        try:
+            if self._fork_id is not None and not self._deleted and not self._ctx.closed:
                 self._ctx.deletes.append((self._owner.id, self._rref_id, self._fork_id))
+        except AttributeError:  # half-built, or the interpreter is shutting down
+            pass
 
     def _release(self) -> None:
         if self._fork_id is not None and not self._deleted:
