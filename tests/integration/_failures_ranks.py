@@ -227,3 +227,24 @@ def backends(rank: int, ws: int) -> dict[str, Any]:
     out["loop"] = (dist.get_backend(), t.tolist(), dist.Backend("LOOP"))
     dist.destroy_process_group()
     return out
+
+
+def excepthook_and_init_barrier(rank: int, ws: int) -> dict[str, Any]:
+    """torch's excepthook prefix, and TORCH_DIST_INIT_BARRIER=1 (a store-based barrier)."""
+    import io
+    import sys
+
+    before = sys.excepthook
+    dist.init_process_group("gloo")
+    captured = io.StringIO()
+    saved, sys.stderr = sys.stderr, captured
+    try:
+        try:
+            raise KeyError("boom")
+        except KeyError:
+            sys.excepthook(*sys.exc_info())
+    finally:
+        sys.stderr = saved
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"report": captured.getvalue(), "restored": sys.excepthook is before}

@@ -190,3 +190,13 @@ def test_backend_names_unknown_unavailable_and_user_registered() -> None:
     assert res["loop"] == ("loop", [10.0, 10.0], "loop")
     assert res["no_backend"] == ("undefined", "cpu:gloo", "gloo", None)
     assert res["gloo_config"] == "cpu:gloo,cuda:gloo"
+
+
+def test_uncaught_exceptions_are_prefixed_with_the_rank_and_init_barrier_works() -> None:
+    results = run_ranks(F.excepthook_and_init_barrier, 2, timeout=60,
+                        env={"TORCH_DIST_INIT_BARRIER": "1"})
+    for rank, res in enumerate(results):
+        lines = [line for line in res["report"].split("\n") if line]
+        assert lines and all(line.startswith(f"[rank{rank}]: ") for line in lines)
+        assert lines[-1] == f"[rank{rank}]: KeyError: 'boom'"
+        assert res["restored"] is True
