@@ -1,0 +1,128 @@
+"""Lanes and Works on their own (no network): the ordering guarantees of
+docs/design/group-ordering.md, G1 to G5 and G9, checked with a ``record`` list."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+
+from ringtorch._errors import DistBackendError
+from ringtorch.collectives.comm_thread import Lane, WorkerPool
+from ringtorch.collectives.work import Work
+
+
+def _work(record: list, name: str, delay: float = 0.0, error: Exception | None = None) -> Work:
+    def run(w: Work) -> None:
+        if delay:
+            time.sleep(delay)
+        record.append((name, w.seq, threading.get_ident()))
+        if error is not None:
+            raise error
+
+    return Work(name, -1, run, [torch.zeros(1)], "g")
+
+
+def test_g3_a_synchronous_work_on_an_idle_lane_runs_on_the_callers_thread() -> None:
+    record: list = []
+    lane = Lane("t")
+    work = _work(record, "sync")
+    lane.submit(work, inline=True, collective=True)
+    assert work.is_completed() and record == [("sync", 0, threading.get_ident())]
+
+
+def test_g2_g4_works_run_in_submission_order_and_a_sync_one_waits_behind_async_ones() -> None:
+    record: list = []
+    lane = Lane("t")
+    first = _work(record, "async", delay=0.05)
+    lane.submit(first, inline=False, collective=True)
+    second = _work(record, "sync")
+    lane.submit(second, inline=True, collective=True)  # queued: the lane is busy
+    second.wait()
+    assert [(name, seq) for name, seq, _ in record] == [("async", 0), ("sync", 1)]
+    assert record[1][2] != threading.get_ident()  # the communication thread ran it
+    assert first.is_completed()
+
+
+def test_g1_sequence_numbers_follow_submission_order_across_threads() -> None:
+    record: list = []
+    lane = Lane("t")
+    works: list[Work] = []
+    lock = threading.Lock()
+
+    def submit_many() -> None:
+        for _ in range(50):
+            w = _work(record, "x")
+            with lock:
+                works.append(w)
+            lane.submit(w, inline=False, collective=True)
+
+    threads = [threading.Thread(target=submit_many) for _ in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for w in works:
+        w.wait()
+    assert [seq for _, seq, _ in record] == list(range(150))
+
+
+def test_g5_a_blocked_lane_does_not_hold_up_another_lane_of_the_pool() -> None:
+    pool = WorkerPool("t")
+    record: list = []
+    release = threading.Event()
+    blocked = Work("recv", -1, lambda w: release.wait(5), [], "g")
+    Lane("a", pool).submit(blocked, inline=False)
+    other = _work(record, "send")
+    Lane("b", pool).submit(other, inline=False)
+    other.wait(timedelta(seconds=5))
+    assert not blocked.is_completed()
+    release.set()
+    blocked.wait(timedelta(seconds=5))
+
+
+def test_g9_closing_a_lane_fails_queued_works_and_refuses_new_ones() -> None:
+    lane = Lane("t")
+    release = threading.Event()
+    running = Work("slow", -1, lambda w: release.wait(5), [], "g")
+    lane.submit(running, inline=False, collective=True)
+    queued = _work([], "queued")
+    lane.submit(queued, inline=False, collective=True)
+    lane.close(DistBackendError("process group 'g' has been destroyed"))
+    with pytest.raises(DistBackendError, match=r"^process group 'g' has been destroyed$"):
+        queued.wait()
+    with pytest.raises(DistBackendError, match=r"^process group 'g' has been destroyed$"):
+        lane.submit(_work([], "late"), inline=True)
+    release.set()
+    running.wait(timedelta(seconds=5))
+
+
+def test_work_reports_its_error_result_and_future() -> None:
+    record: list = []
+    ok = _work(record, "ok")
+    ok.run()
+    assert (ok.is_completed(), ok.is_success(), ok.exception()) == (True, True, None)
+    assert ok.get_future().value()[0].tolist() == [0.0]
+    assert ok.result()[0].tolist() == [0.0]
+    failed = _work(record, "bad", error=DistBackendError("peer died"))
+    future = failed.get_future()
+    failed.run()
+    assert (failed.is_completed(), failed.is_success()) == (True, False)
+    assert str(failed.exception()) == "peer died"
+    with pytest.raises(DistBackendError, match="^peer died$"):
+        failed.wait()
+    with pytest.raises(DistBackendError, match="peer died"):
+        future.wait()
+
+
+def test_work_wait_with_a_timeout_raises_while_the_operation_goes_on() -> None:
+    pending = Work("recv", 3, lambda w: None, [], "g")
+    with pytest.raises(DistBackendError, match=r"^recv #3 on group 'g' did not complete within "
+                                               r"0:00:00.050000 \(Work.wait timed out"):
+        pending.wait(timedelta(milliseconds=50))
+    assert not pending.is_completed() and not pending.is_success()
+    pending.run()
+    assert pending.wait() is True
