@@ -92,11 +92,6 @@ class Channel(Protocol):
             PeerClosedError: the stream ended (EOF).
         """
 
-    def wake_after(self, nbytes: int) -> None:
-        """Hint for a poll loop: report readable only once ``nbytes`` are buffered (or on
-        EOF), so a large receive wakes its thread a few times instead of once per packet.
-        ``wake_after(1)`` restores the default; a transport may ignore the hint."""
-
     def fileno(self) -> int:
         """A file descriptor that polls readable/writable when the calls above can progress."""
 
@@ -258,13 +253,6 @@ class SocketChannel:
         if n == 0 and any(len(b) for b in buffers):
             raise self._closed_error("receiving")
         return n
-
-    def wake_after(self, nbytes: int) -> None:
-        """See base class."""
-        try:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, max(1, nbytes))
-        except OSError:
-            pass  # a hint only
 
     def fileno(self) -> int:
         """See base class."""

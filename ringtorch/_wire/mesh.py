@@ -39,10 +39,6 @@ _HEAD = COLL_HEADER.size
 # A send the kernel did not take at once is handed to the sender thread from this size on
 # (below it, the poll loop's few iterations cost less than a thread wake-up).
 _HANDOFF_NBYTES = 128 * 1024
-# A large receive wakes its thread once this much is buffered (SO_RCVLOWAT), at most the
-# second value at a time (the kernel grows the receive buffer to twice the watermark).
-_WATERMARK_NBYTES = 64 * 1024
-_WATERMARK_MAX_NBYTES = 1024 * 1024
 COLL_TAG = 0xC1
 NO_ROOT = 0xFFFFFFFF
 NO_REDOP = 0xFF
@@ -197,46 +193,29 @@ class PeerMesh:
                 got = ch.recv_some((head, body), False)  # type: ignore[union-attr]
         checked = False
         start = 0.0
-        watermark = 1
-        try:
-            while True:
-                if not checked and got >= _HEAD:
-                    if head != expected:
-                        raise FrameMismatch(peer, expected, bytes(head))
-                    checked = True
-                if got >= total:
-                    return
-                if checked and total - got >= _WATERMARK_NBYTES and watermark == 1:
-                    # wake once most of the payload is in, not once per arriving packet
-                    watermark = min(total - got, _WATERMARK_MAX_NBYTES)
-                    ch.wake_after(watermark)  # type: ignore[union-attr]
-                views = (head[got:], body) if got < _HEAD else (body[got - _HEAD:],)
-                n = ch.recv_some(views, True, checked)  # type: ignore[union-attr]
-                if n == 0:
-                    now = time.monotonic()
-                    start = start or now - WAIT_SLICE_S
-                    self._slow_hook([peer], now - start)
-                got += n
-                if watermark > 1 and total - got < watermark:
-                    watermark = 1
-                    ch.wake_after(1)  # type: ignore[union-attr]
-        finally:
-            if watermark > 1:
-                ch.wake_after(1)  # type: ignore[union-attr]
+        while True:
+            if not checked and got >= _HEAD:
+                if head != expected:
+                    raise FrameMismatch(peer, expected, bytes(head))
+                checked = True
+            if got >= total:
+                return
+            views = (head[got:], body) if got < _HEAD else (body[got - _HEAD:],)
+            # once the header is checked, wait for the whole payload inside the kernel
+            # (MSG_WAITALL): no return to Python per arriving packet
+            n = ch.recv_some(views, True, checked)  # type: ignore[union-attr]
+            if n == 0:
+                now = time.monotonic()
+                start = start or now - WAIT_SLICE_S
+                self._slow_hook([peer], now - start)
+            got += n
 
     def _slow_hook(self, peers: list[int], waited: float) -> None:
         if self.on_slow_wait is not None:
             self.on_slow_wait(peers, waited)
 
     def _drive(self, outgoing: list[_Outgoing], incoming: list[_Incoming]) -> None:
-        start = time.monotonic()
-        poller = select.poll()
-        try:
-            self._poll_loop(poller, start, outgoing, incoming)
-        finally:
-            for inc in incoming:
-                if inc.watermark > 1:
-                    inc.ch.wake_after(1)
+        self._poll_loop(select.poll(), time.monotonic(), outgoing, incoming)
 
     def _poll_loop(self, poller: Any, start: float, outgoing: list[_Outgoing],
                    incoming: list[_Incoming]) -> None:
@@ -246,7 +225,6 @@ class PeerMesh:
                 masks[out.fd] = masks.get(out.fd, 0) | select.POLLOUT
             for inc in incoming:
                 masks[inc.fd] = masks.get(inc.fd, 0) | select.POLLIN
-                inc.set_watermark()
             for fd, mask in masks.items():
                 poller.register(fd, mask)
             ready = poller.poll(WAIT_SLICE_S * 1000)
@@ -376,15 +354,6 @@ class _Incoming:
         self.into = memoryview(into).cast("B")
         self.got = 0
         self.total = COLL_HEADER.size + len(self.into)
-        self.watermark = 1
-
-    def set_watermark(self) -> None:
-        """Wake the poll loop for this stream only once a good part of the rest is there."""
-        want = 1 if self.got < COLL_HEADER.size else min(self.total - self.got,
-                                                         _WATERMARK_MAX_NBYTES)
-        if want != self.watermark:
-            self.ch.wake_after(want)
-            self.watermark = want
 
     def _view(self) -> memoryview:
         if self.got < COLL_HEADER.size:
