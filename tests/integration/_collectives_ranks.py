@@ -148,6 +148,18 @@ def _extras(out: dict[str, Any], rank: int, ws: int) -> None:
     parts = [torch.zeros(3, 4).t() for _ in range(ws)]
     dist.all_gather(parts, make(rank, "float32", 12, salt=52).view(3, 4).t())
     out["noncontig/all_gather"] = [p.contiguous() for p in parts]
+    t = make(rank, "float32", 12, salt=54).view(3, 4).t()
+    dist.reduce(t, dst=0)
+    if rank == 0:
+        out["noncontig/reduce"] = t.contiguous()
+    gl = [torch.zeros(3, 4).t() for _ in range(ws)] if rank == 0 else None
+    dist.gather(make(rank, "float32", 12, salt=55).view(3, 4).t(), gl, dst=0)
+    if rank == 0:
+        out["noncontig/gather"] = [g.contiguous() for g in gl]
+    o = torch.zeros(3, 4).t()
+    dist.scatter(o, [make(j, "float32", 12, salt=56).view(3, 4).t() for j in range(ws)]
+                 if rank == 0 else None, src=0)
+    out["noncontig/scatter"] = o.contiguous()
     # all_gather with parts of different sizes (torch documents it; gloo refuses it).
     parts = [torch.zeros(r + 1, dtype=torch.int64) for r in range(ws)]
     dist.all_gather(parts, make(rank, "int64", rank + 1, salt=53))

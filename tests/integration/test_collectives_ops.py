@@ -160,6 +160,20 @@ def test_non_contiguous_tensors_work_as_in_torch(ws: int) -> None:
 
 
 @pytest.mark.parametrize("ws", WORLDS)
+def test_non_contiguous_reduce_gather_and_scatter(ws: int) -> None:
+    def grid(r: int, salt: int) -> np.ndarray:
+        return _np(R.make(r, "float32", 12, salt=salt)).reshape(3, 4).T
+
+    root = results(ws)[0]
+    np.testing.assert_array_equal(_np(root["noncontig/reduce"]),
+                                  sum(grid(r, 54) for r in range(ws)))
+    for r in range(ws):
+        np.testing.assert_array_equal(_np(root["noncontig/gather"][r]), grid(r, 55))
+    for rank, res in enumerate(results(ws)):
+        np.testing.assert_array_equal(_np(res["noncontig/scatter"]), grid(rank, 56))
+
+
+@pytest.mark.parametrize("ws", WORLDS)
 def test_all_gather_takes_parts_of_different_sizes(ws: int) -> None:
     for res in results(ws):
         for r in range(ws):
