@@ -131,11 +131,17 @@ class GroupBase:
     # -- collectives ------------------------------------------------------------------------
 
     def _collective(self, op_name: str, opts: Any, fn: RunFn, described: list[torch.Tensor],
-                    outputs: list[torch.Tensor]) -> Work:
-        """Submit one collective to the group's lane; synchronous ones may run right here."""
+                    outputs: list[torch.Tensor], shapes: bool = True) -> Work:
+        """Submit one collective to the group's lane; synchronous ones may run right here.
+
+        ``described`` are the tensors whose shapes and dtypes must agree across ranks (what the
+        DETAIL check compares); with ``shapes=False`` only their dtypes must (all-to-all parts
+        differ in size from rank to rank).
+        """
         seconds = self._seconds(getattr(opts, "timeout", None))
         check = self.collective_check
-        fingerprint = [(tuple(t.shape), t.dtype) for t in described] if check else []
+        fingerprint = ([(tuple(t.shape) if shapes else (), t.dtype) for t in described]
+                       if check else [])
 
         def run(work: Work) -> Any:
             deadline = time.monotonic() + seconds

@@ -75,7 +75,7 @@ class MovementOps(GroupBase):
         checks.same_dtype("allgather", outs, inp.dtype)
         checks.numel_matches("allgather", [outs[self._rank]], inp)
         run = self._gather_plan(outs, inp)
-        return self._collective("allgather", opts, run, [inp, *outs], outs)
+        return self._collective("allgather", opts, run, outs, outs)  # inputs may differ in size
 
     def _gather_plan(self, outs: list[torch.Tensor], inp: torch.Tensor) -> RunFn:
         """How to all-gather ``inp`` into ``outs``: one all_gather when every part has the
@@ -193,7 +193,7 @@ class MovementOps(GroupBase):
             self._backend_or_raise().gather(flat, src.flat, root, seq, deadline)
             finish()
 
-        return self._collective("gather", opts, run, [inp, *outs], outs)
+        return self._collective("gather", opts, run, [inp], outs)
 
     def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None,
                 timeout: timedelta | None = None) -> Work:
@@ -228,7 +228,7 @@ class MovementOps(GroupBase):
             self._backend_or_raise().scatter(dst.flat, flat, root, seq, deadline)
             dst.finish()
 
-        return self._collective("scatter", opts, run, [out, *ins], [out])
+        return self._collective("scatter", opts, run, [out], [out])
 
     def alltoall_base(self, output: Any, input: Any, output_split_sizes: Any = None,
                       input_split_sizes: Any = None, opts: Any = None) -> Work:
@@ -251,7 +251,7 @@ class MovementOps(GroupBase):
             self._backend_or_raise().all_to_all(flat_out, flat_in, out_counts, in_counts,
                                                 seq, deadline)
 
-        return self._collective("alltoall_base", opts, run, [out, inp], [out])
+        return self._collective("alltoall_base", opts, run, [out, inp], [out], shapes=False)
 
     all_to_all_single = alltoall_base
 
@@ -278,7 +278,7 @@ class MovementOps(GroupBase):
                                                 seq, deadline)
             finish()
 
-        return self._collective("alltoall", opts, run, ins + outs, outs)
+        return self._collective("alltoall", opts, run, ins + outs, outs, shapes=False)
 
     def barrier(self, opts: Any = None) -> Work:
         """Complete once every rank of the group has entered the barrier."""
