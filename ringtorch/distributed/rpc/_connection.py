@@ -158,13 +158,12 @@ class OutgoingConnection(PendingTable):
                  cma_pid: int | None) -> None:
         super().__init__(peer_desc, rank, timeout_error)
         self.sock = sock
-        self.reader = MessageReader(sock, peer_desc, cma_pid)
+        self.reader = MessageReader(sock, peer_desc, cma_pid, spin_s)
         self.send_lock = threading.Lock()
         self._wakeup = threading.Condition(self.lock)
         self._reader_thread: int | None = None
         self._on_message = on_message
         self._on_broken = on_broken
-        self._spin_s = spin_s
         threading.Thread(target=self._background, daemon=True,
                          name=f"rpc-replies-{rank}").start()
 
@@ -210,16 +209,14 @@ class OutgoingConnection(PendingTable):
     def _lead(self, pending: Pending) -> None:
         while not pending.done:
             try:
-                if self._spin_s:
-                    self.reader.spin(self._spin_s)
-                message = self.reader.read(pending.deadline)
+                self.reader.spin()
+                self._on_message(self, self.reader.read(pending.deadline))
             except DeadlineExceeded:
                 self.expire(pending)
                 return
             except Exception as exc:
-                self._on_broken(self, exc)
+                self._on_broken(self, exc)  # the stream is unusable
                 return
-            self._on_message(self, message)
 
     def _on_fail(self) -> None:
         self._wakeup.notify_all()

@@ -153,6 +153,7 @@ class Server:
     def add(self, conn: IncomingConnection) -> None:
         """Serve a connection (from ``start()`` on: requests wait in the socket until the
         agent has connected to every worker, since serving one may need any of them)."""
+        conn.reader.spin_max_s = conn.reader._spin_s = self.spin_s
         with self._lock:
             self.connections.append(conn)
             serving = self._serving
@@ -193,8 +194,7 @@ class Server:
     def _serve(self, conn: IncomingConnection, gen: int) -> None:
         while True:
             try:
-                if self.spin_s:
-                    conn.reader.spin(self.spin_s)
+                conn.reader.spin()
                 message = conn.reader.read(None)
             except Exception as exc:
                 with conn.lock:
