@@ -160,9 +160,9 @@ STORE_MAX_VALUE_BYTES = _knob(
 
 RPC_SPIN_US = _knob(
     "RINGTORCH_RPC_SPIN_US", -1, int,
-    "microseconds an RPC reader polls its socket without blocking before it sleeps (a sleeping "
-    "thread costs a 30-60 us wake-up on a VM); -1 (default) means 50 when every worker of "
-    "this host can have a core of its own, else 0",
+    "at most this many microseconds an RPC reader polls its socket before it sleeps (a "
+    "sleeping thread costs a 30-60 us wake-up on a VM; the spin shrinks while it does not "
+    "pay); -1 (default) means 50 when every worker of this host can have a core, else 0",
 )
 
 
