@@ -1,12 +1,13 @@
 """rpc_sync round trips: ringtorch vs torch.distributed.rpc (TensorPipe), side by side.
 
-Two worker processes on this host run both RPC systems at once (each on its own port).
-Worker 0 calls ``echo`` on worker 1 with a tiny argument (an int), a 4 MB and a 64 MB
-float32 tensor; the tensor goes there and back. Rounds alternate between the two systems so
-that the machine's noise hits both alike. The table shows, per size and system, the median
-and p90 round trip over all rounds, the throughput (bytes moved both ways / median), and
-the ratio torch / ringtorch of the medians (above 1: ringtorch is faster). The first reply of
-each size is checked against the argument.
+Each round starts two fresh worker processes per system (torch's TensorPipe agent keeps
+threads busy that would slow down anything else running in its processes, so the two systems
+never share a process). Worker 0 calls ``echo`` on worker 1 with a tiny argument (an int), a
+4 MB and a 64 MB float32 tensor; the tensor goes there and back. Rounds alternate the order of
+the two systems so that the machine's noise hits both alike. The table shows, per size and
+system, the median and p90 round trip over all rounds, the throughput (bytes moved both ways
+/ median), and the ratio torch / ringtorch of the medians (above 1: ringtorch is faster). The
+first reply of each size is checked against the argument.
 
     .venv/bin/python bench/rpc.py
     .venv/bin/python bench/rpc.py --rounds 5 --json rpc.json
@@ -71,24 +72,32 @@ def _check(rpc, arg) -> None:
         raise AssertionError("echo returned something else than its argument")
 
 
-def _worker(rank: int, ports: dict[str, int], rounds: int, sizes: list[str], out) -> None:
+def _worker(rank: int, system: str, port: int, sizes: list[str], out) -> None:
     import torch
 
-    systems = {name: _init(name, rank, port) for name, port in ports.items()}
-    results: dict[str, dict[str, list[float]]] = {s: {n: [] for n in systems} for s in sizes}
+    rpc = _init(system, rank, port)
     if rank == 0:
         args = {s: 1 if SIZES[s] is None else torch.rand(SIZES[s] // 4) for s in sizes}
+        results = {}
         for size in sizes:
-            for rpc in systems.values():
-                _check(rpc, args[size])
-        for round_ in range(rounds):
-            order = list(systems) if round_ % 2 == 0 else list(reversed(systems))
-            for size in sizes:
-                for name in order:
-                    results[size][name] += _measure(systems[name], args[size], ITERS[size])
+            _check(rpc, args[size])
+            results[size] = _measure(rpc, args[size], ITERS[size])
         out.send(results)
-    for rpc in systems.values():
-        rpc.shutdown()
+    rpc.shutdown()
+
+
+def _round(system: str, sizes: list[str]) -> dict[str, list[float]]:
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, system, port, sizes, child))
+             for r in range(2)]
+    for proc in procs:
+        proc.start()
+    results = parent.recv()
+    for proc in procs:
+        proc.join(120)
+    return results
 
 
 def _table(results: dict[str, dict[str, list[float]]]) -> list[dict[str, object]]:
@@ -116,16 +125,12 @@ def main() -> None:
     parser.add_argument("--json", help="also write the rows to this file")
     ns = parser.parse_args()
     sizes = ns.sizes.split(",")
-    ports = {"ringtorch": _free_port(), "torch": _free_port()}
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe(duplex=False)
-    procs = [ctx.Process(target=_worker, args=(r, ports, ns.rounds, sizes, child))
-             for r in range(2)]
-    for proc in procs:
-        proc.start()
-    results = parent.recv()
-    for proc in procs:
-        proc.join(120)
+    systems = ["ringtorch", "torch"]
+    results: dict[str, dict[str, list[float]]] = {s: {n: [] for n in systems} for s in sizes}
+    for round_ in range(ns.rounds):
+        for system in systems if round_ % 2 == 0 else reversed(systems):
+            for size, times in _round(system, sizes).items():
+                results[size][system] += times
     rows = _table(results)
     print(f"{'size':>6} {'system':>10} {'median µs':>11} {'p90 µs':>10} {'GB/s':>6} "
           f"{'torch/ringtorch':>16}")

@@ -47,6 +47,37 @@ class Deferred:
         self.future = future
 
 
+class _Slots:
+    """How many more calls may execute now (a semaphore, cheaper when nobody waits)."""
+
+    def __init__(self, count: int) -> None:
+        self._free = count
+        self._waiting = 0
+        self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)
+
+    def try_take(self) -> bool:
+        with self._lock:
+            if self._free > 0:
+                self._free -= 1
+                return True
+            return False
+
+    def take(self) -> None:
+        with self._lock:
+            self._waiting += 1
+            while self._free <= 0:
+                self._freed.wait()
+            self._waiting -= 1
+            self._free -= 1
+
+    def give(self) -> None:
+        with self._lock:
+            self._free += 1
+            if self._waiting:
+                self._freed.notify()
+
+
 class _Inline:
     """Marks one request running on its connection's reader thread."""
 
@@ -138,7 +169,7 @@ class Server:
     def __init__(self, agent: Any, num_threads: int, spin_s: float) -> None:
         self.agent = agent
         self.pool = WorkerPool(num_threads, "rpc-worker")
-        self.slots = threading.Semaphore(num_threads)
+        self.slots = _Slots(num_threads)
         self.readers = ThreadCache("rpc-serve")
         self.connections: list[IncomingConnection] = []
         self.spin_s = spin_s
@@ -223,7 +254,7 @@ class Server:
             return
         if handler.inline:
             self._execute(conn, header, handler, prepared)
-        elif allow_inline and self.slots.acquire(blocking=False):
+        elif allow_inline and self.slots.try_take():
             self._execute_inline(conn, header, handler, prepared)
         else:
             self.pool.submit(self._execute_pooled, conn, header, handler, prepared)
@@ -242,12 +273,15 @@ class Server:
             with conn.lock:
                 if conn.inline is token:
                     conn.inline = None
-            self.slots.release()
+            self.slots.give()
 
     def _execute_pooled(self, conn: IncomingConnection, header: Any, handler: Any,
                         prepared: Any) -> None:
-        with self.slots:
+        self.slots.take()
+        try:
             self._execute(conn, header, handler, prepared)
+        finally:
+            self.slots.give()
 
     def _execute(self, conn: IncomingConnection, header: Any, handler: Any,
                  prepared: Any) -> None:

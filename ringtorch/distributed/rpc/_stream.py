@@ -217,8 +217,7 @@ def send_message(sock: socket.socket, parts: list[Any], deadline: float | None,
             pass
         except OSError as exc:
             raise PeerClosedError(f"connection to {peer} failed while sending ({exc})") from exc
-    total = sum(len(p) if isinstance(p, bytes) else memoryview(p).nbytes for p in parts)
-    if sent < total:
+    if sent < sum(map(len, parts)):  # every part is bytes or a byte-format memoryview
         _send_rest(sock, parts, sent, deadline, peer)
 
 
