@@ -86,9 +86,10 @@ def test_g5_a_blocked_lane_does_not_hold_up_another_lane_of_the_pool() -> None:
 
 def test_g9_closing_a_lane_fails_queued_works_and_refuses_new_ones() -> None:
     lane = Lane("t")
-    release = threading.Event()
-    running = Work("slow", -1, lambda w: release.wait(5), [], "g")
+    started, release = threading.Event(), threading.Event()
+    running = Work("slow", -1, lambda w: (started.set(), release.wait(5)), [], "g")
     lane.submit(running, inline=False, collective=True)
+    assert started.wait(5)  # the running Work is past the queue: close() lets it finish
     queued = _work([], "queued")
     lane.submit(queued, inline=False, collective=True)
     lane.close(DistBackendError("process group 'g' has been destroyed"))
