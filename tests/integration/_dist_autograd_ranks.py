@@ -179,3 +179,37 @@ def optim_scenario(rank: int, world_size: int) -> dict[str, Any]:
         out["unknown"] = error_of(opt.step, 999)
     rpc.shutdown()
     return out
+
+
+# ---- seed 004's program -------------------------------------------------------------------
+
+
+def module_context_grads(rref: Any, context_id: int) -> list[Any]:
+    grads = dist_autograd.get_gradients(context_id)
+    return [grads[p] for p in rref.local_value().parameters()]
+
+
+def seed004_one_step(rank: int, world_size: int) -> dict[str, Any]:
+    """One step of seed 004's model: the loss and every parameter's distributed gradient."""
+    from examples import seed004_parameter_server as E
+
+    E.use_backend("ringtorch")
+    rpc.init_rpc("ps" if rank == 0 else "trainer", rank=rank, world_size=world_size)
+    out: dict[str, Any] = {}
+    if rank == 1:
+        ids, ntoken = E.make_corpus()
+        c = E.CONFIG
+        model = E.RNNModel("ps", ntoken, c["ninp"], c["nhid"], c["nlayers"])
+        input, target = E.batches(ids, c["batch"], c["bptt"])[1]
+        with dist_autograd.context() as cid:
+            output, _ = model(input, E.init_hidden(c["nlayers"], c["batch"], c["nhid"]))
+            loss = torch.nn.functional.cross_entropy(output.view(-1, ntoken), target)
+            dist_autograd.backward(cid, [loss])
+            grads = dist_autograd.get_gradients(cid)
+            out["loss"] = loss.item()
+            out["lstm"] = [grads[p] for p in model.rnn.parameters()]
+            out["emb"] = rpc.rpc_sync("ps", module_context_grads,
+                                      args=(model.emb_table_rref, cid))
+            out["dec"] = rpc.rpc_sync("ps", module_context_grads, args=(model.decoder_rref, cid))
+    rpc.shutdown()
+    return out
