@@ -1,6 +1,6 @@
 """A same-host group's shared memory: one segment per rank, rounds, descriptors and waits.
 
-Every rank of the group owns one segment (shm.py) and maps all the others. Ranks move in
+Every rank of the group owns one segment (shm.py) and maps all the others (shm_setup.py). Ranks move in
 lock-step *rounds*: to enter round t a rank finishes writing what it publishes for round t,
 stores t in its round word, and waits until every peer's round word is at least t. The rules
 that make the double-buffered data area safe without any other synchronisation:
@@ -43,16 +43,14 @@ Segment header (little-endian u64 words; what each rank writes into its *own* se
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from ringtorch._errors import DistBackendError
-from ringtorch._wire.shm import PAGE, Segment, shm_supported, sweep_stale_segments
+from ringtorch._wire.shm import PAGE, Segment
 
 MAGIC = int.from_bytes(b"RTSHM\0\0\1", "little")
 VERSION = 1
@@ -90,7 +88,8 @@ class ShmPeerError(DistBackendError):
 
 
 class ShmDomain:
-    """The mapped segments of one group whose ranks all share this host. Build with :meth:`open`.
+    """The mapped segments of one group whose ranks all share this host. Built by
+    ``shm_setup.open_domain``.
 
     Attributes:
         rank, size: this rank and the group size.
@@ -98,7 +97,7 @@ class ShmDomain:
         half: bytes of each data slot, the same on every rank (the smallest any rank offers).
         generation: incremented whenever mappings change (views built on them are stale).
         oversubscribed: more ranks here than CPUs this process may run on; waits yield at once.
-        settings: rank 0's ``settings`` given to :meth:`open`.
+        settings: rank 0's ``settings`` given to ``shm_setup.open_domain``.
         poll_failure: optional callable a waiting rank polls every millisecond; a string it
             returns (another transport saw a peer die, say) fails the wait with that cause.
         on_failure: optional callable given the message of every failure this domain raises,
@@ -124,67 +123,6 @@ class ShmDomain:
         self.on_failure: Callable[[str], None] | None = None
         self._failure: str | None = None
         self._op_start = 0.0
-
-    # -- construction --------------------------------------------------------------------------
-
-    @classmethod
-    def open(cls, store: Any, rank: int, size: int, group: str, host: str, enabled: bool,
-             max_bytes: int, deadline: float, describe: Callable[[Desc], str],
-             settings: dict[str, int] | None = None,
-             prefix: str = "rt_shm") -> tuple[ShmDomain | None, str]:
-        """Set up shared memory for the group through its store, or decide not to.
-
-        Every rank publishes its host, its segment, its cap and its ``settings``; the group
-        uses shared memory only if every rank is on one host, has it enabled and created its
-        segment (so all ranks decide alike). Each rank unlinks its segment's name once every
-        rank mapped it. The cap in force is the smallest; the settings are rank 0's (plans
-        computed from them must agree everywhere), in ``domain.settings``.
-
-        Returns:
-            (domain, "") or (None, the reason shared memory is not used).
-
-        Raises:
-            DistBackendError: a rank did not publish its records before ``deadline``.
-        """
-        why = "" if enabled else "disabled (RINGTORCH_SHM=0)"
-        why = why or shm_supported()
-        own: Segment | None = None
-        if not why:
-            try:
-                sweep_stale_segments()
-                own = Segment.create(DATA_OFFSET + 2 * INITIAL_HALF)
-                _init_header(own)
-            except OSError as exc:
-                why = f"rank {rank} could not create a shared-memory segment: {exc}"
-        record = {"host": host, "pid": os.getpid(), "name": own.name if own else None,
-                  "why": why, "max_bytes": max_bytes, "settings": settings or {}}
-        segments: list[Segment] | None = None
-        try:
-            store.set(f"{prefix}/seg/{rank}", json.dumps(record))
-            records = [json.loads(v) for v in _wait_keys(
-                store, [f"{prefix}/seg/{r}" for r in range(size)], deadline)]
-            why = _group_reason(records)
-            segments = None if why else _attach_all(records, rank, own)
-            store.set(f"{prefix}/mapped/{rank}",
-                      "ok" if segments or why else f"rank {rank} could not map the segments")
-            verdicts = [v.decode() for v in _wait_keys(
-                store, [f"{prefix}/mapped/{r}" for r in range(size)], deadline)]
-            why = why or next((v for v in verdicts if v != "ok"), "")
-        except BaseException:
-            for seg in segments or ([own] if own else []):
-                seg.close()
-            raise
-        finally:
-            if own is not None:
-                own.unlink()  # every rank has mapped it (or given up): nothing can leak now
-        if why or not segments:
-            for seg in segments or ([own] if own else []):
-                seg.close()
-            return None, why
-        ceiling = (min(r["max_bytes"] for r in records) - DATA_OFFSET) // 2 // PAGE * PAGE
-        domain = cls(rank, size, segments, ceiling, describe, group)
-        domain.settings = dict(records[0]["settings"])
-        return domain, ""
 
     # -- descriptors and rounds ----------------------------------------------------------------
 
@@ -373,58 +311,8 @@ class ShmDomain:
         return f"rank {j} is at " + ("no collective yet" if now.seq < 0 else self.describe(now))
 
 
-def _init_header(seg: Segment) -> None:
-    w = seg.buf.cast("Q")
-    w[W_MAGIC], w[W_VERSION], w[W_PID], w[W_HALF] = MAGIC, VERSION, os.getpid(), INITIAL_HALF
-    w.release()
-
-
-def _group_reason(records: list[dict[str, Any]]) -> str:
-    """Why this group cannot use shared memory, decided alike on every rank ("" if it can)."""
-    for r, rec in enumerate(records):
-        if rec["why"]:
-            return f"rank {r}: {rec['why']}"
-    hosts = sorted({rec["host"] for rec in records})
-    if len(hosts) > 1:
-        return f"the group spans {len(hosts)} hosts"
-    return ""
-
-
-def _attach_all(records: list[dict[str, Any]], rank: int, own: Segment | None) -> list[Segment] | None:
-    segments: list[Segment] = []
-    try:
-        for r, rec in enumerate(records):
-            seg = own if r == rank else Segment.attach(rec["name"])
-            w = seg.buf.cast("Q")  # type: ignore[union-attr]
-            ok = w[W_MAGIC] == MAGIC and w[W_VERSION] == VERSION
-            w.release()
-            if not ok:
-                raise OSError(f"segment {rec['name']} of rank {r} has a foreign header")
-            segments.append(seg)  # type: ignore[arg-type]
-    except (OSError, ValueError):
-        for seg in segments:
-            if seg is not own:
-                seg.close()
-        return None
-    return segments
-
-
-def _wait_keys(store: Any, keys: list[str], deadline: float) -> list[bytes]:
-    remaining = max(0.001, deadline - time.monotonic())
-    try:
-        store.wait(keys, timedelta(seconds=remaining))
-    except Exception as exc:  # every store names its timeout error differently
-        missing = []
-        with contextlib.suppress(Exception):
-            missing = [k for k in keys if not store.check([k])]
-        raise DistBackendError(
-            f"setting up shared memory failed: store keys {missing or keys} did not appear "
-            f"within {remaining:.1f} s ({exc})") from exc
-    return [store.get(k) for k in keys]
-
-
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-__all__ = ["DATA_OFFSET", "Desc", "ShmDomain", "ShmPeerError"]
+__all__ = ["DATA_OFFSET", "INITIAL_HALF", "Desc", "ShmDomain", "ShmPeerError"]

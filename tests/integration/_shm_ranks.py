@@ -323,6 +323,7 @@ def leave(rank: int, world_size: int, how: str, record: str) -> list[str]:
     names = segment_names(b)
     with open(f"{record}.{rank}", "w") as f:
         f.write("\n".join(names))
+    b.barrier(2, time.monotonic() + 20)  # every rank has written its record
     if rank == 1 and how == "exception":
         raise RuntimeError("rank 1 fails on purpose")
     if rank == 1 and how == "sigkill":
@@ -344,10 +345,10 @@ def setup_abandoned(rank: int, world_size: int) -> tuple[int, str]:
     ctx = BackendContext(store=tdist.PrefixStore("abandoned/", store(rank, world_size)), rank=0,
                          size=world_size, timeout=timedelta(seconds=1), group_name="abandoned",
                          global_ranks=(0, 1))
-    from ringtorch._wire.shm_domain import ShmDomain
+    from ringtorch._wire.shm_setup import open_domain
 
     try:
-        ShmDomain.open(ctx.store, 0, world_size, "abandoned", "h", True, 1 << 20,
+        open_domain(ctx.store, 0, world_size, "abandoned", "h", True, 1 << 20,
                        time.monotonic() + 1.0, str)
     except Exception as exc:
         return os.getpid(), f"{type(exc).__name__}: {exc}"

@@ -27,7 +27,8 @@ import torch
 
 from ringtorch import _config
 from ringtorch._wire.mesh import COLL_HEADER, COLL_TAG, NO_REDOP, NO_ROOT, host_identity
-from ringtorch._wire.shm_domain import Desc, ShmDomain
+from ringtorch._wire.shm_domain import Desc
+from ringtorch._wire.shm_setup import open_domain
 from ringtorch.collectives.algorithms import shm_copy, shm_reduce
 from ringtorch.collectives.algorithms.shm_space import ShmSpace
 from ringtorch.collectives.backends.base import BackendContext
@@ -95,7 +96,7 @@ class ShmNativeBackend(NativeBackend):
             deadline = time.monotonic() + ctx.timeout.total_seconds()
             settings = {"chunk": _config.SHM_CHUNK_BYTES.get(),
                         "oneshot": _config.SHM_ONESHOT_BYTES.get()}
-            domain, self.shm_reason = ShmDomain.open(
+            domain, self.shm_reason = open_domain(
                 ctx.store, ctx.rank, ctx.size, ctx.group_name, host_identity(),
                 _config.SHM.get(), _config.SHM_MAX_BYTES.get(), deadline, describe, settings)
             if domain is not None:
