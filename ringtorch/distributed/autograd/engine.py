@@ -99,6 +99,11 @@ def _propagate(ctx: _context.DistAutogradContext,
     previous = _context.current()
     _context.set_current(None)  # engine messages are not part of the recorded graph
     try:
+        if len(onward) == 1:  # the common case: wait on the reply ourselves, no hand-off
+            ((worker_id, entries),) = onward.items()
+            agent.request(agent.workers[worker_id], BACKWARD, (ctx.context_id, entries), 0,
+                          "distributed autograd backward", sync=True)
+            return
         pendings = []
         for worker_id, entries in onward.items():
             future: Future[Any] = Future()

@@ -62,9 +62,16 @@ class DistributedOptimizer:
             RuntimeError: unknown context; the first error of any owner's step.
         """
         dist_autograd.get_gradients(context_id)  # an unknown context fails here, as in torch
+        me = rpc.get_worker_info()
         futures = [rpc.rpc_async(opt.owner(), _local_step, args=(opt, context_id))
-                   for opt in self.remote_optimizers]
+                   for opt in self.remote_optimizers if opt.owner() != me]
         errors = []
+        for opt in self.remote_optimizers:  # our own optimizer runs here meanwhile
+            if opt.owner() == me:
+                try:
+                    _local_step(opt, context_id)
+                except Exception as exc:
+                    errors.append(exc)
         for future in futures:
             try:
                 future.wait()
