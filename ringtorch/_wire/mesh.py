@@ -39,6 +39,8 @@ _HEAD = COLL_HEADER.size
 # A send the kernel did not take at once is handed to the sender thread from this size on
 # (below it, the poll loop's few iterations cost less than a thread wake-up).
 _HANDOFF_NBYTES = 128 * 1024
+# The adaptive spin never drops below this (a few polls), so it can grow back.
+_SPIN_FLOOR_S = 4e-6
 COLL_TAG = 0xC1
 NO_ROOT = 0xFFFFFFFF
 NO_REDOP = 0xFF
@@ -110,6 +112,7 @@ class PeerMesh:
         self.same_host = same_host
         self.on_slow_wait: Callable[[list[int], float], None] | None = None
         self.spin_s = spin_seconds(sum(same_host))
+        self._spin_now = self.spin_s
         self._head = memoryview(bytearray(_HEAD))
         self._sender = _Sender(f"ringtorch-send-{rank}")
         self._closed = False
@@ -187,10 +190,8 @@ class PeerMesh:
             body = body.cast("B")
         total = _HEAD + len(body)
         got = ch.recv_some((head, body), False)  # type: ignore[union-attr]
-        if got == 0 and self.spin_s:
-            until = time.perf_counter() + self.spin_s
-            while got == 0 and time.perf_counter() < until:
-                got = ch.recv_some((head, body), False)  # type: ignore[union-attr]
+        if got == 0 and self._spin_now:
+            got = self._spin(ch, head, body)
         checked = False
         start = 0.0
         while True:
@@ -209,6 +210,22 @@ class PeerMesh:
                 start = start or now - WAIT_SLICE_S
                 self._slow_hook([peer], now - start)
             got += n
+
+    def _spin(self, ch: Channel, head: memoryview, body: memoryview) -> int:
+        """Poll for the frame up to the current spin budget. The budget adapts: it halves
+        after a spin that found nothing (the peer is not running alongside us, e.g. the
+        host is busy, and spinning would only keep it off a core) down to a few polls, and
+        doubles back up to ``spin_s`` after a spin that found data."""
+        budget = self._spin_now
+        until = time.perf_counter() + budget
+        got = 0
+        while got == 0 and time.perf_counter() < until:
+            got = ch.recv_some((head, body), False)
+        if got:
+            self._spin_now = min(self.spin_s, budget * 2)
+        else:
+            self._spin_now = max(_SPIN_FLOOR_S, budget / 2)
+        return got
 
     def _slow_hook(self, peers: list[int], waited: float) -> None:
         if self.on_slow_wait is not None:
