@@ -68,15 +68,20 @@ class PeerLost(PeerClosedError):
         self.peer = peer
 
 
-def spin_seconds(local_ranks: int) -> float:
-    """How long a receive polls before it blocks: RINGTORCH_SPIN_US while this host has a
-    core per local rank; 0 when ranks outnumber cores (a spinning rank would steal the CPU
-    its peer needs to send)."""
+def core_per_rank(local_ranks: int) -> bool:
+    """Whether this host has a core for each of the group's ranks on it."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
-    return _config.SPIN_US.get() * 1e-6 if local_ranks <= cores else 0.0
+    return local_ranks <= cores
+
+
+def spin_seconds(local_ranks: int) -> float:
+    """How long a receive polls before it blocks: RINGTORCH_SPIN_US while this host has a
+    core per local rank; 0 when ranks outnumber cores (a spinning rank would steal the CPU
+    its peer needs to send)."""
+    return _config.SPIN_US.get() * 1e-6 if core_per_rank(local_ranks) else 0.0
 
 
 def host_identity() -> str:
@@ -113,6 +118,7 @@ class PeerMesh:
         self.on_slow_wait: Callable[[list[int], float], None] | None = None
         self.spin_s = spin_seconds(sum(same_host))
         self._spin_now = self.spin_s
+        self._duplex_thread = core_per_rank(sum(same_host))
         self._head = memoryview(bytearray(_HEAD))
         self._sender = _Sender(f"ringtorch-send-{rank}")
         self._closed = False
@@ -161,7 +167,7 @@ class PeerMesh:
             if sent < total:
                 views = [memoryview(header), memoryview(payload).cast("B")]
                 pending.append(_Outgoing(ch, peer, views, sent))  # type: ignore[arg-type]
-        if (len(pending) == 1 and len(recvs) <= 1 and self.spin_s
+        if (len(pending) == 1 and len(recvs) <= 1 and self._duplex_thread
                 and pending[0].remaining() >= _HANDOFF_NBYTES):
             # one big send and one receive (ring, chain, pairwise), a core per rank: the
             # sender thread pushes while this thread receives, both blocking in the kernel
@@ -412,5 +418,6 @@ __all__ = [
     "PeerLost",
     "PeerMesh",
     "host_identity",
+    "core_per_rank",
     "spin_seconds",
 ]
