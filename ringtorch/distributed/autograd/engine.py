@@ -11,6 +11,7 @@ returns when the whole pass is over (and raises the first error of any piece).
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -21,7 +22,7 @@ from ringtorch.distributed.rpc.agent import current_agent
 from ringtorch.futures import Future
 
 BACKWARD = 32   # (context_id, [(message_id, tensor index, grad)]): run the sender's piece
-RELEASE = 33    # one-way, context_id: drop the context here and on the workers it knew
+RELEASE = 33    # one-way, [context_id]: drop the contexts here and on the workers they knew
 
 _container: _context.Container | None = None
 
@@ -44,6 +45,9 @@ def install(agent: Any) -> None:
     global _container
     _container = _context.Container(agent.info.id)
     agent.autograd_hook = _container
+    with _release_lock:
+        _releases.clear()
+    agent.periodic_tasks.append(flush_releases)
 
 
 def _leaves(outputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -126,25 +130,38 @@ def _run_backward(agent: Any, src: Any, payload: Any) -> None:
     run_piece(ctx, outputs, grads)
 
 
+_release_lock = threading.Lock()
+_releases: dict[int, list[int]] = {}  # worker id -> context ids to release there
+
+
 def release_everywhere(context_id: int, skip: int | None = None) -> None:
-    """Drop a context here and tell every worker it knew (they pass it on)."""
+    """Drop a context here; tell every worker it knew (batched, sent by ``flush_releases``)."""
     ctx = container().release(context_id)
     if ctx is None:
         return
-    agent = current_agent()
-    previous = _context.current()
-    _context.set_current(None)
-    try:
+    me = current_agent().info.id
+    with _release_lock:
         for worker_id in ctx.workers:
-            if worker_id != skip and worker_id != agent.info.id and worker_id not in agent.dead:
-                agent.request(agent.workers[worker_id], RELEASE, context_id, 0,
-                              "release distributed autograd context", one_way=True)
-    finally:
-        _context.set_current(previous)
+            if worker_id != skip and worker_id != me:
+                _releases.setdefault(worker_id, []).append(context_id)
 
 
-def _run_release(agent: Any, src: Any, context_id: int) -> None:
-    release_everywhere(context_id, skip=src.id)
+def flush_releases(now: float = 0.0) -> None:
+    """Send the queued releases, one one-way message per worker (the agent's periodic task,
+    so a training step does not pay a message for the release of the previous one)."""
+    with _release_lock:
+        batch = dict(_releases)
+        _releases.clear()
+    agent = current_agent()
+    for worker_id, context_ids in batch.items():
+        if worker_id not in agent.dead and not agent.closing:
+            agent.request(agent.workers[worker_id], RELEASE, context_ids, 0,
+                          "release distributed autograd contexts", one_way=True)
+
+
+def _run_release(agent: Any, src: Any, context_ids: list[int]) -> None:
+    for context_id in context_ids:
+        release_everywhere(context_id, skip=src.id)
 
 
 messages.register_handler(messages.Handler(BACKWARD, _run_backward))
