@@ -143,8 +143,8 @@ def _mpi_world(rank: int, world_size: int) -> tuple[int, int, Any]:
                       f"ignored since they are assigned by the MPI runtime.", stacklevel=3)
     from ringtorch.collectives.backends import mpi_env
 
-    mpi = mpi_env.init_mpi()
-    return mpi.COMM_WORLD.Get_rank(), mpi.COMM_WORLD.Get_size(), HashStore()
+    rank, world_size = mpi_env.world_rank_and_size()  # warns when no MPI launcher started us
+    return rank, world_size, HashStore()
 
 
 def _make_group(size: int, rank: int, global_ranks: list[int], impl_name: str,
@@ -349,6 +349,9 @@ def new_group(ranks: list[int] | None = None, timeout: timedelta | None = None,
         timeout = registry.default_timeout(backend)
     _check_valid_timeout(timeout)
     my_rank, world = default.rank(), default.size()
+    if use_local_synchronization and impl_name == Backend.MPI:
+        # members name the group after their own histories; MPI needs them to agree (torch too)
+        raise ValueError("MPI backend doesn't support use_local_synchronization=True")
     if use_local_synchronization and ranks is not None and my_rank not in ranks:
         return None
     if ranks is None:

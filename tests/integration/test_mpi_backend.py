@@ -100,7 +100,7 @@ def _case(world: list[dict], name: str) -> list[dict]:
     for rank, book in enumerate(world):
         assert name in book, f"rank {rank} did not run {name}"
         expected_error = name.startswith(("errors/", "p2p/recv_", "p2p/neg", "timeout/",
-                                          "facade/monitored_barrier"))
+                                          "facade/monitored_barrier", "facade/local_sync_group"))
         if "traceback" in book[name] and not expected_error:
             pytest.fail(f"rank {rank}, {name}:\n{book[name]['traceback']}")
         results.append(book[name])
@@ -450,6 +450,12 @@ def test_monitored_barrier_is_refused_on_mpi_as_torch_refuses_it(world: list[dic
         assert r["error"] == ("ValueError", "monitored_barrier is only implemented for GLOO backend.")
     for r in _case(world, "facade/destroy"):
         assert "error" not in r
+
+
+def test_new_group_with_local_synchronization_is_refused_on_mpi_as_torch_refuses_it(
+        world: list[dict]) -> None:
+    for r in _case(world, "facade/local_sync_group"):
+        assert r["error"] == ("ValueError", "MPI backend doesn't support use_local_synchronization=True")
 
 
 def _singleton(tmp_path: Path, *args: str) -> dict:

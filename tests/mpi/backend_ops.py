@@ -445,6 +445,8 @@ def facade_cases(w: Ranks) -> None:
         return {"out": (gathered, box[0])}
     w.record("facade/objects", objects)
     w.record("facade/monitored_barrier", dist.monitored_barrier)
+    w.record("facade/local_sync_group",
+             lambda: dist.new_group(list(range(w.size)), use_local_synchronization=True))
     w.record("facade/destroy", dist.destroy_process_group)
 
 
