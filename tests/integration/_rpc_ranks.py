@@ -529,6 +529,15 @@ def killed_worker(rank: int, ws: int, victim: int) -> dict[str, Any]:
     return out
 
 
+def shutdown_timeout(rank: int, ws: int) -> tuple[str, str, float]:
+    """Worker 1 shuts down with a 0.5 s timeout while worker 0 is still busy for 1.5 s."""
+    start(rank, ws)
+    if rank == 0:
+        time.sleep(1.5)
+        return timed_error(rpc.shutdown)
+    return timed_error(rpc.shutdown, True, 0.5)
+
+
 def kill_me() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 

@@ -25,7 +25,7 @@ def test_parameter_server_example_trains_under_ringrun() -> None:
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
     trainers = {int(r): (float(a), float(b)) for r, a, b in TRAINER.findall(done.stdout)}
-    assert sorted(trainers) == [1, 2], done.stdout
+    assert sorted(trainers) == [1, 2], done.stdout + done.stderr
     for first, last in trainers.values():
         assert last < first / 100, done.stdout
     (error, bias), = SERVER.findall(done.stdout)

@@ -46,7 +46,7 @@ def test_the_other_workers_keep_working_and_shutdown_names_the_dead_one() -> Non
     for rank in (0, 2):
         name, message, took = results[rank]["shutdown"]
         assert (name, message) == ("RpcPeerDiedError", "graceful RPC shutdown cannot complete: "
-                                                       "worker 'worker1' (rank 1) died")
+                                                       "worker 'worker1' (rank 1) died or left")
         assert took < 5.0
 
 
@@ -70,3 +70,15 @@ def test_nothing_a_refused_peer_sends_is_ever_unpickled() -> None:
     assert out["canary"] is False  # the pickle would have created this file
     assert out["raw_closed"] in (b"", "ConnectionResetError(104, 'Connection reset by peer')")
     assert out["works"] == 3
+
+
+def test_a_shutdown_that_cannot_agree_in_time_says_so_and_the_others_learn_it() -> None:
+    early, late = run_ranks(R.shutdown_timeout, 2, timeout=60)[::-1]
+    name, message, took = early
+    assert (name, message) == ("RpcTimeoutError", "graceful RPC shutdown of worker 'worker1' "
+                                                  "(rank 1) timed out after 0.5 s: not every "
+                                                  "worker reached shutdown with its calls "
+                                                  "answered")
+    assert took < 3.0
+    assert late[:2] == ("RpcPeerDiedError", "graceful RPC shutdown cannot complete: worker "
+                                            "'worker1' (rank 1) died or left")

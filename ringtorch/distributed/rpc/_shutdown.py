@@ -40,11 +40,10 @@ class ShutdownLeader:
         """Record one worker's counters; the future says whether everybody may close."""
         answer: Future[bool] = Future()
         with self.lock:
-            dead = [describe(self.agent.workers[r]) for r in sorted(self.agent.dead)]
+            dead = ", ".join(describe(self.agent.workers[r]) for r in sorted(self.agent.dead))
             if dead:
-                error = RpcPeerDiedError(f"graceful RPC shutdown cannot complete: {', '.join(dead)} "
-                                         f"died")
-                answer.set_exception(error)
+                answer.set_exception(RpcPeerDiedError(
+                    f"graceful RPC shutdown cannot complete: {dead} died or left"))
                 return answer
             self.reports.setdefault(round_no, {})[rank] = tuple(counts)  # type: ignore[assignment]
             self.waiters.setdefault(round_no, []).append((rank, answer))
@@ -110,8 +109,14 @@ def agree_to_close(agent: RpcAgent, timeout: float) -> None:
     while True:
         _wait_quiet(agent, deadline)
         remaining = 0.0 if deadline is None else max(1e-3, deadline - time.monotonic())
-        if agent.request(leader, messages.SHUTDOWN_REPORT, (round_no, agent.counts()),
-                         remaining, f"graceful shutdown round {round_no} on "
-                         f"{describe(leader)}", sync=True):
+        try:
+            agreed = agent.request(leader, messages.SHUTDOWN_REPORT, (round_no, agent.counts()),
+                                   remaining, f"graceful shutdown round {round_no} on "
+                                   f"{describe(leader)}", sync=True)
+        except RpcTimeoutError:
+            raise RpcTimeoutError(f"graceful RPC shutdown of {describe(agent.info)} timed out "
+                                  f"after {timeout:g} s: not every worker reached shutdown "
+                                  f"with its calls answered") from None
+        if agreed:
             return
         round_no += 1
