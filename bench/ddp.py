@@ -6,6 +6,9 @@ SGD step); a step's time is the slowest rank's. Reported per configuration:
 
 * samples/s: world_size * batch / median step time;
 * weak-scaling efficiency: samples/s / (world_size * single-process samples/s);
+* vs no-comm: the step time of world_size processes training alone, without DDP, divided by
+  this configuration's: what DDP costs once the ranks' competition for the cores is set
+  aside (on a busy 2-core machine two processes are slower than one even without talking);
 * exposed communication: median DDP step time minus median single-process step time, i.e. the
   communication not hidden behind backward (plus DDP's own overhead);
 * for ringtorch also the time backward waits for the buckets at its end, measured in the reducer.
@@ -50,7 +53,7 @@ def _wrap(impl: str, model: nn.Module, bucket_cap_mb: float | None, bucket_view:
     """The model wrapped in the implementation's DDP, and a list to collect bucket waits."""
     waits: list[float] = []
     options = {"bucket_cap_mb": bucket_cap_mb, "gradient_as_bucket_view": bucket_view}
-    if impl == "single":
+    if impl in ("single", "independent"):
         return model, waits
     if impl == "torch":
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -75,8 +78,8 @@ def rank_main(rank: int, world_size: int, impl: str, widths: list[int], batch: i
     dist: Any = None
     if impl == "torch":
         import torch.distributed as dist
-    elif impl == "ringtorch":
-        from ringtorch import distributed as dist
+    elif impl in ("ringtorch", "independent"):
+        from ringtorch import distributed as dist  # independent: only for the step barrier
     if dist is not None:
         dist.init_process_group("gloo", world_size=world_size)
     model, waits = _wrap(impl, make_model(widths), bucket_cap_mb, bucket_view)
@@ -143,22 +146,26 @@ def main() -> None:
           f"1 thread per rank, gradient_as_bucket_view={args.bucket_view}; "
           f"load average before: {os.getloadavg()[0]:.2f}")
     # the configurations take turns, so that a change in the machine's load hits all of them
-    rounds = [[measure("single", 1, args), measure("torch", args.world_size, args),
-               measure("ringtorch", args.world_size, args)] for _ in range(args.rounds)]
-    rows = [_median_row([r[i] for r in rounds]) for i in range(3)]
-    single = rows[0]
-    print(f"{'configuration':<24}{'step p50':>10}{'samples/s':>11}{'efficiency':>12}"
-          f"{'exposed comm':>14}{'bucket wait':>13}")
+    configs = [("single", 1), ("independent", args.world_size), ("torch", args.world_size),
+               ("ringtorch", args.world_size)]
+    rounds = [[measure(impl, ws, args) for impl, ws in configs] for _ in range(args.rounds)]
+    rows = [_median_row([r[i] for r in rounds]) for i in range(len(configs))]
+    single, independent = rows[0], rows[1]
+    print(f"{'configuration':<26}{'step p50':>10}{'samples/s':>11}{'efficiency':>12}"
+          f"{'vs no-comm':>12}{'exposed comm':>14}{'bucket wait':>13}")
     for row in rows:
         row["efficiency"] = row["samples_per_s"] / (row["world_size"] * single["samples_per_s"])
+        row["vs_independent"] = independent["step_p50_s"] / row["step_p50_s"]
         row["exposed_comm_s"] = row["step_p50_s"] - single["step_p50_s"]
         wait = row["bucket_wait_p50_s"]
-        name = "one process" if row["impl"] == "single" else \
-            f"{row['impl']} DDP x{row['world_size']}"
-        print(f"{name:<24}{row['step_p50_s'] * 1e3:>8.1f}ms{row['samples_per_s']:>11.1f}"
-              f"{row['efficiency']:>12.2f}{row['exposed_comm_s'] * 1e3:>12.1f}ms"
+        name = {"single": "one process",
+                "independent": f"{row['world_size']} processes, no comm"}.get(
+            row["impl"], f"{row['impl']} DDP x{row['world_size']}")
+        print(f"{name:<26}{row['step_p50_s'] * 1e3:>8.1f}ms{row['samples_per_s']:>11.1f}"
+              f"{row['efficiency']:>12.2f}{row['vs_independent']:>12.2f}"
+              f"{row['exposed_comm_s'] * 1e3:>12.1f}ms"
               f"{'-' if wait is None else f'{wait * 1e3:.1f}ms':>13}")
-    ratio = rows[2]["samples_per_s"] / rows[1]["samples_per_s"]
+    ratio = rows[3]["samples_per_s"] / rows[2]["samples_per_s"]
     print(f"ringtorch / torch throughput: {ratio:.2f}x")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
