@@ -47,7 +47,7 @@ def install(agent: Any) -> None:
     agent.autograd_hook = _container
     with _release_lock:
         _releases.clear()
-    agent.periodic_tasks.append(flush_releases)
+    agent.periodic_tasks.append(lambda now: flush_releases(agent))
 
 
 def _leaves(outputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -146,13 +146,12 @@ def release_everywhere(context_id: int, skip: int | None = None) -> None:
                 _releases.setdefault(worker_id, []).append(context_id)
 
 
-def flush_releases(now: float = 0.0) -> None:
+def flush_releases(agent: Any) -> None:
     """Send the queued releases, one one-way message per worker (the agent's periodic task,
     so a training step does not pay a message for the release of the previous one)."""
     with _release_lock:
         batch = dict(_releases)
         _releases.clear()
-    agent = current_agent()
     for worker_id, context_ids in batch.items():
         if worker_id not in agent.dead and not agent.closing:
             agent.request(agent.workers[worker_id], RELEASE, context_ids, 0,
