@@ -292,6 +292,9 @@ def tensors(rank: int, ws: int, values: dict[str, Any]) -> dict[str, Any]:
         out["module"] = rpc.rpc_sync("worker1", echo, args=(torch.nn.Linear(2, 3),))
         out["meta"] = error_of(rpc.rpc_sync, "worker1", echo, args=(torch.ones(2,
                                                                              device="meta"),))
+        many = [torch.full((3,), float(i)) for i in range(100)]  # more buffers than one sendmsg
+        out["many"] = rpc.rpc_sync("worker1", echo, args=(many,))
+        out["big_pickle"] = rpc.rpc_sync("worker1", echo, args=(list(range(100_000)),))
         from ringtorch.distributed.rpc.agent import current_agent
 
         conn = current_agent().outgoing[1]
@@ -381,6 +384,17 @@ def concurrency(rank: int, ws: int, threads: int) -> dict[str, Any]:
     if rank == 0:
         futs = [rpc.rpc_async("worker1", meet, args=("four", threads)) for _ in range(threads)]
         out["met"] = sorted(f.wait() for f in futs)
+        results: dict[int, list[Any]] = {}
+
+        def caller(index: int) -> None:
+            results[index] = [rpc.rpc_sync("worker1", add, args=(index, i)) for i in range(50)]
+
+        callers = [threading.Thread(target=caller, args=(i,)) for i in range(4)]
+        for thread in callers:
+            thread.start()
+        for thread in callers:
+            thread.join()
+        out["threads"] = results
         blocked = rpc.rpc_async("worker1", wait_event, args=("e1",))
         time.sleep(0.05)
         rpc.rpc_sync("worker1", set_event, args=("e1",))  # same connection as `blocked`

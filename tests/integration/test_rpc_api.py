@@ -68,6 +68,14 @@ def test_tensors_and_arrays_of_every_kind_come_back_equal() -> None:
     assert torch.equal(out["strided"], torch.arange(24.0).reshape(4, 6)[:, ::2])
 
 
+def test_many_buffers_and_a_large_pickle_in_one_message() -> None:
+    out = tensors()
+    assert len(out["many"]) == 100
+    for i, tensor in enumerate(out["many"]):
+        assert torch.equal(tensor, torch.full((3,), float(i)))
+    assert out["big_pickle"] == list(range(100_000))
+
+
 def test_a_4mb_tensor_goes_by_unix_socket_and_memory_reference_on_one_host() -> None:
     out = tensors()
     assert out["family"] == "AF_UNIX"
@@ -217,6 +225,7 @@ def test_async_execution_functions_static_class_and_bound_methods() -> None:
 def test_calls_run_concurrently_on_the_worker_pool_and_never_wait_behind_a_blocked_one() -> None:
     out = run_ranks(R.concurrency, 2, args=(4,), timeout=60)[0]
     assert out["met"] == [0, 1, 2, 3]  # four calls inside one barrier at once
+    assert out["threads"] == {t: [t + i for i in range(50)] for t in range(4)}  # 4 callers
     assert out["unblocked"] == "set"  # set by a later call on the same connection
 
 
