@@ -13,8 +13,8 @@ their reducers see the message being built through ``encode_context()`` (destina
 to keep alive until the peer has the message) and rebuild functions see the message being
 loaded through ``decode_context()`` (source worker).
 
-This module keeps its own tensor <-> memory conversion (``_tensor_bytes``, ``_rebuild_tensor``):
-ringtorch/_buffers.py was not committed when it was written; switch to it once it is.
+Tensors become memory, and memory tensors, through ringtorch/_buffers.py (the one place that
+does so).
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from ringtorch import _buffers
 
 _CUDA_MESSAGE = (
     "TensorPipe RPC backend only supports CPU tensors by default, please move your tensors "
@@ -97,22 +99,9 @@ def decode_context() -> DecodeContext:
     return ctx
 
 
-def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
-    """The bytes of a contiguous CPU tensor as a flat view of its own memory."""
-    flat = tensor.reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
-
-
 def _rebuild_tensor(dtype: torch.dtype, shape: tuple[int, ...], requires_grad: bool,
                     buf: Any) -> torch.Tensor:
-    arr = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, dtype=np.uint8)
-    if arr.size == 0:
-        tensor = torch.empty(shape, dtype=dtype)
-    else:
-        tensor = torch.from_numpy(arr)
-        if dtype != torch.uint8:
-            tensor = tensor.view(dtype)
-        tensor = tensor.view(shape)
+    tensor = _buffers.tensor_from_bytes(buf, dtype, shape)
     if requires_grad:
         tensor.requires_grad_(True)
     ctx = getattr(_tls, "decode", None)
@@ -146,7 +135,7 @@ def _reduce_tensor(tensor: torch.Tensor) -> tuple[Any, ...]:
     data = tensor.detach().resolve_conj().resolve_neg()
     if not data.is_contiguous():
         data = data.contiguous()
-    buf = pickle.PickleBuffer(_tensor_bytes(data))
+    buf = pickle.PickleBuffer(_buffers.byte_view(data))
     return (_rebuild_tensor, (tensor.dtype, tuple(tensor.shape), tensor.requires_grad, buf))
 
 
