@@ -30,21 +30,9 @@ from urllib.parse import urlparse
 from ringtorch import _config
 from ringtorch._wire import sockets
 from ringtorch._wire.handshake import SERVICE_RPC, client_handshake, job_secret
+from ringtorch._wire.mesh import host_identity
 
 SOCKET_BUFFER_NBYTES = 4 * 1024 * 1024
-
-
-def host_identity() -> str:
-    """Which host this process runs on: RINGTORCH_HOST_ID, else hostname + boot id."""
-    override = _config.HOST_ID.get()
-    if override:
-        return override
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as fh:
-            boot = fh.read().strip()
-    except OSError:
-        boot = ""
-    return f"{socket.gethostname()}/{boot}"
 
 
 def _master_host(init_method: str) -> str | None:

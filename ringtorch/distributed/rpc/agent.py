@@ -16,7 +16,6 @@ too long, and runs the RRef context's periodic work.
 from __future__ import annotations
 
 import itertools
-import os
 import sys
 import threading
 import time
@@ -26,6 +25,7 @@ from typing import Any
 from ringtorch import _config
 from ringtorch._wire.errors import DeadlineExceeded, PeerClosedError
 from ringtorch._wire.handshake import SERVICE_RPC, handshake_deadline, server_handshake
+from ringtorch._wire.mesh import core_per_rank
 from ringtorch.distributed.rpc import _cma, _mesh, _serialization, messages
 from ringtorch.distributed.rpc._connection import (
     Loopback,
@@ -53,9 +53,7 @@ def _default_spin_s(table: list[dict[str, Any]]) -> float:
     spin_us = _config.RPC_SPIN_US.get()
     if spin_us < 0:  # auto: spin only while every local worker can have a core
         local = sum(1 for entry in table if entry["host_id"] == _mesh.host_identity())
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-            os.cpu_count() or 1)
-        spin_us = 50 if local <= cores else 0
+        spin_us = 50 if core_per_rank(local) else 0
     return spin_us / 1e6
 
 
