@@ -203,7 +203,7 @@ def test_timeout_zero_means_no_timeout() -> None:
     assert timeouts()["infinite"] == "done"
 
 
-def test_a_timed_out_remote_raises_when_its_rref_is_used() -> None:
+def test_g6_a_timed_out_remote_raises_when_its_rref_is_used() -> None:
     name, message, _ = timeouts()["remote"]
     assert (name, message) == ("RpcTimeoutError", _timeout("0.2", SLEEP))
     name, message, took = timeouts()["to_here"]

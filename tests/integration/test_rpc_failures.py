@@ -21,7 +21,7 @@ def killed(ws: int) -> list[dict]:
 
 
 @pytest.mark.parametrize("ws", [2, 3])
-def test_pending_calls_to_a_killed_worker_fail_within_seconds_naming_it(ws: int) -> None:
+def test_g7_pending_calls_to_a_killed_worker_fail_within_seconds_naming_it(ws: int) -> None:
     out = killed(ws)[0]
     assert killed(ws)[1] == {"signal": 9}
     name, message, took = out["pending_sync"]
@@ -32,7 +32,7 @@ def test_pending_calls_to_a_killed_worker_fail_within_seconds_naming_it(ws: int)
 
 
 @pytest.mark.parametrize("ws", [2, 3])
-def test_later_calls_to_a_dead_worker_fail_at_once(ws: int) -> None:
+def test_g5_later_calls_to_a_dead_worker_fail_at_once(ws: int) -> None:
     out = killed(ws)[0]
     for key in ("later", "later_remote", "to_here"):
         name, message, took = out[key]
@@ -40,7 +40,7 @@ def test_later_calls_to_a_dead_worker_fail_at_once(ws: int) -> None:
         assert took < 1.0, key
 
 
-def test_the_other_workers_keep_working_and_shutdown_names_the_dead_one() -> None:
+def test_g7_the_other_workers_keep_working_and_shutdown_names_the_dead_one() -> None:
     results = killed(3)
     assert results[0]["others_fine"] == [1, 3]
     for rank in (0, 2):
@@ -55,7 +55,7 @@ def guarded() -> dict:
     return run_ranks(R.handshake_guard, 2, args=("s3cret",), timeout=60)[0]
 
 
-def test_a_connection_without_the_job_secret_is_refused() -> None:
+def test_g8_a_connection_without_the_job_secret_is_refused() -> None:
     out = guarded()
     assert out["wrong"] == ("HandshakeError", "test failed to prove the job secret: "
                                               "RINGTORCH_SECRET differs between this process "
@@ -65,7 +65,7 @@ def test_a_connection_without_the_job_secret_is_refused() -> None:
                                              "(ringrun sets it for its workers)")
 
 
-def test_nothing_a_refused_peer_sends_is_ever_unpickled() -> None:
+def test_g8_nothing_a_refused_peer_sends_is_ever_unpickled() -> None:
     out = guarded()
     assert out["canary"] is False  # the pickle would have created this file
     assert out["raw_closed"] in (b"", "ConnectionResetError(104, 'Connection reset by peer')")

@@ -57,7 +57,7 @@ def test_local_rrefs_and_remote_to_self_are_owned_here() -> None:
     assert out["remote_self"] == (True, 3)
 
 
-def test_a_failed_remote_raises_its_error_at_to_here_and_when_forked() -> None:
+def test_g6_a_failed_remote_raises_its_error_at_to_here_and_when_forked() -> None:
     out = api()
     for key in ("creation_error", "creation_error_fork"):
         name, message = out[key]
