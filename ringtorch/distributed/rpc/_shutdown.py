@@ -103,6 +103,7 @@ def agree_to_close(agent: RpcAgent, timeout: float) -> None:
         RpcPeerDiedError: a worker died meanwhile (the message names it).
     """
     deadline = None if timeout <= 0 else time.monotonic() + timeout
+    agent.shutting_down = True
     agent.rref_context.delete_all_users()
     leader = agent.workers[0]
     round_no = 0

@@ -114,6 +114,7 @@ class RpcAgent:
         self.periodic_tasks: list[Callable[[float], None]] = []
         self.closing = False
         self.closed = False
+        self.shutting_down = False  # in the graceful agreement: peers may close any moment
         self.server: Server | None = None
         self._listener: _mesh.Listener | None = None
         self._stop = threading.Event()
@@ -388,6 +389,9 @@ class RpcAgent:
                 del self.response_holds[key]
         peer = self.workers[rank]
         what = "closed its connection" if self.closing else "died or closed its connection"
+        if not (self.closing or self.shutting_down):
+            print(f"ringtorch RPC on {describe(self.info)}: {describe(peer)} {what} ({reason}); "
+                  f"calls to it fail from now on", file=sys.stderr)
 
         def make_error(pending: Pending | None) -> BaseException:
             call = f"; call: {pending.what}" if pending is not None else ""
