@@ -63,7 +63,7 @@ W_ROUND_DESC = (64, 72)
 DATA_OFFSET = 4096
 
 INITIAL_HALF = 64 * 1024
-SPIN_ITERS = 200           # ~15 µs of pure spinning before a wait starts yielding the CPU
+SPIN_ITERS = 30            # ~2 µs of pure spinning before a wait starts yielding the CPU
 CHECK_INTERVAL_S = 0.001   # how often a waiting rank checks liveness, aborts and the deadline
 YIELD_PHASE_S = 0.002      # then it sleeps, doubling from SLEEP_MIN_S up to SLEEP_MAX_S
 SLEEP_MIN_S, SLEEP_MAX_S = 20e-6, 500e-6
