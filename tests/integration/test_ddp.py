@@ -48,6 +48,7 @@ CASES = {
     "bucket-per-parameter": dict(options={"bucket_cap_mb": 0}),
     "gradient-as-bucket-view": dict(options={"gradient_as_bucket_view": True, "bucket_cap_mb": 0}),
     "no-sync-accumulation": dict(options={}, accumulate=3),
+    "no-sync-bucket-per-parameter": dict(options={"bucket_cap_mb": 0}, accumulate=2),
     "unused-everywhere": dict(options={"find_unused_parameters": True}, side=False),
     "unused-on-even-ranks": dict(options={"find_unused_parameters": True, "bucket_cap_mb": 0},
                                  side="odd"),

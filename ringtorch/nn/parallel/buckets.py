@@ -4,7 +4,10 @@ Rule kept (torch's ``compute_bucket_assignment_by_size``, walked in reverse para
 parameters are visited from the last to the first, the order in which backward usually makes
 their gradients; each (dtype, device) key fills its own open bucket, which closes as soon as its
 size reaches the key's current cap. Each key's first bucket is capped at ``first_cap_bytes``
-(1 MiB by default) so that the first all_reduce starts early; later ones at ``cap_bytes``. The
+(1 MiB by default) so that the first all_reduce starts early; later ones at ``cap_bytes``.
+Unlike torch, a parameter at least as large as the current cap gets a bucket of its own (the
+open bucket of smaller ones before it is closed first): such a gradient is then all_reduced
+in place, without being copied into a bucket and back. The
 result is ordered by when each bucket is expected to be complete, which is the order every rank
 launches the buckets' all_reduces in.
 """
@@ -55,9 +58,14 @@ def assign_buckets(nbytes: Sequence[int], keys: Sequence[Hashable], first_cap_by
     result: list[list[int]] = []
     for index in reversed(range(len(nbytes))):
         key = keys[index]
+        cap = first_cap_bytes if closed_count.get(key, 0) == 0 else cap_bytes
+        if nbytes[index] >= cap > 0 and open_buckets.get(key):
+            # a parameter that fills a bucket alone gets one: the smaller ones before it go
+            # first, and its gradient can be reduced where it lies (reducer.py)
+            result.append(open_buckets.pop(key))
+            open_bytes[key] = 0
         open_buckets.setdefault(key, []).append(index)
         open_bytes[key] = open_bytes.get(key, 0) + nbytes[index]
-        cap = first_cap_bytes if closed_count.get(key, 0) == 0 else cap_bytes
         if open_bytes[key] >= cap:
             result.append(open_buckets.pop(key))
             open_bytes[key] = 0

@@ -99,6 +99,20 @@ class _Bucket:
                       for off, p in zip(plan.offsets, self.params, strict=True)]
         self.pending = len(self.indices)
         self.comm: _Pending | None = None
+        # A one-parameter bucket may be reduced in the gradient itself (see _mark_ready):
+        # then `direct` is that gradient, flattened, for this iteration.
+        self.direct: torch.Tensor | None = None
+
+    def comm_buffer(self) -> torch.Tensor:
+        """The tensor this iteration's collective reduces."""
+        return self.buffer if self.direct is None else self.direct
+
+
+def _reducible_in_place(grad: torch.Tensor | None, buffer: torch.Tensor) -> bool:
+    """Whether ``grad`` can itself be the all_reduce buffer of a one-parameter bucket."""
+    return (grad is not None and grad.layout == torch.strided and grad.is_contiguous()
+            and grad.dtype == buffer.dtype and grad.device == buffer.device
+            and not grad.requires_grad)
 
 
 def _is_view_of(grad: torch.Tensor | None, view: torch.Tensor) -> bool:
@@ -180,6 +194,7 @@ class Reducer:
         for bucket in self._buckets:
             bucket.pending = len(bucket.indices)
             bucket.comm = None
+            bucket.direct = None
         self._div_factor = float(self._world_size)
         self._expect_hooks = True
         self._require_finalize = True
@@ -231,11 +246,11 @@ class Reducer:
         if not self._marked_unused:
             self._marked_unused = True
             for unused in self._unused:
-                self._mark_ready(unused)
+                self._mark_ready(unused, used=False)
         self._used_map[index] = 1
-        self._mark_ready(index)
+        self._mark_ready(index, used=True)
 
-    def _mark_ready(self, index: int) -> None:
+    def _mark_ready(self, index: int, used: bool) -> None:
         if self._ready[index]:
             raise RuntimeError(_READY_TWICE_ERROR.format(index=index, name=self._names[index]))
         self._ready[index] = True
@@ -246,7 +261,16 @@ class Reducer:
             self._count_work = None
         b, pos = self._locator[index]
         bucket = self._buckets[b]
-        self._fill_slot(self._params[index], bucket.views[pos])
+        param = self._params[index]
+        if used and len(bucket.indices) == 1 and not self._as_view \
+                and _reducible_in_place(param.grad, bucket.buffer):
+            # A bucket of one parameter is reduced in its gradient itself: no copy into the
+            # bucket, none back. (Not for unused parameters, whose .grad must stay untouched.)
+            bucket.direct = param.grad.view(-1)
+            if self._comm_hook is None:
+                bucket.direct.div_(self._div_factor)
+        else:
+            self._fill_slot(param, bucket.views[pos])
         bucket.pending -= 1
         if bucket.pending == 0:
             self._launch_ready_buckets()
@@ -285,12 +309,12 @@ class Reducer:
         bucket = self._buckets[b]
         if self._comm_hook is not None:
             hook, state = self._comm_hook
-            bucket.comm = _Pending(future=hook(state, self.grad_bucket(b, bucket.buffer)))
+            bucket.comm = _Pending(future=hook(state, self.grad_bucket(b, bucket.comm_buffer())))
         elif wait_now:
-            dist.all_reduce(bucket.buffer, group=self._group)
+            dist.all_reduce(bucket.comm_buffer(), group=self._group)
             bucket.comm = None
         else:
-            bucket.comm = _Pending(work=dist.all_reduce(bucket.buffer, group=self._group,
+            bucket.comm = _Pending(work=dist.all_reduce(bucket.comm_buffer(), group=self._group,
                                                         async_op=True))
 
     def grad_bucket(self, b: int, buffer: torch.Tensor) -> GradBucket:
@@ -307,10 +331,13 @@ class Reducer:
         self._require_finalize = False
         for bucket in self._buckets:
             result = None if bucket.comm is None else bucket.comm.wait()
-            if result is not None and result is not bucket.buffer:
-                bucket.buffer.copy_(result.reshape(-1))
+            target = bucket.comm_buffer()
+            if result is not None and result.data_ptr() != target.data_ptr():
+                target.copy_(result.reshape(-1))
         globally_used = self._used_map.tolist() if self._find_unused else None
         for bucket in self._buckets:
+            if bucket.direct is not None:
+                continue  # reduced in the gradient itself
             for index, param, view in zip(bucket.indices, bucket.params, bucket.views,
                                           strict=True):
                 if globally_used is not None and not globally_used[index]:
