@@ -11,7 +11,9 @@ SGD step); a step's time is the slowest rank's. Reported per configuration:
   aside (on a busy 2-core machine two processes are slower than one even without talking);
 * exposed communication: median DDP step time minus median single-process step time, i.e. the
   communication not hidden behind backward (plus DDP's own overhead);
-* for ringtorch also the time backward waits for the buckets at its end, measured in the reducer.
+* for ringtorch also the time backward waits for the buckets at its end, measured in the reducer;
+* CPU/step: CPU time of one rank's process (all its threads) per step, median, slowest rank:
+  what the step costs the machine, and much less sensitive to other load than wall time.
 
     python bench/ddp.py                      # MLP 1024-4096-4096-1024 (25.2 M params), batch 32
     python bench/ddp.py --rounds 5 --steps 40 --json bench/out/ddp.json
@@ -87,11 +89,11 @@ def rank_main(rank: int, world_size: int, impl: str, widths: list[int], batch: i
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(batch, widths[0], generator=g)
     y = torch.randn(batch, widths[-1], generator=g)
-    times = []
+    times, cpu = [], []
     for step in range(warmup + steps):
         if dist is not None:
             dist.barrier()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         for p in params:
             if bucket_view and p.grad is not None:
                 p.grad.zero_()  # zero_grad(set_to_none=False): the grads stay bucket views
@@ -103,9 +105,10 @@ def rank_main(rank: int, world_size: int, impl: str, widths: list[int], batch: i
                 p.add_(p.grad, alpha=-1e-3)
         if step >= warmup:
             times.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - cpu_start)  # every thread of the rank
     if dist is not None:
         dist.destroy_process_group()
-    return {"times": times, "waits": waits[warmup:]}
+    return {"times": times, "cpu": cpu, "waits": waits[warmup:]}
 
 
 def measure(impl: str, world_size: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -115,7 +118,8 @@ def measure(impl: str, world_size: int, args: argparse.Namespace) -> dict[str, A
     step_times = [max(r["times"][i] for r in results) for i in range(args.steps)]
     median = statistics.median(step_times)
     waits = results[0]["waits"]
-    return {"impl": impl, "world_size": world_size, "step_p50_s": median,
+    cpu = max(statistics.median(r["cpu"]) for r in results)
+    return {"impl": impl, "world_size": world_size, "step_p50_s": median, "cpu_per_step_s": cpu,
             "samples_per_s": world_size * args.batch / median,
             "bucket_wait_p50_s": statistics.median(waits) if waits else None}
 
@@ -152,7 +156,7 @@ def main() -> None:
     rows = [_median_row([r[i] for r in rounds]) for i in range(len(configs))]
     single, independent = rows[0], rows[1]
     print(f"{'configuration':<26}{'step p50':>10}{'samples/s':>11}{'efficiency':>12}"
-          f"{'vs no-comm':>12}{'exposed comm':>14}{'bucket wait':>13}")
+          f"{'vs no-comm':>12}{'exposed comm':>14}{'bucket wait':>13}{'CPU/step':>10}")
     for row in rows:
         row["efficiency"] = row["samples_per_s"] / (row["world_size"] * single["samples_per_s"])
         row["vs_independent"] = independent["step_p50_s"] / row["step_p50_s"]
@@ -164,7 +168,8 @@ def main() -> None:
         print(f"{name:<26}{row['step_p50_s'] * 1e3:>8.1f}ms{row['samples_per_s']:>11.1f}"
               f"{row['efficiency']:>12.2f}{row['vs_independent']:>12.2f}"
               f"{row['exposed_comm_s'] * 1e3:>12.1f}ms"
-              f"{'-' if wait is None else f'{wait * 1e3:.1f}ms':>13}")
+              f"{'-' if wait is None else f'{wait * 1e3:.1f}ms':>13}"
+              f"{row['cpu_per_step_s'] * 1e3:>8.1f}ms")
     ratio = rows[3]["samples_per_s"] / rows[2]["samples_per_s"]
     print(f"ringtorch / torch throughput: {ratio:.2f}x")
     if args.json:
