@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from ringtorch._wire.errors import DeadlineExceeded, PeerClosedError
+from ringtorch._wire.framing import advance_views
 from ringtorch._wire.sockets import tune_tcp
 
 BytesLike = bytes | bytearray | memoryview
@@ -106,17 +107,6 @@ def _views(buffers: Sequence[BytesLike]) -> list[memoryview]:
     return [memoryview(b).cast("B") for b in buffers if len(b)]
 
 
-def _advance(views: list[memoryview], sent: int) -> None:
-    while sent:
-        head = views[0]
-        if sent >= len(head):
-            sent -= len(head)
-            views.pop(0)
-        else:
-            views[0] = head[sent:]
-            sent = 0
-
-
 def wait_fd(fd: int, events: int, deadline: float | None, peer: str) -> None:
     """Block until ``fd`` polls ready for ``events`` (or hangs up), or raise at ``deadline``."""
     poller = select.poll()
@@ -167,7 +157,7 @@ class SocketChannel:
                     except _WOULD_BLOCK:
                         wait_fd(self._fd, select.POLLOUT, deadline, self.peer)
                         continue
-                _advance(views, sent)
+                advance_views(views, sent)
         except _CLOSED as exc:
             raise self._closed_error("sending", exc) from exc
         except OSError as exc:

@@ -34,6 +34,19 @@ def _set_deadline(sock: socket.socket, deadline: float | None, peer: str) -> Non
     sock.settimeout(remaining)
 
 
+def advance_views(views: list[memoryview], sent: int) -> None:
+    """Drop the first ``sent`` bytes from a list of byte views, in place (after a partial
+    ``sendmsg``: whole views that went out are popped, the first one left is sliced)."""
+    while sent:
+        head = views[0]
+        if sent >= len(head):
+            sent -= len(head)
+            views.pop(0)
+        else:
+            views[0] = head[sent:]
+            sent = 0
+
+
 def send_all(sock: socket.socket, buffers: Sequence[BytesLike], deadline: float | None = None,
              peer: str = "peer") -> None:
     """Send every buffer, in order, with as few system calls as the kernel allows.
@@ -46,15 +59,7 @@ def send_all(sock: socket.socket, buffers: Sequence[BytesLike], deadline: float 
     try:
         while views:
             _set_deadline(sock, deadline, peer)
-            sent = sock.sendmsg(views[:64])
-            while sent:
-                head = views[0]
-                if sent >= len(head):
-                    sent -= len(head)
-                    views.pop(0)
-                else:
-                    views[0] = head[sent:]
-                    sent = 0
+            advance_views(views, sock.sendmsg(views[:64]))
     except TimeoutError as exc:
         raise DeadlineExceeded(f"timed out sending to {peer}") from exc
     except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError) as exc:
@@ -119,6 +124,7 @@ def recv_frame(sock: socket.socket, max_nbytes: int, deadline: float | None = No
 
 __all__ = [
     "FRAME_LENGTH",
+    "advance_views",
     "recv_exactly",
     "recv_frame",
     "recv_into_exactly",

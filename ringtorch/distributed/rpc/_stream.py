@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ringtorch._wire.errors import DeadlineExceeded, PeerClosedError
+from ringtorch._wire.framing import advance_views
 from ringtorch.distributed.rpc import _cma, messages
 from ringtorch.distributed.rpc._serialization import Encoded
 from ringtorch.distributed.rpc.messages import BUFFER_ENTRY, HEADER, Header, unpack_header
@@ -227,14 +228,8 @@ def _send_rest(sock: socket.socket, parts: list[Any], sent: int, deadline: float
     poller: Any = None
     sent_any = sent > 0
     while True:
-        while sent:
-            head = views[0]
-            if sent >= len(head):
-                sent -= len(head)
-                views.pop(0)
-            else:
-                views[0] = head[sent:]
-                sent = 0
+        advance_views(views, sent)
+        sent = 0
         if not views:
             return
         if poller is None:
