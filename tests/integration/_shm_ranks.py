@@ -365,3 +365,12 @@ def late_for_the_first(rank: int, world_size: int) -> list[float]:
     b.all_reduce(t, ReduceOp.SUM, 0, time.monotonic() + 20)
     b.close()
     return t.tolist()
+
+
+def reduce_with_the_roots_op(rank: int, world_size: int) -> list[float]:
+    """Seed 003's reduce: the root (0) asks for MAX, the others pass the default SUM."""
+    b = backend(rank, world_size, "rootop")
+    t = torch.tensor([float(rank + 1), float(10 - rank)])
+    b.reduce(t, ReduceOp.MAX if rank == 0 else ReduceOp.SUM, 0, 0, time.monotonic() + 20)
+    b.close()
+    return t.tolist()

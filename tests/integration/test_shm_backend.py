@@ -184,3 +184,8 @@ def test_two_hosts_of_two_ranks_use_sockets_and_are_correct():
     hosts = [{"HOST_ID": h, "SOCKET_ADDR": "127.0.0.1"} for h in "aabb"]
     for res in _decide(4, hosts):
         assert (res["uses_shm"], res["reason"]) == (False, "the group spans 2 hosts")
+
+
+def test_reduce_applies_the_roots_op_whatever_the_others_pass():
+    results = run_ranks(ranks.reduce_with_the_roots_op, 3)
+    assert results[0] == [3.0, 10.0]  # MAX over ranks, as the root asked

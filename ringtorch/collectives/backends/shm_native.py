@@ -165,7 +165,9 @@ class ShmNativeBackend(NativeBackend):
             if factor is not None:
                 buf.mul_(factor)
             data = _bytes(buf)
-            desc = self._desc("reduce", seq, buf.dtype, int(kind), root, data.nbytes)
+            # only the root reduces, so the root's op is the one applied and the others' is
+            # not compared (torch's gloo does the same; seed 003's reduce relies on it)
+            desc = self._desc("reduce", seq, buf.dtype, NO_REDOP, root, data.nbytes)
             shm_reduce.reduce(space, data, reducer, root,
                               buf.element_size(), desc, deadline)
             if kind is RedOpType.AVG and self.rank == root:
