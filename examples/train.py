@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> float:
             loss_sum += loss.item() * len(y)
             correct += (logits.argmax(1) == y).sum().item()
             count += len(y)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+            bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
         loss_sum, correct, count = summed(dist, [loss_sum, correct, count])
         test_loss, test_acc = evaluate(dist, model, test_set)
         if rank == 0:
