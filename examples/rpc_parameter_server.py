@@ -107,8 +107,10 @@ def train(rank: int, world_size: int, steps: int, lr: float) -> None:
         loss.backward()
         losses.append(loss.item())
         weights = ps.rpc_sync().update_and_fetch([p.grad for p in model.parameters()])
-    print(f"trainer{rank}: loss {losses[0]:.4f} -> {losses[-1]:.4f} after {steps} steps",
-          flush=True)
+    # one write per line: ringrun starts workers with `python -u` (as torchrun does), where
+    # print() writes the text and its newline separately and the three ranks' lines would mix
+    print(f"trainer{rank}: loss {losses[0]:.4f} -> {losses[-1]:.4f} after {steps} steps\n",
+          end="", flush=True)
 
 
 def main() -> None:
@@ -128,7 +130,7 @@ def main() -> None:
         weight, bias = (p.detach() for p in _server.model.parameters())
         error = (weight.flatten() - TRUE_WEIGHT).abs().max().item()
         print(f"ps: {_server.step} steps, max weight error {error:.4f}, "
-              f"bias {bias.item():.4f} (true {TRUE_BIAS})", flush=True)
+              f"bias {bias.item():.4f} (true {TRUE_BIAS})\n", end="", flush=True)
 
 
 if __name__ == "__main__":
