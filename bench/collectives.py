@@ -34,45 +34,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-UNITS = {"K": 1024, "M": 1024**2, "G": 1024**3}
+from _sizes import busbw_factor, human, parse_sizes  # bench/ is sys.path[0]
+
 LIBS = ("gloo", "ringtorch", "ringtorch-dist", "ringtorch-mpi", "mpi")
-
-
-def parse_size(text: str) -> int:
-    text = text.strip().upper().removesuffix("B")
-    return int(text[:-1]) * UNITS[text[-1]] if text[-1] in UNITS else int(text)
-
-
-def parse_sizes(text: str) -> list[int]:
-    """'1K,1M' or '1K..64M' (every power of 4 from the first to the last)."""
-    if ".." in text:
-        lo, hi = (parse_size(part) for part in text.split(".."))
-        sizes = []
-        while lo <= hi:
-            sizes.append(lo)
-            lo *= 4
-        return sizes
-    return [parse_size(part) for part in text.split(",")]
-
-
-def human(nbytes: int) -> str:
-    for unit, scale in (("G", 1024**3), ("M", 1024**2), ("K", 1024)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale}{unit}"
-    return str(nbytes)
 
 
 def iterations(nbytes: int) -> tuple[int, int]:
     iters = max(5, min(200, int(1.5e8 / max(nbytes, 1))))
     return max(2, iters // 10), iters
-
-
-def busbw_factor(op: str, world_size: int) -> float:
-    if op == "all_reduce":
-        return 2 * (world_size - 1) / world_size
-    if op == "all_gather":
-        return (world_size - 1) / world_size
-    return 1.0
 
 
 # -- one rank --------------------------------------------------------------------------------
