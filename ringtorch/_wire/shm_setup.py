@@ -145,7 +145,12 @@ def _wait_keys(store: Any, keys: list[str], deadline: float) -> list[bytes]:
         raise DistBackendError(
             f"setting up shared memory failed: store keys {missing or keys} did not appear "
             f"within {remaining:.1f} s ({exc})") from exc
-    return [store.get(k) for k in keys]
+    # one round trip for all values: the ranks that already have theirs may leave setup at
+    # once, and the one hosting the store server may even exit (seed 003's programs do)
+    try:
+        return list(store.multi_get(keys))
+    except NotImplementedError:  # a user's store that only implements get
+        return [store.get(k) for k in keys]
 
 
 __all__ = ["open_domain"]
