@@ -42,10 +42,7 @@ from ringtorch.collectives.backends.native_status import (
 from ringtorch.collectives.reduce_op import (
     RedOpType,
     as_bytes,
-    byte_reducer,
-    check_reduce_op,
     finish_avg,
-    op_type,
     premul_factor,
 )
 
@@ -90,7 +87,6 @@ class ShmNativeBackend(NativeBackend):
         super().__init__(ctx)
         self._space: ShmSpace | None = None
         self._descs: dict[tuple[str, torch.dtype, int, int], Desc] = {}
-        self._shm_reducers: dict[tuple[RedOpType, torch.dtype], Any] = {}
         self.shm_reason = "a group of one rank has no peers" if ctx.size == 1 else ""
         if ctx.size > 1:
             deadline = time.monotonic() + ctx.timeout.total_seconds()
@@ -113,19 +109,6 @@ class ShmNativeBackend(NativeBackend):
         """Whether this group's collectives go through shared memory."""
         return self._space is not None
 
-    def _plan_shm_reduce(self, op: Any, dtype: torch.dtype, opname: str) -> tuple[RedOpType, Any]:
-        """(kind, byte reducer) for ``op`` on ``dtype``, checked once per pair.
-
-        Raises:
-            ValueError, RuntimeError: the pair has no meaning (reduce_op.check_reduce_op).
-        """
-        kind = op_type(op)
-        reducer = self._shm_reducers.get((kind, dtype))
-        if reducer is None:
-            check_reduce_op(kind, dtype, opname)
-            reducer = self._shm_reducers[(kind, dtype)] = byte_reducer(kind, dtype)
-        return kind, reducer
-
     def _desc(self, op: str, seq: int, dtype: torch.dtype, redop: int, root: int,
               nbytes: int) -> Desc:
         key = (op, dtype, redop, root)
@@ -141,7 +124,7 @@ class ShmNativeBackend(NativeBackend):
         space = self._space
         if space is None:
             return super().all_reduce(buf, op, seq, deadline)
-        kind, reducer = self._plan_shm_reduce(op, buf.dtype, "all_reduce")
+        kind, reducer = self._plan_reduce(op, buf.dtype, "all_reduce")
         with self._collective("all_reduce", seq, deadline):
             factor = premul_factor(op) if kind is RedOpType.PREMUL_SUM else None
             if factor is not None:
@@ -158,7 +141,7 @@ class ShmNativeBackend(NativeBackend):
         space = self._space
         if space is None:
             return super().reduce(buf, op, root, seq, deadline)
-        kind, reducer = self._plan_shm_reduce(op, buf.dtype, "reduce")
+        kind, reducer = self._plan_reduce(op, buf.dtype, "reduce")
         self._check_root(root, "reduce")
         with self._collective("reduce", seq, deadline):
             factor = premul_factor(op) if kind is RedOpType.PREMUL_SUM else None
@@ -179,7 +162,7 @@ class ShmNativeBackend(NativeBackend):
         space = self._space
         if space is None:
             return super().reduce_scatter(out, inp, op, seq, deadline)
-        kind, reducer = self._plan_shm_reduce(op, inp.dtype, "reduce_scatter")
+        kind, reducer = self._plan_reduce(op, inp.dtype, "reduce_scatter")
         check_sizes("reduce_scatter", inp, out, self.size)
         with self._collective("reduce_scatter", seq, deadline):
             factor = premul_factor(op) if kind is RedOpType.PREMUL_SUM else None
