@@ -56,11 +56,14 @@ time.sleep(600)
 """
 
 FLAKY = r"""
-import os, signal
+import os, signal, time
 count = os.environ["TORCHELASTIC_RESTART_COUNT"]
 with open(os.path.join(os.environ["OUT_DIR"], "seen"), "a") as f:
     f.write("rank %s restart %s\n" % (os.environ["RANK"], count))
 if count == "0" and os.environ["RANK"] == "1":
+    # Die only once rank 0 has written its line, or ringrun may stop rank 0 before it starts.
+    while "rank 0 restart 0" not in open(os.path.join(os.environ["OUT_DIR"], "seen")).read():
+        time.sleep(0.01)
     os.kill(os.getpid(), signal.SIGKILL)
 """
 
