@@ -9,8 +9,8 @@ rank and raises :class:`RanksTimedOut` naming the ranks that had not finished. N
 Processes come from a forkserver that has already imported torch, numpy and ringtorch, so a
 world starts in tens of milliseconds instead of a second and a half per rank; on 2 cores,
 process start-up is the test budget. Each rank gets the torch-style environment (RANK,
-WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT on a fresh free port) plus
-any ``env`` the caller gives.
+WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT on a fresh free port, drawn
+below the ephemeral range: see :func:`job_port`) plus any ``env`` the caller gives.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import random
 import signal
+import socket
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +29,8 @@ from typing import Any
 
 from ringtorch._wire.sockets import free_port
 
+_PORT_FLOOR = 20000  # job ports are drawn from [_PORT_FLOOR, the ephemeral range's start)
+_port_rng = random.SystemRandom()  # not the `random` a test may have seeded
 _PRELOAD = ["numpy", "torch", "ringtorch", "ringtorch.testing.harness"]
 _context: Any = None
 
@@ -71,6 +75,38 @@ def _child_main(conn: Any, fn: Callable[..., Any], rank: int, world_size: int,
         conn.close()
 
 
+def _ephemeral_start() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def job_port(host: str = "127.0.0.1") -> int:
+    """A free port for a job's master to bind a moment later (MASTER_PORT, tcp://, ringrun).
+
+    Drawn at random below the kernel's ephemeral range: a port that ``bind(0)`` returned is an
+    ephemeral one, which any outgoing connection of any process (the suite makes thousands) may
+    take as its source port before the master binds it, and the master then fails with "address
+    in use". Below that range only a process choosing the same port on purpose can collide.
+    Falls back to :func:`free_port` where the range leaves no room.
+    """
+    top = _ephemeral_start()
+    if top - _PORT_FLOOR < 1000:
+        return free_port(host)
+    for _ in range(100):
+        port = _port_rng.randrange(_PORT_FLOOR, top)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    return free_port(host)
+
+
 def rank_env(rank: int, world_size: int, master_port: int,
              extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The torch-style environment a launcher gives rank ``rank``."""
@@ -98,7 +134,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (),
         RanksTimedOut: some ranks were still running after ``timeout`` seconds.
     """
     ctx = _mp_context()
-    port = free_port()
+    port = job_port()
     procs, conns = [], []
     for rank in range(world_size):
         parent_end, child_end = ctx.Pipe(duplex=False)

@@ -62,7 +62,11 @@ def scaled(x: Any, *, factor: float = 1.0) -> Any:
     return x * factor
 
 
+_sleeping: list[float] = []  # one entry per sleep_then call started in this process
+
+
 def sleep_then(seconds: float, value: Any = None) -> Any:
+    _sleeping.append(seconds)
     time.sleep(seconds)
     return value
 
@@ -514,8 +518,10 @@ def killed_worker(rank: int, ws: int, victim: int) -> dict[str, Any]:
         if pid == 0:
             try:
                 start(rank, ws)
-                threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGKILL)).start()
-                time.sleep(30)
+                deadline = time.monotonic() + 30
+                while len(_sleeping) < 2 and time.monotonic() < deadline:
+                    time.sleep(0.01)  # die once worker0's two sleep_then calls are running here
+                os.kill(os.getpid(), signal.SIGKILL)
             finally:
                 os._exit(1)
         _, status = os.waitpid(pid, 0)
@@ -543,13 +549,18 @@ def killed_worker(rank: int, ws: int, victim: int) -> dict[str, Any]:
     return out
 
 
-def shutdown_timeout(rank: int, ws: int) -> tuple[str, str, float]:
-    """Worker 1 shuts down with a 0.5 s timeout while worker 0 is still busy for 1.5 s."""
+def shutdown_timeout(rank: int, ws: int, marker: str) -> tuple[str, str, float]:
+    """Worker 1 shuts down with a 0.5 s timeout while worker 0 is still busy; worker 0 shuts
+    down once worker 1's shutdown has given up (it creates ``marker``)."""
     start(rank, ws)
     if rank == 0:
-        time.sleep(1.5)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(marker) and time.monotonic() < deadline:
+            time.sleep(0.01)
         return timed_error(rpc.shutdown)
-    return timed_error(rpc.shutdown, True, 0.5)
+    result = timed_error(rpc.shutdown, True, 0.5)
+    open(marker, "w").close()
+    return result
 
 
 def kill_me() -> None:

@@ -25,16 +25,17 @@ if rank == 2:
 
     @record
     def main():
-        while len(os.listdir(out)) < 3:   # the other ranks are up and sleeping
+        while len([n for n in os.listdir(out) if n.startswith("pid")]) < 3:  # others are up
             time.sleep(0.01)
         with open(os.path.join(out, "failed_at"), "w") as f:
             f.write(repr(time.time()))
         raise ValueError("rank 2 cannot go on")
 
     main()
-else:
-    with open(os.path.join(out, "pid%d" % rank), "w") as f:
+else:  # written whole, then renamed: rank 2 may fail (and ringrun stop us) at once
+    with open(os.path.join(out, ".pid%d" % rank), "w") as f:
         f.write(str(os.getpid()))
+    os.rename(os.path.join(out, ".pid%d" % rank), os.path.join(out, "pid%d" % rank))
     time.sleep(600)
 """
 
@@ -46,12 +47,16 @@ if os.environ["RANK"] == "1":
 time.sleep(600)
 """
 
+# Rank 0 fails only once rank 1 ignores SIGTERM (before that, SIGTERM would simply kill it).
 IGNORES_SIGTERM = r"""
 import os, signal, sys, time
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
+ready = os.path.join(os.environ["OUT_DIR"], "ignoring")
 if os.environ["RANK"] == "0":
-    time.sleep(0.3)
+    while not os.path.exists(ready):
+        time.sleep(0.01)
     sys.exit(7)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+open(ready, "w").close()
 time.sleep(600)
 """
 
@@ -104,7 +109,7 @@ def test_a_failing_rank_stops_the_others_and_the_summary_names_it(tmp_path: Path
     result = ringrun(["--nproc-per-node", "4", script], env={"OUT_DIR": str(out)})
     ended = time.time()
     assert result.returncode == 1
-    assert ended - float((out / "failed_at").read_text()) < 10.0
+    assert ended - float((out / "failed_at").read_text()) < 60.0  # not the ranks' 600 s sleep
     for rank in (0, 1, 3):
         assert not alive(int((out / f"pid{rank}").read_text())), f"rank {rank} survived"
     err = result.stderr
@@ -131,12 +136,13 @@ def test_a_rank_killed_by_a_signal_is_named_with_the_signal(tmp_path: Path) -> N
 def test_a_worker_ignoring_sigterm_is_killed_after_the_shutdown_timeout(tmp_path: Path) -> None:
     script = write(tmp_path, "train.py", IGNORES_SIGTERM)
     started = time.monotonic()
-    result = ringrun(["--nproc-per-node", "2", "--shutdown-timeout", "1", script])
+    result = ringrun(["--nproc-per-node", "2", "--shutdown-timeout", "1", script],
+                     env={"OUT_DIR": str(tmp_path)})
     elapsed = time.monotonic() - started
     assert result.returncode == 1
     assert "rank 0 (local rank 0) failed with exit code 7; stopping 1 other running" in \
            result.stderr
-    assert 1.0 <= elapsed < 10.0
+    assert 1.0 <= elapsed < 60.0  # not the 600 s rank 1 would sleep
 
 
 def test_max_restarts_restarts_the_group_with_a_new_round(tmp_path: Path) -> None:

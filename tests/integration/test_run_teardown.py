@@ -19,9 +19,12 @@ import pytest
 WORKER = r"""
 import os, subprocess, sys, time
 sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
-escapee = [sys.executable, "-c", "import os, time; os.setsid(); time.sleep(600)"]
+escaped = os.path.join(os.environ["OUT_DIR"], "escaped%s" % os.environ["RANK"])
+escapee = [sys.executable, "-c", "import os, sys, time; os.setsid(); "
+           "open(sys.argv[1], 'w').close(); time.sleep(600)", escaped]
 children = [subprocess.Popen(sleeper), subprocess.Popen(escapee)]
-time.sleep(0.2)  # let the escapee call setsid
+while not os.path.exists(escaped):  # the escapee has called setsid
+    time.sleep(0.01)
 with open(os.path.join(os.environ["OUT_DIR"], "ready%s" % os.environ["RANK"]), "w") as f:
     f.write(" ".join(str(c.pid) for c in children))
 time.sleep(600)
@@ -98,7 +101,7 @@ def test_sigkill_to_the_launcher_kills_the_workers_and_their_children(tmp_path: 
     launcher.kill()
     launcher.wait(timeout=30)  # not communicate(): the escapees still hold its stderr pipe
     launcher.stderr.close()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while still_running(job - escapees) and time.monotonic() < deadline:
         time.sleep(0.02)
     try:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from ringtorch.testing.harness import job_port
 
 TRAIN = r"""
 import json, os, sys
@@ -38,9 +39,7 @@ _RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NT
 
 def job_env() -> dict[str, str]:
     """What the batch script exports: master address and port, and the job secret."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = job_port()  # below the ephemeral range: no outgoing connection takes it meanwhile
     env = {k: v for k, v in os.environ.items() if k not in _RANK_VARIABLES}
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                RINGTORCH_SECRET="f" * 64, OMP_NUM_THREADS="1")

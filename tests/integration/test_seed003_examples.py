@@ -17,7 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ringtorch.testing import free_port, run_ranks
+from ringtorch.testing import run_ranks
+from ringtorch.testing.harness import job_port
 from tests.integration import _seed003_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +31,7 @@ def _env() -> dict[str, str]:
 
 def _by_hand(program: str) -> list[str]:
     """Run the program as three processes started by hand; returns each rank's stdout."""
-    init = f"tcp://127.0.0.1:{free_port()}"
+    init = f"tcp://127.0.0.1:{job_port()}"
     procs = [subprocess.Popen([sys.executable, str(ROOT / "examples" / program), "--rank",
                                str(r), "--world_size", "3", "--init_method", init],
                               cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
@@ -57,12 +58,12 @@ def _by_hand(program: str) -> list[str]:
 def _in_workers(program: str) -> list[str]:
     """The program as ``__main__`` with ``--rank r --world_size 3``, in three workers."""
     return run_ranks(_seed003_ranks.run_program, 3, timeout=90,
-                     args=(program, f"tcp://127.0.0.1:{free_port()}"))
+                     args=(program, f"tcp://127.0.0.1:{job_port()}"))
 
 
 def _spawned() -> str:
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / "seed003_spawn.py"),
-                           "--init_method", f"tcp://127.0.0.1:{free_port()}"], cwd=ROOT,
+                           "--init_method", f"tcp://127.0.0.1:{job_port()}"], cwd=ROOT,
                           env=_env(), capture_output=True, text=True, timeout=100)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
