@@ -180,10 +180,11 @@ def test_ranks_on_different_hosts_use_sockets():
         assert (res["uses_shm"], res["reason"]) == (False, "the group spans 2 hosts")
 
 
-def test_two_hosts_of_two_ranks_use_sockets_and_are_correct():
+def test_two_hosts_of_two_ranks_use_shared_memory_within_each_host_and_are_correct():
+    # hierarchical collectives: tests/integration/test_shm_hierarchy.py
     hosts = [{"HOST_ID": h, "SOCKET_ADDR": "127.0.0.1"} for h in "aabb"]
     for res in _decide(4, hosts):
-        assert (res["uses_shm"], res["reason"]) == (False, "the group spans 2 hosts")
+        assert (res["uses_shm"], res["reason"]) == (True, "")
 
 
 def test_reduce_applies_the_roots_op_whatever_the_others_pass():

@@ -5,8 +5,9 @@ RINGTORCH_HOST_ID), has RINGTORCH_SHM on and could create its segment, the group
 all_reduce, reduce_scatter, all_gather, broadcast, reduce and barrier run through shared
 memory (algorithms/shm_*.py) instead of sockets; every rank takes the same decision at
 construction (through the group's store), so no rank runs shared memory while a peer runs
-sockets. Everything else (gather, scatter, all_to_all, send/recv) and every group spanning
-hosts use the socket path of NativeBackend unchanged.
+sockets. Everything else (gather, scatter, all_to_all, send/recv) uses the socket path of
+NativeBackend unchanged. A group spanning hosts uses shared memory within each host and
+sockets between hosts (shm_hierarchy.py) when some host has two or more of its ranks.
 
 Failure handling is NativeBackend's: a shared-memory wait that finds a peer dead (its segment
 lock released), aborted, in another collective or past the deadline aborts the backend
@@ -81,6 +82,9 @@ class ShmNativeBackend(NativeBackend):
 
     Attributes:
         shm_reason: why the group does not use shared memory ("" when it does).
+        hierarchy: the shm_hierarchy.Hierarchy of a group spanning hosts that uses shared
+            memory within each host (None otherwise).
+        topology: what the group uses, in words (for tests and for debugging performance).
     """
 
     def __init__(self, ctx: BackendContext) -> None:
@@ -88,6 +92,8 @@ class ShmNativeBackend(NativeBackend):
         self._space: ShmSpace | None = None
         self._descs: dict[tuple[str, torch.dtype, int, int], Desc] = {}
         self.shm_reason = "a group of one rank has no peers" if ctx.size == 1 else ""
+        self.hierarchy: Any = None  # a shm_hierarchy.Hierarchy for a group spanning hosts
+        self.topology = "sockets"  # what the group uses, in words
         if ctx.size > 1:
             deadline = time.monotonic() + ctx.timeout.total_seconds()
             settings = {"chunk": _config.SHM_CHUNK_BYTES.get(),
@@ -96,18 +102,33 @@ class ShmNativeBackend(NativeBackend):
                 ctx.store, ctx.rank, ctx.size, ctx.group_name, host_identity(),
                 _config.SHM.get(), _config.SHM_MAX_BYTES.get(), deadline, describe, settings)
             if domain is not None:
+                self.topology = f"1 host: ranks {list(range(ctx.size))} through shared memory"
                 domain.poll_failure = lambda: self._cause
                 domain.on_failure = lambda message: self._abort_local(message, tell_peers=True)
                 self._space = ShmSpace(domain, domain.settings["chunk"],
                                        domain.settings["oneshot"])
             else:
-                log.debug("group '%s' does not use shared memory: %s", ctx.group_name,
+                self._open_hierarchy(deadline)
+                log.debug("group '%s' uses %s %s", ctx.group_name, self.topology,
                           self.shm_reason)
+
+    def _open_hierarchy(self, deadline: float) -> None:
+        """A group spanning hosts: shared memory within each host, sockets across
+        (shm_hierarchy.py), when every rank's records allow it."""
+        from ringtorch.collectives.backends.shm_hierarchy import open_hierarchy
+
+        hierarchy, why = open_hierarchy(self, deadline)
+        self.shm_reason = why or ("" if hierarchy else self.shm_reason)
+        if hierarchy is not None:
+            self.hierarchy = hierarchy
+            self.topology = hierarchy.description
+            hierarchy.install()
 
     @property
     def uses_shm(self) -> bool:
-        """Whether this group's collectives go through shared memory."""
-        return self._space is not None
+        """Whether this group's collectives go through shared memory (on one host, or
+        within each host of a group spanning hosts)."""
+        return self._space is not None or self.hierarchy is not None
 
     def _desc(self, op: str, seq: int, dtype: torch.dtype, redop: int, root: int,
               nbytes: int) -> Desc:

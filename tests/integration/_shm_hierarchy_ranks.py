@@ -1,0 +1,143 @@
+"""Rank-side code of tests/integration/test_shm_hierarchy.py: groups whose ranks are faked
+onto several hosts (RINGTORCH_HOST_ID per rank, given as a string of host letters: "aabb" puts
+ranks 0 and 1 on host a, ranks 2 and 3 on host b).
+
+The ranks build ShmNativeBackends (or a ProcessGroup) and send back what they saw; the
+drivers compute expected values themselves with torch.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import torch
+
+import ringtorch.distributed as dist
+from ringtorch._wire.channel import TcpChannel, UnixChannel
+from ringtorch.collectives.backends.shm_native import ShmNativeBackend
+from ringtorch.collectives.reduce_op import ReduceOp
+from tests.integration import _shm_ranks
+
+
+def knobs(hosts: str, rank: int) -> dict[str, Any]:
+    """The knobs that put ``rank`` on host ``hosts[rank]`` (TCP between fake hosts goes
+    through the loopback address)."""
+    return {"HOST_ID": f"host-{hosts[rank]}", "SOCKET_ADDR": "127.0.0.1"}
+
+
+def backend(rank: int, world_size: int, name: str, hosts: str, timeout_s: float = 30.0,
+            **extra: Any) -> ShmNativeBackend:
+    return _shm_ranks.backend(rank, world_size, name, timeout_s, **knobs(hosts, rank), **extra)
+
+
+def what_it_uses(b: ShmNativeBackend) -> dict[str, Any]:
+    """The decision, the topology, this rank's host domain and the transport to each peer."""
+    h = b.hierarchy
+    space = None if h is None else h._space
+    mesh = b._mesh
+    kinds = {} if mesh is None else {
+        peer: "tcp" if isinstance(ch, TcpChannel) else "unix" if isinstance(ch, UnixChannel)
+        else type(ch).__name__ for peer, ch in enumerate(mesh.coll) if ch is not None}
+    return {"uses_shm": b.uses_shm, "reason": b.shm_reason, "topology": b.topology,
+            "flat": b._space is not None,
+            "domain": None if space is None else list(space.domain.names),
+            "channels": kinds}
+
+
+def cases(rank: int, world_size: int, hosts: str, cases: list[dict[str, Any]],
+          off: tuple[int, ...] = ()) -> dict[str, Any]:
+    """Run every case (tests/integration/_shm_ranks.py's run_case) on one backend, with
+    RINGTORCH_SHM=0 on the ranks in ``off``; report what the backend uses, every output and
+    this rank's pid."""
+    b = backend(rank, world_size, f"h-{hosts}-{off}", hosts, SHM=rank not in off,
+                SHM_CHUNK_BYTES=16 * 1024, SHM_ONESHOT_BYTES=4 * 1024)
+    result = what_it_uses(b)
+    for seq, case in enumerate(cases):
+        result[case["key"]] = _shm_ranks.run_case(b, case, seq)
+    b.close()
+    result["pid"] = os.getpid()
+    return result
+
+
+def killed_rank(rank: int, world_size: int, hosts: str, victim: int) -> dict[str, Any]:
+    """``victim`` runs as a forked child SIGKILLed 0.3 s into a stream of 4 MB all_reduces;
+    the others report their first error, how long it took to come, and the next call's."""
+    if rank == victim:
+        pid = os.fork()
+        if pid == 0:  # the child plays rank `victim` and dies mid-collective
+            try:
+                b = backend(rank, world_size, "kill", hosts)
+                threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+                t = torch.ones(1_000_000)
+                for seq in range(1, 100_000):
+                    b.all_reduce(t, ReduceOp.SUM, seq, time.monotonic() + 60)
+            finally:
+                os._exit(1)
+        _, status = os.waitpid(pid, 0)
+        return {"victim_signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+                "pid": pid}
+    b = backend(rank, world_size, "kill", hosts)
+    t = torch.ones(1_000_000)
+    seq, start = 0, time.monotonic()
+    try:
+        while True:
+            seq += 1
+            start = time.monotonic()
+            b.all_reduce(t, ReduceOp.SUM, seq, time.monotonic() + 60)
+    except Exception as exc:
+        failed_after = time.monotonic() - start
+        first = (type(exc).__name__, str(exc))
+    start = time.monotonic()
+    try:
+        b.all_reduce(t, ReduceOp.SUM, seq + 1, time.monotonic() + 60)
+        later: tuple[str, str] = ("no error", "")
+    except Exception as exc:
+        later = (type(exc).__name__, str(exc))
+    later_after = time.monotonic() - start
+    b.close()
+    return {"first": first, "failed_after": failed_after, "later": later,
+            "later_after": later_after, "pid": os.getpid()}
+
+
+def late_rank(rank: int, world_size: int, hosts: str, late: int) -> tuple[str, str]:
+    """Every rank runs broadcast #1; rank ``late`` then sleeps while the others run
+    all_reduce #2 with a 1.5 s deadline; every rank returns its error."""
+    b = backend(rank, world_size, "late", hosts)
+    b.broadcast(torch.zeros(4), 0, 1, time.monotonic() + 20)
+    if rank == late:
+        time.sleep(2.5)
+    try:
+        b.all_reduce(torch.zeros(4), ReduceOp.SUM, 2, time.monotonic() + 1.5)
+        error = ("no error", "")
+    except Exception as exc:
+        error = (type(exc).__name__, str(exc))
+    b.close()
+    return error
+
+
+def subgroup(rank: int, world_size: int, hosts: str) -> dict[str, Any]:
+    """A ProcessGroup world on fake hosts and a subgroup of every rank but 0: what each
+    uses, and an all_reduce and a broadcast on each."""
+    os.environ.update({"RINGTORCH_HOST_ID": f"host-{hosts[rank]}",
+                       "RINGTORCH_SOCKET_ADDR": "127.0.0.1"})
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    sub = dist.new_group(list(range(1, world_size)))
+    out: dict[str, Any] = {}
+    for label, g in (("world", dist.group.WORLD), ("sub", sub)):
+        if g == dist.GroupMember.NON_GROUP_MEMBER:
+            continue
+        b = g._get_backend()
+        out[f"{label}/uses"] = what_it_uses(b)
+        t = torch.full((5,), float(rank + 1))
+        dist.all_reduce(t, group=g)
+        src = world_size - 1
+        c = torch.full((3,), float(rank))
+        dist.broadcast(c, src=src, group=g)
+        out[f"{label}/results"] = (t.tolist(), c.tolist())
+    dist.destroy_process_group()
+    return out
