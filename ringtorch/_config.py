@@ -158,6 +158,15 @@ STORE_MAX_VALUE_BYTES = _knob(
     "ValueError naming the key, and the server drops a request announcing more",
 )
 
+STORE_LINGER_S = _knob(
+    "RINGTORCH_STORE_LINGER_S", 30.0, float,
+    "seconds a TCPStore master's server keeps serving the clients still connected when its "
+    "store is closed or its process exits; it stops as soon as they have all disconnected, so "
+    "a job whose ranks are done pays nothing. 30 s outlasts a late rank's last store round "
+    "trips on a loaded machine and bounds the wait for a client that never leaves; 0 stops "
+    "at once (torch's behaviour)",
+)
+
 RPC_SPIN_US = _knob(
     "RINGTORCH_RPC_SPIN_US", -1, int,
     "at most this many microseconds an RPC reader polls its socket before it sleeps (a "

@@ -4,7 +4,9 @@ A master whose host name is a loopback address listens on that address only; any
 name binds every interface, and without a job secret (RINGTORCH_SECRET) that logs a loud
 warning. ``multi_tenant`` masters of one (host, port) share one server, counted, closed with
 its last user. ``Resources`` is what a TCPStore must release even when it is garbage-collected
-without ``close()``.
+without ``close()``. A released server retires (stops listening, serves its connected clients
+until they leave, at most RINGTORCH_STORE_LINGER_S); ``linger_at_exit`` makes an exiting process
+wait, within the same bound, until the other processes' clients of its servers have left.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ import logging
 import os
 import socket
 import threading
+import time
 
+from ringtorch import _config
 from ringtorch._errors import DistNetworkError
 from ringtorch._wire.handshake import job_secret
+from ringtorch.store import _tcp_server
 from ringtorch.store._tcp_server import StoreServer
 
 log = logging.getLogger("ringtorch.store")
@@ -81,7 +86,26 @@ def release_server(server: StoreServer, host_name: str, multi_tenant: bool) -> N
             if entry[1] > 0:
                 return
             del _servers[(host_name, server.port)]
-    server.close()
+    server.retire(_config.STORE_LINGER_S.get())
+
+
+def linger_at_exit(own_peers: set[str]) -> None:
+    """At process exit: wait until every client of the servers this process hosts, except this
+    process's own (``own_peers``, "host:port" of their sockets), has disconnected, at most
+    RINGTORCH_STORE_LINGER_S. A rank that exits right after its last collective must not pull
+    the store from under a rank still doing its last round trips."""
+    pid = os.getpid()
+    servers = [s for s in list(_tcp_server._servers) if s.owner_pid == pid]
+    if not servers:
+        return
+    linger_s = _config.STORE_LINGER_S.get()
+    deadline = time.monotonic() + linger_s
+    for server in servers:
+        left = server.wait_for_clients(own_peers, deadline)
+        if left:
+            log.warning("TCPStore server on %s: exiting with %d client(s) still connected after "
+                        "waiting %.0f s for them (RINGTORCH_STORE_LINGER_S)", server.address,
+                        left, linger_s)
 
 
 class Resources:

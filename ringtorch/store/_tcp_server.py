@@ -13,7 +13,10 @@ Guarantees kept here:
   STATUS_TIMEOUT at its deadline and drops it;
 - a client silent in the middle of a frame for longer than the handshake timeout is closed
   (slowloris), as is a client that closes mid-frame;
-- the loop never raises: an unexpected error closes the connection it came from.
+- the loop never raises: an unexpected error closes the connection it came from;
+- ``retire`` (a master's store closed) stops listening at once but serves the connected clients
+  until they have all left, or until a deadline (RINGTORCH_STORE_LINGER_S), then stops; ``close``
+  stops at once (the standalone server on SIGTERM).
 """
 
 from __future__ import annotations
@@ -97,6 +100,8 @@ class StoreServer(StoreOps):
         self._sel.register(self._listener, selectors.EVENT_READ, _LISTENER)
         self._sel.register(self._wake_r, selectors.EVENT_READ, _WAKE)
         self._stopping = False
+        self._retire_at: float | None = None  # set by retire(): the monotonic deadline
+        self._unlistened = threading.Event()  # the loop closed the listener (retiring)
         self._rbuf = bytearray(RECV_NBYTES)
         self._rview = memoryview(self._rbuf)
         self._max_frame = _config.STORE_MAX_VALUE_BYTES.get() + P.FRAME_SLACK_NBYTES
@@ -132,6 +137,36 @@ class StoreServer(StoreOps):
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(5.0)
 
+    def retire(self, linger_s: float) -> None:
+        """Stop listening now; serve the connected clients until they have all disconnected
+        (or ``linger_s`` seconds have passed), then stop as close() does. Returns once the
+        port is released, without waiting for the clients."""
+        if self._stopping or os.getpid() != self._pid or not self._thread.is_alive():
+            self.close()
+            return
+        deadline = time.monotonic() + max(linger_s, 0.0)
+        if self._retire_at is None or deadline < self._retire_at:
+            self._retire_at = deadline
+        self._wake()
+        if threading.current_thread() is not self._thread:
+            self._unlistened.wait(5.0)
+
+    def wait_for_clients(self, ignore: set[str], deadline: float) -> int:
+        """Block until every connection but those from ``ignore`` (peers as "host:port") has
+        closed, the server has stopped, or ``deadline`` (monotonic) has passed; returns how
+        many were still connected."""
+        delay = 0.001
+        while self._thread.is_alive() and not self._stopping:
+            others = sum(1 for conn in list(self._conns) if conn.peer not in ignore)
+            others += self._handshakes + self._pending.qsize()
+            if not others:
+                return 0
+            if time.monotonic() >= deadline:
+                return others
+            time.sleep(delay)
+            delay = min(2 * delay, 0.02)
+        return 0
+
     def _abandon_after_fork(self) -> None:
         """In a forked child: close our copies of every socket, so that the parent's death
         still closes its clients' connections (a child holding them would keep them open)."""
@@ -158,6 +193,8 @@ class StoreServer(StoreOps):
                     self._on_event(key.data, mask)
                 self._fire_timers()
                 self._flush_dirty()
+                if self._retire_at is not None and self._retired():
+                    break
         except Exception:  # a bug: keep it loud, but never leave clients hanging
             log.exception("TCPStore server on %s stopped on an unexpected error", self.address)
         finally:
@@ -181,7 +218,23 @@ class StoreServer(StoreOps):
                 log.exception("TCPStore server on %s: error serving %s", self.address, data.peer)
                 self._close_conn(data, f"server error {exc!r}")
 
+    def _retired(self) -> bool:
+        """Retiring: close the listener (once); True when the clients have left or time is up."""
+        if not self._unlistened.is_set():
+            self._sel.unregister(self._listener)
+            self._listener.close()
+            self._unlistened.set()
+        left = len(self._conns) + self._handshakes + self._pending.qsize()
+        if not left:
+            return True
+        if time.monotonic() < self._retire_at:
+            return False
+        log.warning("TCPStore server on %s: stopping with %d client(s) still connected after "
+                    "lingering for them (RINGTORCH_STORE_LINGER_S)", self.address, left)
+        return True
+
     def _shutdown(self) -> None:
+        self._unlistened.set()
         for conn in list(self._conns):
             self._close_conn(conn, None)
         while not self._pending.empty():
@@ -223,22 +276,24 @@ class StoreServer(StoreOps):
                              name=f"ringtorch-store-handshake-{peer}").start()
 
     def _handshake(self, sock: socket.socket, peer: str) -> None:
+        shaken = False
         try:
             sock.setblocking(True)
             tune_tcp(sock)
             server_handshake(sock, SERVICE_STORE, handshake_deadline(), peer)
             sock.settimeout(None)
             sock.setblocking(False)
+            shaken = True
         except (HandshakeError, OSError) as exc:
             log.warning("TCPStore server on %s: auth failed from %s: %s", self.address, peer, exc)
             sock.close()
-            return
         finally:
+            if shaken:  # queued before it stops counting as a handshake (a retiring loop
+                self._pending.put((sock, peer))  # stops when it sees neither)
             with self._handshakes_lock:
                 self._handshakes -= 1
                 self._shaking.discard(sock)
-        self._pending.put((sock, peer))
-        self._wake()
+            self._wake()
 
     def _adopt_pending(self) -> None:
         try:
@@ -417,9 +472,10 @@ class StoreServer(StoreOps):
         heapq.heappush(self._timers, (deadline, next(self._seq), item))
 
     def _next_timeout(self) -> float | None:
-        if not self._timers:
-            return None
-        return max(0.0, self._timers[0][0] - time.monotonic())
+        due = self._timers[0][0] if self._timers else None
+        if self._retire_at is not None and (due is None or self._retire_at < due):
+            due = self._retire_at
+        return None if due is None else max(0.0, due - time.monotonic())
 
     def _fire_timers(self) -> None:
         timers = self._timers

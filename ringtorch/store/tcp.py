@@ -12,7 +12,10 @@ with one system call and reads the answer into a reusable buffer. Blocking opera
 their timeout to the server, which answers STATUS_TIMEOUT at the deadline; the client itself
 waits one grace second longer, so a server that died or hangs is reported, naming host:port,
 instead of waited on forever. After a fork, the child reconnects on its first operation and
-never touches the parent's stream.
+never touches the parent's stream. A master's server outlives ``close()`` and its process's
+exit while other processes' clients are still connected, at most RINGTORCH_STORE_LINGER_S
+(``_tcp_master.linger_at_exit``): a rank that leaves right after its last collective must not
+pull the store from under a rank still in its last round trips.
 
 Binding (DESIGN.md, Security; ``_tcp_master.py``): a master whose host name is a loopback
 address listens on that address only; any other host name binds every interface, and without a
@@ -22,10 +25,12 @@ already-listening socket (a launcher's, so no other process can take the port in
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import socket
 import struct
+import sys
 import threading
 import time
 import weakref
@@ -38,7 +43,12 @@ from ringtorch._wire.handshake import SERVICE_STORE, client_handshake
 from ringtorch._wire.sockets import connect_tcp
 from ringtorch.store import _protocol as P
 from ringtorch.store._table import INTERNAL_PREFIX, display_key
-from ringtorch.store._tcp_master import Resources, StoreAddressInUseError, acquire_server
+from ringtorch.store._tcp_master import (
+    Resources,
+    StoreAddressInUseError,
+    acquire_server,
+    linger_at_exit,
+)
 from ringtorch.store._tcp_server import StoreServer
 from ringtorch.store.base import DEFAULT_TIMEOUT, Store
 
@@ -64,6 +74,37 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+# ----- a master lingers at exit -------------------------------------------------------
+
+_exit_hook_pid = 0
+
+
+def _at_exit() -> None:
+    own: set[str] = set()
+    for store in list(_clients):
+        sock = store._sock
+        if sock is not None and store._pid == os.getpid():
+            try:
+                host, port = sock.getsockname()[:2]
+                own.add(f"{host}:{port}")
+            except OSError:
+                pass
+    linger_at_exit(own)
+
+
+def _hook_exit() -> None:
+    """Once per process hosting a server: wait for its clients at exit (``linger_at_exit``),
+    at interpreter exit and at a multiprocessing worker's exit (which skips atexit)."""
+    global _exit_hook_pid
+    if _exit_hook_pid == os.getpid():
+        return
+    _exit_hook_pid = os.getpid()
+    atexit.register(_at_exit)
+    mp_util = sys.modules.get("multiprocessing.util")
+    if mp_util is not None:
+        mp_util.Finalize(None, _at_exit, exitpriority=0)
+
+
 class TCPStore(Store):
     """torch's ``TCPStore``; see the module docstring."""
 
@@ -82,6 +123,7 @@ class TCPStore(Store):
         connect_host = host_name
         if is_master:
             server = acquire_server(host_name, port, multi_tenant, master_listen_fd)
+            _hook_exit()
             port = server.port
             connect_host = "127.0.0.1" if server.host == "0.0.0.0" else server.host
         self._init_client(host_name, port, connect_host, server, multi_tenant)

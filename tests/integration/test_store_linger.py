@@ -1,0 +1,110 @@
+"""A TCPStore master that leaves does not pull the store from under the clients still using it.
+
+The master process hosts the server. When it exits (or closes its store) while other
+processes' clients are connected, the server serves them until they disconnect, at most
+RINGTORCH_STORE_LINGER_S; when none is connected, it exits at once. Each test runs the master
+as a real process and the client in the test process, and synchronises through the store and a
+file the master writes as its very last statement, never through sleeps.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from ringtorch.store import TCPStore
+
+ROOT = Path(__file__).resolve().parents[2]
+T30 = timedelta(seconds=30)
+
+# argv: how to leave ("exit" or "close"), the file to create on the way out.
+MASTER = r"""
+import sys
+from datetime import timedelta
+from ringtorch.store import TCPStore
+how, leaving = sys.argv[1], sys.argv[2]
+store = TCPStore("127.0.0.1", 0, 2, True, timedelta(seconds=30), wait_for_workers=False)
+print(store.port, flush=True)
+store.wait(["client joined"])
+store.set("from master", "hello")
+if how == "close":
+    store.close()  # what destroy_process_group does
+open(leaving, "w").close()
+"""
+
+
+def start_master(tmp_path: Path, how: str, linger_s: str) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen([sys.executable, "-c", MASTER, how, str(tmp_path / "leaving")],
+                            cwd=ROOT, env={**os.environ, "RINGTORCH_STORE_LINGER_S": linger_s},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return proc, int(proc.stdout.readline())
+
+
+def wait_for(path: Path) -> None:
+    deadline = time.monotonic() + 30
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("how", ["exit", "close"])
+def test_a_master_that_leaves_serves_a_client_still_working_until_it_disconnects(
+        tmp_path: Path, how: str) -> None:
+    proc, port = start_master(tmp_path, how, "120")
+    client = TCPStore("127.0.0.1", port, None, False, T30)
+    client.set("client joined", "yes")
+    wait_for(tmp_path / "leaving")  # the master's program is over: it is exiting now
+    time.sleep(0.5)  # a moment later (without lingering, its server would be gone by now)
+    assert client.get("from master") == b"hello"
+    client.set("late", "still served")
+    assert client.get("late") == b"still served"
+    assert client.add("count", 2) == 2
+    assert proc.poll() is None  # it waits for us
+    client.close()
+    _, err = proc.communicate(timeout=60)  # far below the 120 s bound: it left when we did
+    assert proc.returncode == 0, err
+    assert "still connected" not in err
+
+
+def test_a_master_whose_clients_are_gone_exits_at_once(tmp_path: Path) -> None:
+    proc, port = start_master(tmp_path, "exit", "120")
+    client = TCPStore("127.0.0.1", port, None, False, T30)
+    client.set("client joined", "yes")
+    assert client.get("from master") == b"hello"
+    client.close()
+    started = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert time.monotonic() - started < 60  # not the 120 s it would wait for a client
+
+
+def test_a_client_that_never_disconnects_delays_the_exit_by_the_bound_only(
+        tmp_path: Path) -> None:
+    proc, port = start_master(tmp_path, "exit", "1")
+    client = TCPStore("127.0.0.1", port, None, False, T30)
+    client.set("client joined", "yes")
+    wait_for(tmp_path / "leaving")
+    _, err = proc.communicate(timeout=60)  # we stay connected throughout
+    assert proc.returncode == 0, err
+    assert "exiting with 1 client(s) still connected after waiting 1 s for them " \
+           "(RINGTORCH_STORE_LINGER_S)" in err
+    client.close()
+
+
+def test_a_closed_master_releases_its_port_at_once_while_it_serves_its_clients() -> None:
+    master = TCPStore("127.0.0.1", 0, None, True, T30)
+    port = master.port
+    client = TCPStore("127.0.0.1", port, None, False, T30)
+    master.close()
+    again = TCPStore("127.0.0.1", port, None, True, T30)  # the port is free again
+    client.set("k", "old server")  # the old server still serves the client it had
+    assert client.get("k") == b"old server"
+    assert again.check(["k"]) is False
+    client.close()
+    again.close()
