@@ -1,5 +1,6 @@
 """RPC under failure: a worker killed with calls pending, and connections that cannot prove
-the job secret. Bounds on "within seconds" are generous: the machine is shared."""
+the job secret. Bounds on "within seconds" are generous (the machine is shared, CI's has two
+cores), but below the 20 s RPC timeout a library that waited for it would take."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def test_g7_pending_calls_to_a_killed_worker_fail_within_seconds_naming_it(ws: i
     assert killed(ws)[1] == {"signal": 9}
     name, message, took = out["pending_sync"]
     assert (name, message) == ("RpcPeerDiedError", DIED + CALL)
-    assert took < 5.0  # it was killed once both calls ran there; the call would sleep 20 s
+    assert took < 15.0  # it was killed once both calls ran there; the call sleeps 20 s
     name, message, took = out["pending_async"]
     assert (name, message) == ("RpcPeerDiedError", DIED + CALL)
 
@@ -38,7 +39,7 @@ def test_g5_later_calls_to_a_dead_worker_fail_at_once(ws: int) -> None:
     for key in ("later", "later_remote", "to_here"):
         name, message, took = out[key]
         assert (name, message) == ("RpcPeerDiedError", DIED), key
-        assert took < 1.0, key
+        assert took < 5.0, key  # not the 20 s RPC timeout
 
 
 def test_g7_the_other_workers_keep_working_and_shutdown_names_the_dead_one() -> None:
@@ -48,7 +49,7 @@ def test_g7_the_other_workers_keep_working_and_shutdown_names_the_dead_one() -> 
         name, message, took = results[rank]["shutdown"]
         assert (name, message) == ("RpcPeerDiedError", "graceful RPC shutdown cannot complete: "
                                                        "worker 'worker1' (rank 1) died or left")
-        assert took < 5.0
+        assert took < 15.0  # seen above 5 s once with the load average at 10 on 2 cores
 
 
 @functools.cache
