@@ -103,15 +103,16 @@ def killed_rank(rank: int, world_size: int, hosts: str, victim: int) -> dict[str
             "later_after": later_after, "pid": os.getpid()}
 
 
-def late_rank(rank: int, world_size: int, hosts: str, late: int) -> tuple[str, str]:
-    """Every rank runs broadcast #1; rank ``late`` then sleeps while the others run
-    all_reduce #2 with a 1.5 s deadline; every rank returns its error."""
+def late_rank(rank: int, world_size: int, hosts: str, late: int,
+              sleep_s: float) -> tuple[str, str]:
+    """Every rank runs broadcast #1; rank ``late`` then sleeps ``sleep_s`` while the others run
+    all_reduce #2 with a 1 s deadline; every rank returns its error."""
     b = backend(rank, world_size, "late", hosts)
     b.broadcast(torch.zeros(4), 0, 1, time.monotonic() + 20)
     if rank == late:
-        time.sleep(2.5)
+        time.sleep(sleep_s)
     try:
-        b.all_reduce(torch.zeros(4), ReduceOp.SUM, 2, time.monotonic() + 1.5)
+        b.all_reduce(torch.zeros(4), ReduceOp.SUM, 2, time.monotonic() + 1.0)
         error = ("no error", "")
     except Exception as exc:
         error = (type(exc).__name__, str(exc))
@@ -141,3 +142,20 @@ def subgroup(rank: int, world_size: int, hosts: str) -> dict[str, Any]:
         out[f"{label}/results"] = (t.tolist(), c.tolist())
     dist.destroy_process_group()
     return out
+
+
+def mismatch(rank: int, world_size: int, hosts: str, odd: str) -> tuple[str, str]:
+    """The ranks in ``odd`` (digits) call broadcast #1, the others all_reduce #1; every rank
+    returns its error."""
+    b = backend(rank, world_size, "mm", hosts, timeout_s=20)
+    t = torch.ones(8)
+    try:
+        if str(rank) in odd:
+            b.broadcast(t, 0, 1, time.monotonic() + 20)
+        else:
+            b.all_reduce(t, ReduceOp.SUM, 1, time.monotonic() + 20)
+        error = ("no error", "")
+    except Exception as exc:
+        error = (type(exc).__name__, str(exc))
+    b.close()
+    return error

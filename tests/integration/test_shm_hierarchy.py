@@ -12,28 +12,33 @@ from __future__ import annotations
 import os
 import re
 
+import numpy as np
 import pytest
 import torch
 
+from ringtorch.collectives.algorithms.hierarchical import SubLink, Topology
 from ringtorch.testing import run_ranks
 from tests.integration import _shm_hierarchy_ranks as ranks
 from tests.integration._shm_ranks import PREMUL_FACTOR, make_input, random_input
 
 OPS = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "barrier")
-INT_REDOPS = ("SUM", "MAX", "MIN", "PRODUCT")
-FLOAT_REDOPS = ("SUM", "AVG", "MAX", "PREMUL_SUM")
+REDUCING = ("all_reduce", "reduce_scatter")
+INT_REDOPS = ("SUM", "MAX", "PRODUCT")
+FLOAT_REDOPS = ("AVG", "MAX", "PREMUL_SUM")  # SUM: the random-float test below
 
 
 def _cases(world_size: int, full: bool) -> list[dict]:
-    """Every op on int64 and float32, with every reduction and sizes 0, 5 and 30 001
-    (``full``) or a few (the ranks run 16 KiB chunks, so 30 001 elements take many rounds)."""
+    """Each op on int64 and float32; all_reduce and reduce_scatter with every reduction
+    (``full``) or one per dtype; sizes 0 (``full``), 5 and 30 001 (the ranks run 16 KiB
+    chunks, so 30 001 elements take many rounds); roots vary. ``reduce`` (the socket path in
+    such groups) and ``barrier`` once each per dtype and size."""
     int_redops, float_redops = (INT_REDOPS, FLOAT_REDOPS) if full else (("MAX",), ("AVG",))
     out = []
-    for op in OPS if full else [op for op in OPS if op != "reduce"]:  # reduce: socket path
+    for op in OPS if full else [op for op in OPS if op != "reduce"]:
         for dtype, redops in ((torch.int64, int_redops), (torch.float32, float_redops)):
-            for n in (0, 5, 30_001) if full else (5, 30_001):
-                for i, red in enumerate(redops if op in ("all_reduce", "reduce_scatter",
-                                                         "reduce") else ("-",)):
+            sizes = (0, 5, 30_001) if full and op in ("all_gather", *REDUCING) else (5, 30_001)
+            for n in sizes:
+                for i, red in enumerate(redops if op in REDUCING else redops[:1]):
                     root = (n + i) % world_size
                     out.append({"key": f"{op}/{dtype}/{red}/{n}/{root}", "op": op,
                                 "dtype": dtype, "n": n, "salt": len(out), "redop": red,
@@ -142,14 +147,26 @@ def test_a_rank_killed_mid_all_reduce_in_a_mixed_job_is_named_by_the_others():
     assert _no_segments_of([res["pid"] for res in results]) == []
 
 
-def test_a_late_rank_on_the_other_host_is_named_by_every_rank():
-    results = run_ranks(ranks.late_rank, 4, args=("aabb", 3), timeout=30)
-    for rank in (0, 1, 2):
-        name, message = results[rank]
+@pytest.mark.parametrize(("hosts", "late", "sleep_s"), [("aabb", 3, 2.0), ("aab", 2, 4.0)])
+def test_a_late_rank_on_the_other_host_is_named_by_every_rank(hosts, late, sleep_s):
+    # the others' deadline is 1 s. Rank 3 shares host b with a leader, which names it at
+    # once; rank 2 is alone on host b (its own leader): rank 0's socket wait names it, up to
+    # 2.5 s past the deadline (shm_hierarchy.py, CROSS_GRACE_S)
+    results = run_ranks(ranks.late_rank, len(hosts), args=(hosts, late, sleep_s), timeout=30)
+    for rank, (name, message) in enumerate(results):
         assert name in ("ShmPeerError", "DistBackendError"), (rank, message)
-        assert re.search(r"all_reduce #2 .*timed out after .*ranks \[3\] did not arrive",
+        if rank != late:
+            assert re.search(rf"all_reduce #2 .*timed out after .*ranks \[{late}\] did not "
+                             rf"arrive", message), (rank, message)
+
+
+def test_a_host_calling_another_collective_than_the_other_host_fails_every_rank():
+    # host b's leader receives host a's all_reduce frame in its broadcast
+    results = run_ranks(ranks.mismatch, 4, args=("aabb", "23"), timeout=30)
+    for rank, (name, message) in enumerate(results):
+        assert name in ("ShmPeerError", "DistBackendError"), (rank, message)
+        assert re.search(r"mismatch.*(all_reduce #1.*broadcast #1|broadcast #1.*all_reduce #1)",
                          message), (rank, message)
-    assert results[3][0] == "DistBackendError", results[3]
 
 
 def test_a_subgroup_spanning_hosts_is_hierarchical_in_its_own_ranks():
@@ -166,3 +183,44 @@ def test_a_subgroup_spanning_hosts_is_hierarchical_in_its_own_ranks():
         assert sub["topology"] == "2 hosts: [0] alone, [1, 2] shm; leaders [0, 1] over sockets"
         assert sub["domain"] == (None if rank == 1 else [1, 2]), sub
         assert res["sub/results"] == ([total - 1] * 5, [3.0] * 3)
+
+
+def test_the_topology_groups_ranks_by_host_in_order_of_their_lowest_rank():
+    topo = Topology.from_hosts(["y", "x", "y", "z", "x"])
+    assert topo.hosts == ((0, 2), (1, 4), (3,))
+    assert topo.host_of == (0, 1, 0, 2, 1)
+    assert topo.leaders == (0, 1, 3)
+    assert topo.representatives(4) == (0, 4, 3)
+    assert not topo.contiguous and Topology.from_hosts("aab").contiguous
+    assert topo.describe() == ("3 hosts: [0, 2] shm, [1, 4] shm, [3] alone; leaders [0, 1, 3] "
+                               "over sockets")
+
+
+class _RecordingLink:
+    rank, size = 3, 5
+
+    def __init__(self) -> None:
+        self.calls: list = []
+
+    def send(self, peer, data):
+        self.calls.append(("send", peer))
+
+    def recv(self, peer, into):
+        self.calls.append(("recv", peer))
+
+    def exchange(self, sends, recvs):
+        self.calls.append(("exchange", [p for p, _ in sends], [p for p, _ in recvs]))
+
+    def scratch(self, nbytes):
+        return np.empty(nbytes, np.uint8)
+
+
+def test_a_sublink_numbers_its_members_in_order_and_talks_to_their_group_ranks():
+    full = _RecordingLink()
+    link = SubLink(full, (1, 3, 4), 3)
+    assert (link.rank, link.size) == (1, 3)
+    buf = np.zeros(4, np.uint8)
+    link.send(0, buf)
+    link.recv(2, buf)
+    link.exchange([(0, buf), (2, buf)], [(2, buf)])
+    assert full.calls == [("send", 1), ("recv", 4), ("exchange", [1, 4], [4])]

@@ -58,10 +58,9 @@ class Topology:
         home = self.host_of[root]
         return tuple(root if i == home else h[0] for i, h in enumerate(self.hosts))
 
-    def describe(self, shm_hosts: bool) -> str:
-        """E.g. "2 hosts: [0, 1] shm, [2, 3] shm; leaders [0, 2] over sockets"."""
-        parts = [f"{list(h)} {'shm' if shm_hosts and len(h) > 1 else 'alone'}"
-                 for h in self.hosts]
+    def describe(self) -> str:
+        """E.g. "2 hosts: [0, 1] shm, [2] alone; leaders [0, 2] over sockets"."""
+        parts = [f"{list(h)} {'shm' if len(h) > 1 else 'alone'}" for h in self.hosts]
         return (f"{len(self.hosts)} hosts: {', '.join(parts)}; leaders {list(self.leaders)} "
                 f"over sockets")
 

@@ -13,7 +13,8 @@ cross-host step: one of the socket algorithms, unchanged, among those ranks
 (algorithms/hierarchical.py's SubLink) over the group's existing socket mesh:
 
 * all_reduce: shm reduce to the leader, all_reduce among leaders, shm broadcast.
-* broadcast: socket broadcast among the root and the other hosts' leaders, shm broadcast.
+* broadcast: shm broadcast on the root's host, socket broadcast from the root to the other
+  hosts' leaders, shm broadcast on those hosts.
 * all_gather: shm all_gather, leaders exchange host blocks, shm broadcast of the result.
 * reduce_scatter: shm reduce to the leader, leaders exchange and reduce per-host pieces,
   shm broadcast of the host's pieces (each rank keeps its own).
@@ -27,8 +28,8 @@ ShmNativeBackend's flat path stays as it is and costs nothing extra.
 Failures: the host domain names ranks by their group ranks (``HostDomain``), polls the
 backend's abort cause, and aborts the group on its own failures, as the flat path does. Waits
 that can only end after the cross-host step (the leaders' socket waits, the local phases after
-it) run GRACE_S, resp. 2 GRACE_S, past the caller's deadline, so a late rank is reported by
-the rank that waits for it directly, and its abort reaches the others first.
+it) run CROSS_GRACE_S, resp. AFTER_GRACE_S, past the caller's deadline, so a late rank is
+reported by the rank that waits for it directly, and its abort reaches the others first.
 """
 
 from __future__ import annotations
@@ -62,7 +63,12 @@ from ringtorch.collectives.backends.shm_native import (
 )
 from ringtorch.collectives.reduce_op import RedOpType, finish_avg, premul_factor
 
-GRACE_S = 1.0
+# how long past the caller's deadline the leaders' socket waits (CROSS_GRACE_S) and the host
+# phases after the cross-host step (AFTER_GRACE_S) run: the rank that waits for a late rank
+# directly must time out, name it and abort the group first; a socket wait checks its
+# deadline once a second and then asks the peers where they are (up to 1 s)
+CROSS_GRACE_S = 0.5
+AFTER_GRACE_S = CROSS_GRACE_S + 3.0
 
 INSTALLED = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "_publish",
              "abort", "close")
@@ -201,7 +207,7 @@ class Hierarchy:
         self._leaders = topology.leaders
         self._leader = backend.rank == self._local[0]
         self._work = ScratchPool()
-        self.description = topology.describe(True)
+        self.description = topology.describe()
 
     def install(self) -> None:
         """Route the backend's collectives, abort and close through this hierarchy."""
@@ -224,7 +230,7 @@ class Hierarchy:
         """Reduce to each host's leader, all_reduce among leaders, broadcast on each host."""
         b, space = self._b, self._space
         kind, reducer = b._plan_reduce(op, buf.dtype, "all_reduce")
-        with b._collective("all_reduce", seq, deadline + GRACE_S):
+        with b._collective("all_reduce", seq, deadline + CROSS_GRACE_S):
             factor = premul_factor(op) if kind is RedOpType.PREMUL_SUM else None
             if factor is not None:
                 buf.mul_(factor)
@@ -245,17 +251,23 @@ class Hierarchy:
                 else:
                     direct.all_reduce(link, data, reducer)
             if space is not None:
-                shm_copy.broadcast(space, data, 0, itemsize, desc, deadline + 2 * GRACE_S)
+                shm_copy.broadcast(space, data, 0, itemsize, desc, deadline + AFTER_GRACE_S)
             if kind is RedOpType.AVG:
                 finish_avg(buf, b.size)
 
     def broadcast(self, buf: torch.Tensor, root: int, seq: int, deadline: float) -> None:
-        """Root to the other hosts' leaders over sockets, then within each host."""
+        """Within the root's host, then from the root to the other hosts' leaders over
+        sockets, then within each of those hosts."""
         b, space = self._b, self._space
         b._check_root(root, "broadcast")
-        with b._collective("broadcast", seq, deadline + GRACE_S):
+        with b._collective("broadcast", seq, deadline + CROSS_GRACE_S):
             data = _bytes(buf)
             reps = self.topology.representatives(root)
+            home = self._host == self.topology.host_of[root]
+            desc = b._desc("broadcast", seq, buf.dtype, NO_REDOP, root, data.nbytes)
+            src = self._local.index(reps[self._host])
+            if space is not None and home:
+                shm_copy.broadcast(space, data, src, buf.element_size(), desc, deadline)
             if b.rank in reps:
                 link = self._cross("broadcast", buf.dtype, NO_REDOP, root, seq, data.nbytes, reps)
                 algorithm, segment = self._choose("broadcast", data.nbytes, link.size)
@@ -263,16 +275,15 @@ class Hierarchy:
                     tree.broadcast_chain(link, data, reps.index(root), segment)
                 else:
                     tree.broadcast_tree(link, data, reps.index(root))
-            if space is not None:
-                desc = b._desc("broadcast", seq, buf.dtype, NO_REDOP, root, data.nbytes)
-                shm_copy.broadcast(space, data, self._local.index(reps[self._host]),
-                                   buf.element_size(), desc, deadline + 2 * GRACE_S)
+            if space is not None and not home:
+                shm_copy.broadcast(space, data, src, buf.element_size(), desc,
+                                   deadline + AFTER_GRACE_S)
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, seq: int, deadline: float) -> None:
         """Gather within each host, leaders exchange host blocks, broadcast within each host."""
         b, space, topo = self._b, self._space, self.topology
         check_sizes("all_gather", out, inp, b.size)
-        with b._collective("all_gather", seq, deadline + GRACE_S):
+        with b._collective("all_gather", seq, deadline + CROSS_GRACE_S):
             inp_b, out_b, itemsize = _bytes(inp), _bytes(out), inp.element_size()
             m = inp_b.nbytes
             desc = b._desc("all_gather", seq, inp.dtype, NO_REDOP, -1, m)
@@ -297,7 +308,7 @@ class Hierarchy:
                             np.copyto(out_b[r * m:(r + 1) * m],
                                       stage[(starts[g] + i) * m:(starts[g] + i + 1) * m])
             if space is not None:
-                shm_copy.broadcast(space, out_b, 0, itemsize, desc, deadline + 2 * GRACE_S)
+                shm_copy.broadcast(space, out_b, 0, itemsize, desc, deadline + AFTER_GRACE_S)
 
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: Any, seq: int,
                        deadline: float) -> None:
@@ -306,7 +317,7 @@ class Hierarchy:
         b, space = self._b, self._space
         kind, reducer = b._plan_reduce(op, inp.dtype, "reduce_scatter")
         check_sizes("reduce_scatter", inp, out, b.size)
-        with b._collective("reduce_scatter", seq, deadline + GRACE_S):
+        with b._collective("reduce_scatter", seq, deadline + CROSS_GRACE_S):
             factor = premul_factor(op) if kind is RedOpType.PREMUL_SUM else None
             if factor is not None:
                 inp = inp * factor
@@ -326,7 +337,7 @@ class Hierarchy:
             elif space is not None:
                 shm_reduce.reduce(space, inp_b, reducer, 0, itemsize, desc, deadline)
             if space is not None:
-                shm_copy.broadcast(space, mine, 0, itemsize, desc, deadline + 2 * GRACE_S)
+                shm_copy.broadcast(space, mine, 0, itemsize, desc, deadline + AFTER_GRACE_S)
             i = self._local.index(b.rank)
             np.copyto(out_b, mine[i * m:(i + 1) * m])
             if kind is RedOpType.AVG:
@@ -360,7 +371,7 @@ class Hierarchy:
     def barrier(self, seq: int, deadline: float) -> None:
         """Everyone on each host arrives, the leaders meet, everyone on each host leaves."""
         b, space = self._b, self._space
-        with b._collective("barrier", seq, deadline + GRACE_S):
+        with b._collective("barrier", seq, deadline + CROSS_GRACE_S):
             desc = b._desc("barrier", seq, torch.uint8, NO_REDOP, -1, 0)
             if space is not None:
                 space.domain.arrive(desc, deadline)
@@ -368,7 +379,7 @@ class Hierarchy:
                 recursive_doubling.barrier(self._cross("barrier", torch.uint8, NO_REDOP, NO_ROOT,
                                                        seq, 0, self._leaders))
             if space is not None:
-                space.domain.arrive(desc, deadline + 2 * GRACE_S)
+                space.domain.arrive(desc, deadline + AFTER_GRACE_S)
 
     # -- socket collectives, abort, close --------------------------------------------------------
 
@@ -403,4 +414,4 @@ def _starts(topo: Topology) -> list[int]:
     return starts
 
 
-__all__ = ["GRACE_S", "HostDomain", "Hierarchy", "open_hierarchy"]
+__all__ = ["AFTER_GRACE_S", "CROSS_GRACE_S", "HostDomain", "Hierarchy", "open_hierarchy"]

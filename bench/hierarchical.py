@@ -1,0 +1,132 @@
+"""Hierarchical collectives (shared memory within each host, TCP between hosts) against the
+socket path, on fake hosts (RINGTORCH_HOST_ID per rank; TCP between them over loopback).
+
+    python bench/hierarchical.py                      # 2 hosts x 2 ranks, all_reduce 1K..16M
+    python bench/hierarchical.py --hosts aaab --sizes 1K,1M --repeat 5
+
+Modes, each in its own world of processes, interleaved, --repeat times: ``hier`` is
+ShmNativeBackend with RINGTORCH_SHM=1 (shared memory within each fake host, the hosts'
+leaders over TCP), ``sockets`` the same backend with RINGTORCH_SHM=0 (Unix sockets within a
+host, TCP across), and ``one-host`` (--one-host) every rank on one host with shared memory,
+for reference. Every timed call follows a barrier; an iteration's time is the slowest
+rank's; a run's time is the median over iterations, and the table shows the median over
+repeats. float32 SUM; the first call of every size is checked for the right result. Ranks
+are not pinned. The machine's load average is printed with the table: trust ratios within
+one run, not absolute numbers, on a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+from _sizes import busbw_factor, human, parse_sizes  # bench/ is sys.path[0]
+
+
+def iterations(nbytes: int) -> tuple[int, int]:
+    """(warm-up, timed) iterations: many for small sizes, at least 5."""
+    iters = max(5, min(500, int(1e8 / max(nbytes, 1))))
+    return max(2, iters // 10), iters
+
+
+def rank_main(rank: int, world_size: int, hosts: str, shm: bool, sizes: list[int]) -> Any:
+    """One rank: build the backend on its fake host, time all_reduce at every size."""
+    import torch
+    import torch.distributed as tdist
+
+    from ringtorch import _config
+    from ringtorch.collectives.backends.base import BackendContext
+    from ringtorch.collectives.backends.shm_native import ShmNativeBackend
+    from ringtorch.collectives.reduce_op import ReduceOp
+
+    torch.set_num_threads(1)
+    store = tdist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), world_size, rank == 0,
+                           timeout=timedelta(seconds=120))
+    ctx = BackendContext(store=store, rank=rank, size=world_size,
+                         timeout=timedelta(seconds=120), group_name="bench",
+                         global_ranks=tuple(range(world_size)))
+    with _config.override(SHM=shm, HOST_ID=f"host-{hosts[rank]}", SOCKET_ADDR="127.0.0.1"):
+        b = ShmNativeBackend(ctx)
+    seq = 0
+    times: dict[int, list[float]] = {}
+    for nbytes in sizes:
+        t = torch.full((nbytes // 4,), float(rank + 1))
+        seq += 1
+        b.all_reduce(t, ReduceOp.SUM, seq, time.monotonic() + 120)
+        want = world_size * (world_size + 1) / 2
+        if not bool((t == want).all()):
+            raise RuntimeError(f"wrong all_reduce result at {human(nbytes)}")
+        warm, iters = iterations(nbytes)
+        spent = []
+        for i in range(warm + iters):
+            seq += 1
+            b.barrier(seq, time.monotonic() + 120)
+            start = time.perf_counter()
+            seq += 1
+            b.all_reduce(t, ReduceOp.SUM, seq, time.monotonic() + 120)
+            if i >= warm:
+                spent.append(time.perf_counter() - start)
+        times[nbytes] = spent
+    topology = b.topology
+    b.close()
+    return {"times": times, "topology": topology}
+
+
+def run_mode(hosts: str, shm: bool, sizes: list[int]) -> tuple[dict[int, float], str]:
+    """Median over iterations of the slowest rank's time, per size."""
+    from ringtorch.testing import run_ranks
+
+    results = run_ranks(rank_main, len(hosts), args=(hosts, shm, sizes), timeout=600)
+    medians = {}
+    for nbytes in sizes:
+        per_iter = [max(res["times"][nbytes][i] for res in results)
+                    for i in range(len(results[0]["times"][nbytes]))]
+        medians[nbytes] = statistics.median(per_iter)
+    return medians, results[0]["topology"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--hosts", default="aabb",
+                        help="a host letter per rank (default aabb: 2 hosts x 2 ranks)")
+    parser.add_argument("--sizes", default="1K..16M", help="e.g. 1K..16M or 1K,1M")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--one-host", action="store_true",
+                        help="also run every rank on one host (flat shared memory)")
+    args = parser.parse_args()
+    sizes = parse_sizes(args.sizes)
+    ws = len(args.hosts)
+    modes = {"hier": (args.hosts, True), "sockets": (args.hosts, False)}
+    if args.one_host:
+        modes["one-host"] = ("a" * ws, True)
+    runs: dict[str, list[dict[int, float]]] = {m: [] for m in modes}
+    topologies = {}
+    for _ in range(args.repeat):
+        for mode, (hosts, shm) in modes.items():
+            medians, topologies[mode] = run_mode(hosts, shm, sizes)
+            runs[mode].append(medians)
+    load = os.getloadavg()
+    print(f"world {ws}, hosts {args.hosts}, all_reduce float32 SUM, median of {args.repeat} "
+          f"runs; load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    for mode, topo in topologies.items():
+        print(f"  {mode}: {topo}")
+    print()
+    heads = [f"{m} µs" for m in modes] + ["hier busbw GB/s", "sockets/hier"]
+    print("| size | " + " | ".join(heads) + " |")
+    print("|---" * (len(heads) + 1) + "|")
+    for nbytes in sizes:
+        us = {m: statistics.median(r[nbytes] for r in runs[m]) * 1e6 for m in modes}
+        busbw = nbytes * busbw_factor("all_reduce", ws) / (us["hier"] * 1e-6) / 1e9
+        cells = [f"{us[m]:,.1f}" if us[m] < 100 else f"{us[m]:,.0f}" for m in modes]
+        cells += [f"{busbw:.2f}", f"{us['sockets'] / us['hier']:.2f}x"]
+        print(f"| {human(nbytes)} | " + " | ".join(cells) + " |")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
