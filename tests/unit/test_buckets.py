@@ -13,6 +13,7 @@ from ringtorch.nn.parallel.buckets import (
 )
 
 F32, F16 = ("float32", "cpu"), ("float16", "cpu")
+KIB = 1024
 
 # (sizes in bytes, keys, first cap, later cap) -> buckets in launch order
 TABLE = [
@@ -35,6 +36,24 @@ TABLE = [
 @pytest.mark.parametrize("nbytes,keys,first,later,expected", TABLE)
 def test_assignment_table(nbytes, keys, first, later, expected):
     assert assign_buckets(nbytes, keys, first, later) == expected
+
+
+# (sizes, first cap, later cap, solo size) -> buckets: a parameter of at least the solo size
+# gets a bucket of its own even below the cap (DDP passes a quarter of the cap)
+SOLO_TABLE = [
+    pytest.param([1, 30, 1, 30], 10, 40, 10, [[3], [2], [1], [0]], id="solo-below-the-cap"),
+    pytest.param([4, 8, 4, 4], 100, 100, 8, [[3, 2], [1], [0]], id="smaller-ones-close-first"),
+    pytest.param([4, 7, 4], 100, 100, 8, [[2, 1, 0]], id="below-the-solo-size-shares"),
+    pytest.param([16 * MIB, 16 * KIB, 64 * MIB, 16 * KIB, 16 * MIB, 4 * KIB], MIB, 25 * MIB,
+                 25 * MIB // 4, [[5], [4], [3], [2], [1], [0]],
+                 id="the-benchmark-mlp-every-weight-alone"),
+]
+
+
+@pytest.mark.parametrize("nbytes,first,later,solo,expected", SOLO_TABLE)
+def test_solo_size_gives_large_parameters_a_bucket_of_their_own(nbytes, first, later, solo,
+                                                                  expected):
+    assert assign_buckets(nbytes, [F32] * len(nbytes), first, later, solo) == expected
 
 
 def test_every_parameter_lands_in_exactly_one_bucket():

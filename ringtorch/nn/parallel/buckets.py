@@ -5,9 +5,9 @@ parameters are visited from the last to the first, the order in which backward u
 their gradients; each (dtype, device) key fills its own open bucket, which closes as soon as its
 size reaches the key's current cap. Each key's first bucket is capped at ``first_cap_bytes``
 (1 MiB by default) so that the first all_reduce starts early; later ones at ``cap_bytes``.
-Unlike torch, a parameter at least as large as the current cap gets a bucket of its own (the
-open bucket of smaller ones before it is closed first): such a gradient is then all_reduced
-in place, without being copied into a bucket and back. The
+Unlike torch, a parameter at least as large as the current cap, or at least ``solo_bytes``,
+gets a bucket of its own (the open bucket of smaller ones before it is closed first): such a
+gradient is then all_reduced in place, without being copied into a bucket and back. The
 result is ordered by when each bucket is expected to be complete, which is the order every rank
 launches the buckets' all_reduces in.
 """
@@ -32,7 +32,7 @@ class BucketPlan:
 
 
 def assign_buckets(nbytes: Sequence[int], keys: Sequence[Hashable], first_cap_bytes: int,
-                   cap_bytes: int) -> list[list[int]]:
+                   cap_bytes: int, solo_bytes: int | None = None) -> list[list[int]]:
     """Group parameter indices ``0..len(nbytes)-1`` into buckets.
 
     Args:
@@ -40,6 +40,8 @@ def assign_buckets(nbytes: Sequence[int], keys: Sequence[Hashable], first_cap_by
         keys: each parameter's bucket key, e.g. ``(dtype, device)``; keys never mix.
         first_cap_bytes: the cap of each key's first bucket (0: one parameter per bucket).
         cap_bytes: the cap of every later bucket.
+        solo_bytes: a parameter of at least this size gets a bucket of its own even below
+            the current cap (None: only one that reaches the current cap).
 
     Returns:
         Buckets in launch order; each lists its indices in reverse parameter order.
@@ -59,14 +61,16 @@ def assign_buckets(nbytes: Sequence[int], keys: Sequence[Hashable], first_cap_by
     for index in reversed(range(len(nbytes))):
         key = keys[index]
         cap = first_cap_bytes if closed_count.get(key, 0) == 0 else cap_bytes
-        if nbytes[index] >= cap > 0 and open_buckets.get(key):
+        alone = nbytes[index] >= cap > 0 or (solo_bytes is not None
+                                             and nbytes[index] >= solo_bytes > 0)
+        if alone and open_buckets.get(key):
             # a parameter that fills a bucket alone gets one: the smaller ones before it go
             # first, and its gradient can be reduced where it lies (reducer.py)
             result.append(open_buckets.pop(key))
             open_bytes[key] = 0
         open_buckets.setdefault(key, []).append(index)
         open_bytes[key] = open_bytes.get(key, 0) + nbytes[index]
-        if open_bytes[key] >= cap:
+        if open_bytes[key] >= cap or alone:
             result.append(open_buckets.pop(key))
             open_bytes[key] = 0
             closed_count[key] = closed_count.get(key, 0) + 1
@@ -77,11 +81,12 @@ def assign_buckets(nbytes: Sequence[int], keys: Sequence[Hashable], first_cap_by
 
 
 def plan_buckets(numels: Sequence[int], element_sizes: Sequence[int], keys: Sequence[Hashable],
-                 first_cap_bytes: int, cap_bytes: int) -> list[BucketPlan]:
+                 first_cap_bytes: int, cap_bytes: int,
+                 solo_bytes: int | None = None) -> list[BucketPlan]:
     """:func:`assign_buckets`, plus each parameter's offset (in elements) in its bucket."""
     nbytes = [n * s for n, s in zip(numels, element_sizes, strict=True)]
     plans = []
-    for indices in assign_buckets(nbytes, keys, first_cap_bytes, cap_bytes):
+    for indices in assign_buckets(nbytes, keys, first_cap_bytes, cap_bytes, solo_bytes):
         offsets, total = [], 0
         for index in indices:
             offsets.append(total)

@@ -147,8 +147,11 @@ class DistributedDataParallel(nn.Module, Joinable):
             self._verify_params_across_processes(params, names)
             self._sync_module_states(src=0, buffers=broadcast_buffers)
         first_cap, cap = bucket_caps(bucket_cap_mb)
+        # a gradient of a quarter of the cap or more is all_reduced alone, where it lies
+        # (reducer.py): copying it into a bucket and back costs more than one more collective
         plans = plan_buckets([p.numel() for p in params], [p.element_size() for p in params],
-                             [(p.dtype, p.device) for p in params], first_cap, cap)
+                             [(p.dtype, p.device) for p in params], first_cap, cap,
+                             solo_bytes=cap // 4 or None)
         self.reducer = Reducer(params, names, plans, self.process_group,
                                find_unused_parameters or static_graph, gradient_as_bucket_view)
         self._comm_hooks: list[tuple[Callable[..., Any], Any]] = []

@@ -98,6 +98,7 @@ class _Bucket:
         self.views = [self.buffer[off:off + p.numel()].view(p.shape)
                       for off, p in zip(plan.offsets, self.params, strict=True)]
         self.pending = len(self.indices)
+        self.solo = len(self.indices) == 1
         self.comm: _Pending | None = None
         # A one-parameter bucket may be reduced in the gradient itself (see _mark_ready):
         # then `direct` is that gradient, flattened, for this iteration.
@@ -148,6 +149,10 @@ class Reducer:
         self._used_map = torch.zeros(len(self._params), dtype=torch.int32)
         self._div_factor: float = float(self._world_size)
         self._count_work: tuple[Any, torch.Tensor] | None = None
+        self._in_join = False
+        # one-parameter buckets are all_reduced with AVG (the backend divides the sum, right
+        # after copying it out); other buckets divide while copying into the bucket
+        self._solo_avg = False
         self._handles = [p.register_post_accumulate_grad_hook(self._make_hook(i))
                          for i, p in enumerate(self._params)]
         if gradient_as_bucket_view:
@@ -173,6 +178,7 @@ class Reducer:
         """Under Join: ``notified`` is (work, tensor) of the all_reduce that counts the ranks
         still training; unless ``divide_by_initial_world_size``, gradients are divided by it."""
         self._count_work = None if divide_by_initial_world_size else notified
+        self._in_join = notified is not None
 
     def remove_hooks(self) -> None:
         for handle in self._handles:
@@ -196,6 +202,9 @@ class Reducer:
             bucket.comm = None
             bucket.direct = None
         self._div_factor = float(self._world_size)
+        # Under Join every rank sums (joined ranks shadow with zeros and SUM, training ranks
+        # may divide by the count of ranks still training): AVG only outside Join.
+        self._solo_avg = self._comm_hook is None and not self._in_join
         self._expect_hooks = True
         self._require_finalize = True
         self._marked_unused = False
@@ -262,21 +271,23 @@ class Reducer:
         b, pos = self._locator[index]
         bucket = self._buckets[b]
         param = self._params[index]
-        if used and len(bucket.indices) == 1 and not self._as_view \
+        if used and bucket.solo and not self._as_view \
                 and _reducible_in_place(param.grad, bucket.buffer):
             # A bucket of one parameter is reduced in its gradient itself: no copy into the
             # bucket, none back. (Not for unused parameters, whose .grad must stay untouched.)
             bucket.direct = param.grad.view(-1)
-            if self._comm_hook is None:
+            if self._comm_hook is None and not self._solo_avg:
                 bucket.direct.div_(self._div_factor)
         else:
-            self._fill_slot(param, bucket.views[pos])
+            self._fill_slot(param, bucket.views[pos],
+                            divide=self._comm_hook is None and not (bucket.solo and self._solo_avg))
         bucket.pending -= 1
         if bucket.pending == 0:
             self._launch_ready_buckets()
 
-    def _fill_slot(self, param: torch.Tensor, view: torch.Tensor) -> None:
-        """Put the gradient (divided by the world size unless a comm hook divides) in its slot.
+    def _fill_slot(self, param: torch.Tensor, view: torch.Tensor, divide: bool) -> None:
+        """Put the gradient in its slot, divided by the world size if ``divide`` (not when a
+        comm hook divides, nor when the bucket's all_reduce is an AVG).
 
         With gradient_as_bucket_view, ``param.grad`` usually is the slot already (autograd
         accumulated into it); element-wise ops on exactly the same memory are safe in place.
@@ -285,7 +296,7 @@ class Reducer:
         if grad is None:
             view.zero_()
             return
-        if self._comm_hook is None:
+        if divide:
             torch.div(grad, self._div_factor, out=view)
         else:
             view.copy_(grad)
@@ -310,12 +321,14 @@ class Reducer:
         if self._comm_hook is not None:
             hook, state = self._comm_hook
             bucket.comm = _Pending(future=hook(state, self.grad_bucket(b, bucket.comm_buffer())))
-        elif wait_now:
-            dist.all_reduce(bucket.comm_buffer(), group=self._group)
-            bucket.comm = None
         else:
-            bucket.comm = _Pending(work=dist.all_reduce(bucket.comm_buffer(), group=self._group,
-                                                        async_op=True))
+            op = dist.ReduceOp.AVG if bucket.solo and self._solo_avg else dist.ReduceOp.SUM
+            if wait_now:
+                dist.all_reduce(bucket.comm_buffer(), op=op, group=self._group)
+                bucket.comm = None
+            else:
+                bucket.comm = _Pending(work=dist.all_reduce(bucket.comm_buffer(), op=op,
+                                                            group=self._group, async_op=True))
 
     def grad_bucket(self, b: int, buffer: torch.Tensor) -> GradBucket:
         """The GradBucket a comm hook gets for bucket ``b``, its gradients viewing ``buffer``."""
