@@ -19,10 +19,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.integration._mpi_leftovers import OpenMpiLeftovers, end_session
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "mpi"
@@ -46,8 +49,19 @@ def _env() -> dict[str, str]:
     return env
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_open_mpi_files_left_in_dev_shm() -> Iterator[None]:
+    """Jobs that kill or abort ranks leave Open MPI's segment files behind; _run removes the
+    ones its job created, and none may be left when the module is done."""
+    shm = OpenMpiLeftovers()
+    yield
+    assert shm.left() == set(), "Open MPI segment files left in /dev/shm"
+
+
 def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run a launcher; on timeout kill its whole process group (no orphaned ranks)."""
+    """Run a launcher; on timeout kill its whole process group (no orphaned ranks). Then wait
+    for the job's processes to be gone and remove the Open MPI files in /dev/shm it left."""
+    shm = OpenMpiLeftovers()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -60,6 +74,8 @@ def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        end_session(proc.pid)
+        shm.clean()
     return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
 
 
