@@ -114,9 +114,10 @@ SHM_CHUNK_BYTES = _knob(
     "the group uses rank 0's value",
 )
 SHM_ONESHOT_BYTES = _knob(
-    "RINGTORCH_SHM_ONESHOT_BYTES", 256 * 1024, int,
-    "a shared-memory all_reduce up to this size takes one round in which every rank reduces "
-    "every buffer; larger ones are reduced slice by slice; the group uses rank 0's value",
+    "RINGTORCH_SHM_ONESHOT_BYTES", 2 * 1024 * 1024, int,
+    "a shared-memory all_reduce takes one round in which every rank reduces every buffer "
+    "while what each rank reads from its peers ((ranks - 1) x message bytes) is at most this; "
+    "larger ones are reduced slice by slice; the group uses rank 0's value",
 )
 
 MPI_CHECK = _knob(

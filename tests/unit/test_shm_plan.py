@@ -10,6 +10,7 @@ from ringtorch.collectives.algorithms.shm_plan import (
     chunk_ranges,
     plan,
     split_bytes,
+    takes_one_round,
     wanted_half,
 )
 
@@ -66,6 +67,24 @@ def test_a_one_shot_all_reduce_that_does_not_fit_the_slot_is_staged():
     assert not p.oneshot
     assert p.chunk_nbytes == 32 * KIB  # chunk + reduced slices fill the 64 KiB slot
     assert p.chunks[0] == (0, 32 * KIB) and p.chunks[-1][1] == 200 * KIB
+
+
+@pytest.mark.parametrize(("nbytes", "size", "one_round"), [
+    (1 * MIB, 2, True),  # a rank reads 1 MiB of its peer's
+    (1 * MIB + 64, 2, False),
+    (512 * KIB, 3, True),  # 2 peers x 512 KiB
+    (512 * KIB + 64, 3, False),
+    (256 * KIB, 5, True),
+    (300 * KIB, 5, False),
+    (0, 4, True),
+])
+def test_one_round_while_what_a_rank_reads_from_its_peers_is_under_the_knob(nbytes, size,
+                                                                            one_round):
+    assert takes_one_round(nbytes, size, 1 * MIB) is one_round
+    p = plan("all_reduce", nbytes, 4, size, 4 * MIB, 1 * MIB, 1 * MIB)
+    assert p.oneshot is one_round
+    half = wanted_half("all_reduce", nbytes, size, chunk_nbytes=1 * MIB, oneshot_nbytes=1 * MIB)
+    assert half == (nbytes if one_round else 2 * min(nbytes, 1 * MIB))
 
 
 @pytest.mark.parametrize("size", [2, 3, 4])

@@ -72,6 +72,14 @@ def _unit(itemsize: int, parts: int = 1) -> int:
     return parts * itemsize * LINE // _gcd(itemsize, LINE)
 
 
+def takes_one_round(nbytes: int, size: int, oneshot_nbytes: int) -> bool:
+    """Whether an all_reduce of ``nbytes`` per rank takes one round, every rank reducing every
+    buffer: when what each rank reads from its peers, ``(size - 1) * nbytes``, is at most
+    ``oneshot_nbytes``. (Staged, a rank copies about twice as much but reduces only its slice;
+    one-shot costs one round instead of one per chunk plus one, and grows with the group.)"""
+    return nbytes * max(size - 1, 1) <= oneshot_nbytes
+
+
 def wanted_half(op: str, nbytes: int, size: int, chunk_nbytes: int, oneshot_nbytes: int) -> int:
     """Bytes each data slot should have for the fastest plan of ``op`` on ``nbytes``.
 
@@ -80,7 +88,7 @@ def wanted_half(op: str, nbytes: int, size: int, chunk_nbytes: int, oneshot_nbyt
     chunk and for its reduced slices (two chunks' worth).
     """
     if op == "all_reduce":
-        if nbytes <= oneshot_nbytes:
+        if takes_one_round(nbytes, size, oneshot_nbytes):
             return nbytes
         return 2 * min(nbytes, chunk_nbytes)
     if op == "reduce_scatter":
@@ -92,14 +100,14 @@ def plan(op: str, nbytes: int, itemsize: int, size: int, half: int, chunk_nbytes
          oneshot_nbytes: int) -> Plan:
     """The plan of ``op`` on a per-rank message of ``nbytes`` with data slots of ``half`` bytes.
 
-    all_reduce: one round when the message fits both ``oneshot_nbytes`` and a slot; otherwise
-    chunks of up to ``chunk_nbytes`` (a chunk and its reduced slices share a slot), each a
+    all_reduce: one round when the message fits a slot and :func:`takes_one_round` says so;
+    otherwise chunks of up to ``chunk_nbytes`` (a chunk and its reduced slices share a slot), each a
     multiple of ``size`` line-aligned slices. reduce_scatter: the chunks cut each of the
     ``size`` pieces, and a round holds one chunk of every piece. The others: chunks of the
     message, one per round.
     """
     if op == "all_reduce":
-        if nbytes <= min(oneshot_nbytes, half):
+        if nbytes <= half and takes_one_round(nbytes, size, oneshot_nbytes):
             return Plan(((0, nbytes),), nbytes, oneshot=True)
         chunk = _align_down(min(chunk_nbytes, half // 2), _unit(itemsize, size))
         return Plan(chunk_ranges(nbytes, chunk), chunk)
@@ -117,4 +125,5 @@ def _gcd(a: int, b: int) -> int:
     return a
 
 
-__all__ = ["LINE", "Plan", "chunk_ranges", "plan", "split_bytes", "wanted_half"]
+__all__ = ["LINE", "Plan", "chunk_ranges", "plan", "split_bytes", "takes_one_round",
+           "wanted_half"]

@@ -52,6 +52,10 @@ def _all_reduce_staged(space: ShmSpace, buf: np.ndarray, reduce: ByteReducer, it
                        chunks: tuple[tuple[int, int], ...], chunk_nbytes: int, desc: Desc,
                        deadline: float) -> None:
     r, p = space.rank, space.size
+    # ranks 0 and 1 reduce their slice in place in their buffer (their own operand can be
+    # the left-to-right reduction's accumulator) and then publish it; the others reduce into
+    # the result area and copy their slice back from there with the peers' slices
+    in_place = r <= 1
     pending: tuple[int, int, int] | None = None  # (start, stop, slot) of the chunk to collect
     for i, (a, b) in enumerate(chunks):
         base = space.next_slot()
@@ -64,26 +68,32 @@ def _all_reduce_staged(space: ShmSpace, buf: np.ndarray, reduce: ByteReducer, it
         space.round(i == 0, desc, deadline)
         # every rank's chunk is in its slot: reduce slice r into this slot's result area
         out = space.view(r, base + chunk_nbytes + s0, s1 - s0)
-        operands = [buf[a + s0:a + s1] if j == r else space.view(j, base + s0, s1 - s0)
-                    for j in range(p)]
-        reduce_in_rank_order(out, operands, -1, reduce)
+        own = buf[a + s0:a + s1]
+        operands = [own if j == r else space.view(j, base + s0, s1 - s0) for j in range(p)]
+        if in_place:
+            reduce_in_rank_order(own, operands, r, reduce)
+            np.copyto(out, own)
+        else:
+            reduce_in_rank_order(out, operands, -1, reduce)
         if pending is not None:
-            _collect(space, buf, itemsize, pending, chunk_nbytes)
+            _collect(space, buf, itemsize, pending, chunk_nbytes, in_place)
         pending = (a, b, base)
     space.domain.step(desc, deadline)
     # every slice of the last chunk is reduced
     assert pending is not None
-    _collect(space, buf, itemsize, pending, chunk_nbytes)
+    _collect(space, buf, itemsize, pending, chunk_nbytes, in_place)
     # peers may still collect from this round's slot: the next collective writes the other
     space.domain.skip_round()
 
 
 def _collect(space: ShmSpace, buf: np.ndarray, itemsize: int, chunk: tuple[int, int, int],
-             chunk_nbytes: int) -> None:
+             chunk_nbytes: int, skip_own: bool) -> None:
     """Copy every reduced slice of a chunk (reduced a round ago) into ``buf``."""
     a, b, base = chunk
+    r = space.rank
     for j, (s0, s1) in enumerate(split_bytes(b - a, space.size, itemsize)):
-        np.copyto(buf[a + s0:a + s1], space.view(j, base + chunk_nbytes + s0, s1 - s0))
+        if j != r or not skip_own:
+            np.copyto(buf[a + s0:a + s1], space.view(j, base + chunk_nbytes + s0, s1 - s0))
 
 
 def reduce_scatter(space: ShmSpace, out: np.ndarray, inp: np.ndarray, reduce: ByteReducer,
