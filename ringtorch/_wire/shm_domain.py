@@ -38,6 +38,8 @@ Segment header (little-endian u64 words; what each rank writes into its *own* se
                  is written last and read before and after the others)
     offset  512  round descriptor of the op whose first round used slot 0 (same 4 words)
     offset  576  round descriptor, slot 1
+    offset 1024  length of the name of the shared buffer being allocated; 1032..1151: the
+                 name, UTF-8 (publish_name; read by the peers after the next round)
     offset 4096  data: slot 0 = [4096, 4096 + half), slot 1 = [4096 + half, 4096 + 2 half)
 """
 
@@ -47,7 +49,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 from ringtorch._errors import DistBackendError
 from ringtorch._wire.shm import PAGE, Segment
@@ -60,6 +62,8 @@ W_ABORTED, W_REASON_LEN = 16, 17
 REASON_OFFSET, REASON_MAX = 144, 256
 W_NOW = 56
 W_ROUND_DESC = (64, 72)
+W_NAME_LEN = 128
+NAME_OFFSET, NAME_MAX = 1032, 120
 DATA_OFFSET = 4096
 
 INITIAL_HALF = 64 * 1024
@@ -247,6 +251,22 @@ class ShmDomain:
         self.generation += 1
         return agreed
 
+    def publish_name(self, name: str) -> None:
+        """Publish a name (a shared buffer's segment) in this rank's header; the peers read it
+        with :meth:`peer_name` after the next round, and it is not written again before the
+        round after that has been waited for (so never while a peer may read it)."""
+        data = name.encode()
+        if len(data) > NAME_MAX:
+            raise ValueError(f"name {name!r} is longer than {NAME_MAX} bytes")
+        own = self.segments[self.rank]
+        own.buf[NAME_OFFSET:NAME_OFFSET + len(data)] = data
+        self.words[self.rank][W_NAME_LEN] = len(data)
+
+    def peer_name(self, j: int) -> str:
+        """The name rank j published for the round just waited for ("" for none)."""
+        n = min(self.words[j][W_NAME_LEN], NAME_MAX)
+        return bytes(self.segments[j].buf[NAME_OFFSET:NAME_OFFSET + n]).decode(errors="replace")
+
     def slot_offset(self, t: int) -> int:
         """Byte offset, in every segment, of the data slot that round ``t`` uses."""
         return DATA_OFFSET + (t & 1) * self.half
@@ -265,7 +285,12 @@ class ShmDomain:
             self.words[self.rank][W_REASON_LEN] = len(data)
             self.words[self.rank][W_ABORTED] = 1
 
-    def _fail(self, message: str, ranks: Sequence[int]) -> None:
+    def fail(self, message: str, ranks: Sequence[int]) -> NoReturn:
+        """Abort the group with ``message`` (peers see it within a millisecond, the backend
+        is told through ``on_failure``) and raise it."""
+        self._fail(message, ranks)
+
+    def _fail(self, message: str, ranks: Sequence[int]) -> NoReturn:
         self.abort(message)
         if self.on_failure is not None:
             self.on_failure(message)

@@ -374,3 +374,62 @@ def reduce_with_the_roots_op(rank: int, world_size: int) -> list[float]:
     b.reduce(t, ReduceOp.MAX if rank == 0 else ReduceOp.SUM, 0, 0, time.monotonic() + 20)
     b.close()
     return t.tolist()
+
+
+SHARED_SPECS = [(1000, torch.float32, "SUM"), (77, torch.float64, "MAX"),
+                (5, torch.bfloat16, "AVG"), (1 << 18, torch.float32, "PREMUL_SUM")]
+
+
+def _mapped_file(t: torch.Tensor) -> str:
+    """The file backing the memory of ``t`` in /proc/self/maps ("" for anonymous memory)."""
+    addr = t.data_ptr()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            if lo <= addr < hi:
+                return fields[5].strip() if len(fields) > 5 else ""
+    return ""
+
+
+def shared_tensors(rank: int, world_size: int, shm: bool) -> dict[str, Any]:
+    """Allocate SHARED_SPECS' tensors with shared_tensor and all_reduce each twice with fresh
+    random inputs; every input is also all_reduced as an ordinary tensor on the same backend.
+    Returns both results, what backs each tensor's memory, whether it started zero-filled and
+    whether the shared segments' names were still in /dev/shm once allocated."""
+    b = backend(rank, world_size, f"shared-{shm}", SHM=shm)
+    tensors = [b.shared_tensor(n, dtype) for n, dtype, _ in SHARED_SPECS]
+    own = [] if b._shared is None else [s.segments[rank].name for s in b._shared._buffers]
+    out: dict[str, Any] = {
+        "files": [_mapped_file(t) for t in tensors],
+        "zeros": [bool((t == 0).all()) for t in tensors],
+        "names_left": [n for n in own if os.path.exists(f"/dev/shm/{n}")],
+        "shapes": [(tuple(t.shape), t.dtype) for t in tensors],
+    }
+    seq = 0
+    for it in range(2):
+        for k, (t, (n, dtype, op)) in enumerate(zip(tensors, SHARED_SPECS, strict=True)):
+            t.copy_(random_input(dtype, rank, 10 * k + it, n))
+            private = t.clone()
+            b.all_reduce(t, redop(op), seq, time.monotonic() + 30)
+            b.all_reduce(private, redop(op), seq + 1, time.monotonic() + 30)
+            seq += 2
+            out[f"shared/{k}/{it}"], out[f"private/{k}/{it}"] = t.clone(), private
+    b.close()
+    return out
+
+
+def shared_mismatch(rank: int, world_size: int) -> tuple[str, str]:
+    """all_reduce #0 of a shared tensor, except on the last rank: an ordinary one."""
+    b = backend(rank, world_size, "shared-mm", timeout_s=20)
+    t = b.shared_tensor(64, torch.float32)
+    if rank == world_size - 1:
+        t = torch.zeros(64)
+    try:
+        b.all_reduce(t, ReduceOp.SUM, 0, time.monotonic() + 10)
+        b.barrier(1, time.monotonic() + 10)
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+    finally:
+        b.close()
+    return "no error", ""

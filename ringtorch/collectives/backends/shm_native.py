@@ -31,6 +31,7 @@ from ringtorch._wire.mesh import COLL_HEADER, COLL_TAG, NO_REDOP, NO_ROOT, host_
 from ringtorch._wire.shm_domain import Desc
 from ringtorch._wire.shm_setup import open_domain
 from ringtorch.collectives.algorithms import shm_copy, shm_reduce
+from ringtorch.collectives.algorithms.shm_shared import SharedBuffers
 from ringtorch.collectives.algorithms.shm_space import ShmSpace
 from ringtorch.collectives.backends.base import BackendContext
 from ringtorch.collectives.backends.native import NativeBackend
@@ -62,12 +63,26 @@ def _bytes(tensor: torch.Tensor) -> Any:
     return as_bytes(tensor)
 
 
+# Descriptors of the shared-tensor allocations (not socket collectives): their own kind, and
+# sequence numbers far from any collective's, so that a late peer's collective with the same
+# number is never taken for a mismatch. A shared buffer's all_reduce sets SHARED_BIT + index.
+SHARED_TENSOR_KIND = 64
+SHARED_SEQ_BASE = 1 << 62
+SHARED_SHIFT = 40
+
+
 def describe(desc: Desc) -> str:
     """A descriptor in the socket path's words: 'broadcast #3 (float32, 4096 bytes, root 1)'."""
-    dtype, redop, root = desc.detail & 0xFF, (desc.detail >> 8) & 0xFF, desc.detail >> 16
+    dtype, redop = desc.detail & 0xFF, (desc.detail >> 8) & 0xFF
+    root, shared = (desc.detail >> 16) & 0xFFFFFF, desc.detail >> SHARED_SHIFT
+    if desc.kind == SHARED_TENSOR_KIND:
+        header = COLL_HEADER.pack(COLL_TAG, 0, dtype, NO_REDOP, NO_ROOT, 0, desc.nbytes, 0)
+        words = describe_header(header).split("(", 1)[1]
+        return f"shared_tensor #{desc.seq - SHARED_SEQ_BASE} ({words}"
     header = COLL_HEADER.pack(COLL_TAG, desc.kind & 0xFF, dtype, redop,
                               NO_ROOT if root == 0 else root - 1, desc.seq, desc.nbytes, 0)
-    return describe_header(header)
+    text = describe_header(header)
+    return text if not shared else f"{text[:-1]}, shared tensor #{shared - 1})"
 
 
 def make_desc(op: str, seq: int, dtype: torch.dtype, redop: int, root: int, nbytes: int) -> Desc:
@@ -91,6 +106,8 @@ class ShmNativeBackend(NativeBackend):
         super().__init__(ctx)
         self._space: ShmSpace | None = None
         self._descs: dict[tuple[str, torch.dtype, int, int], Desc] = {}
+        self._shared: SharedBuffers | None = None
+        self._shared_at: dict[int, tuple[int, int]] = {}  # data_ptr -> (index, nbytes)
         self.shm_reason = "a group of one rank has no peers" if ctx.size == 1 else ""
         self.hierarchy: Any = None  # a shm_hierarchy.Hierarchy for a group spanning hosts
         self.topology = "sockets"  # what the group uses, in words
@@ -107,6 +124,7 @@ class ShmNativeBackend(NativeBackend):
                 domain.on_failure = lambda message: self._abort_local(message, tell_peers=True)
                 self._space = ShmSpace(domain, domain.settings["chunk"],
                                        domain.settings["oneshot"])
+                self._shared = SharedBuffers(domain)
             else:
                 self._open_hierarchy(deadline)
                 log.debug("group '%s' uses %s %s", ctx.group_name, self.topology,
@@ -138,6 +156,36 @@ class ShmNativeBackend(NativeBackend):
             found = self._descs[key] = make_desc(op, 0, dtype, redop, root, 0)
         return Desc(seq, found.kind, found.detail, nbytes)
 
+    # -- tensors in shared memory ---------------------------------------------------------------
+
+    def shared_tensor(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A zero-filled 1-D tensor whose storage lives in this group's shared memory; an
+        all_reduce of exactly this tensor then skips the copy in (shm_shared.py).
+
+        Collective: every rank of the group calls it with the same ``numel`` and ``dtype``, in
+        the same place among the group's collectives (like a collective). Allocate once (DDP
+        buckets), not per step: the memory stays mapped until the backend is closed. Without
+        shared memory (sockets, a group spanning hosts, one rank) or when some rank cannot get
+        the memory, it returns an ordinary tensor, so callers need no other path.
+
+        Raises:
+            DistBackendError: a peer died, aborted, is in a collective or is late.
+        """
+        shared = self._shared
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        if shared is None or nbytes == 0:
+            return torch.zeros(numel, dtype=dtype)
+        self._check_usable("shared_tensor")
+        desc = Desc(SHARED_SEQ_BASE + len(shared), SHARED_TENSOR_KIND, DTYPE_CODES.get(dtype, 0),
+                    nbytes)
+        got = shared.allocate(nbytes, desc, time.monotonic() + self.ctx.timeout.total_seconds())
+        if got is None:
+            return torch.zeros(numel, dtype=dtype)
+        index, data = got
+        tensor = torch.from_numpy(data).view(dtype)
+        self._shared_at[tensor.data_ptr()] = (index, nbytes)
+        return tensor
+
     # -- collectives through shared memory -------------------------------------------------------
 
     def all_reduce(self, buf: torch.Tensor, op: Any, seq: int, deadline: float) -> None:
@@ -152,8 +200,13 @@ class ShmNativeBackend(NativeBackend):
                 buf.mul_(factor)
             data = _bytes(buf)
             desc = self._desc("all_reduce", seq, buf.dtype, int(kind), -1, data.nbytes)
-            shm_reduce.all_reduce(space, data, reducer,
-                                  buf.element_size(), desc, deadline)
+            at = self._shared_at.get(buf.data_ptr()) if self._shared_at else None
+            if at is not None and at[1] == data.nbytes and self._shared is not None:
+                desc = desc._replace(detail=desc.detail | (at[0] + 1) << SHARED_SHIFT)
+                self._shared.all_reduce(at[0], reducer, buf.element_size(), desc, deadline)
+            else:
+                shm_reduce.all_reduce(space, data, reducer,
+                                      buf.element_size(), desc, deadline)
             if kind is RedOpType.AVG:
                 finish_avg(buf, self.size)
 
@@ -266,9 +319,12 @@ class ShmNativeBackend(NativeBackend):
         """See base class."""
         super().close()
         space, self._space = self._space, None
+        if self._shared is not None:
+            self._shared.close()
+            self._shared_at.clear()
         if space is not None:
             space.close()
             space.domain.close()
 
 
-__all__ = ["ShmNativeBackend", "describe", "make_desc"]
+__all__ = ["SHARED_TENSOR_KIND", "ShmNativeBackend", "describe", "make_desc"]
