@@ -3,6 +3,7 @@ socket path, on fake hosts (RINGTORCH_HOST_ID per rank; TCP between them over lo
 
     python bench/hierarchical.py                      # 2 hosts x 2 ranks, all_reduce 1K..16M
     python bench/hierarchical.py --hosts aaab --sizes 1K,1M --repeat 5
+    python bench/hierarchical.py --ops broadcast,all_gather,reduce_scatter,barrier
 
 Modes, each in its own world of processes, interleaved, --repeat times: ``hier`` is
 ShmNativeBackend with RINGTORCH_SHM=1 (shared memory within each fake host, the hosts'
@@ -10,7 +11,9 @@ leaders over TCP), ``sockets`` the same backend with RINGTORCH_SHM=0 (Unix socke
 host, TCP across), and ``one-host`` (--one-host) every rank on one host with shared memory,
 for reference. Every timed call follows a barrier; an iteration's time is the slowest
 rank's; a run's time is the median over iterations, and the table shows the median over
-repeats. float32 SUM; the first call of every size is checked for the right result. Ranks
+repeats. float32 SUM; sizes are nccl-tests' (the whole buffer: all_gather's output,
+reduce_scatter's input) and so are the bus-bandwidth factors; the first call of every case
+is checked for the right result. Ranks
 are not pinned. The machine's load average is printed with the table: trust ratios within
 one run, not absolute numbers, on a shared machine.
 """
@@ -34,8 +37,9 @@ def iterations(nbytes: int) -> tuple[int, int]:
     return max(2, iters // 10), iters
 
 
-def rank_main(rank: int, world_size: int, hosts: str, shm: bool, sizes: list[int]) -> Any:
-    """One rank: build the backend on its fake host, time all_reduce at every size."""
+def rank_main(rank: int, world_size: int, hosts: str, shm: bool, ops: list[str],
+              sizes: list[int]) -> Any:
+    """One rank: build the backend on its fake host, time every op at every size."""
     import torch
     import torch.distributed as tdist
 
@@ -53,40 +57,67 @@ def rank_main(rank: int, world_size: int, hosts: str, shm: bool, sizes: list[int
     with _config.override(SHM=shm, HOST_ID=f"host-{hosts[rank]}", SOCKET_ADDR="127.0.0.1"):
         b = ShmNativeBackend(ctx)
     seq = 0
-    times: dict[int, list[float]] = {}
-    for nbytes in sizes:
-        t = torch.full((nbytes // 4,), float(rank + 1))
+    ws, total = world_size, world_size * (world_size + 1) / 2
+
+    def call(op: str, nbytes: int) -> Any:
+        """Run ``op`` once on fresh buffers (sizes as nccl-tests: the whole buffer); return
+        what must equal ``want``."""
+        nonlocal seq
         seq += 1
-        b.all_reduce(t, ReduceOp.SUM, seq, time.monotonic() + 120)
-        want = world_size * (world_size + 1) / 2
-        if not bool((t == want).all()):
-            raise RuntimeError(f"wrong all_reduce result at {human(nbytes)}")
-        warm, iters = iterations(nbytes)
-        spent = []
-        for i in range(warm + iters):
-            seq += 1
-            b.barrier(seq, time.monotonic() + 120)
-            start = time.perf_counter()
-            seq += 1
-            b.all_reduce(t, ReduceOp.SUM, seq, time.monotonic() + 120)
-            if i >= warm:
-                spent.append(time.perf_counter() - start)
-        times[nbytes] = spent
+        d = time.monotonic() + 120
+        n = nbytes // 4
+        if op == "all_reduce":
+            t = torch.full((n,), float(rank + 1))
+            b.all_reduce(t, ReduceOp.SUM, seq, d)
+            return t, total
+        if op == "broadcast":
+            t = torch.full((n,), float(rank + 1))
+            b.broadcast(t, ws - 1, seq, d)
+            return t, float(ws)
+        if op == "all_gather":
+            out = torch.empty(n // ws * ws)
+            b.all_gather(out, torch.full((n // ws,), 1.0), seq, d)
+            return out, 1.0
+        if op == "reduce_scatter":
+            out = torch.empty(n // ws)
+            b.reduce_scatter(out, torch.full((n // ws * ws,), float(rank + 1)), ReduceOp.SUM,
+                             seq, d)
+            return out, total
+        b.barrier(seq, d)
+        return torch.ones(1), 1.0
+
+    times: dict[str, list[float]] = {}
+    for op in ops:
+        for nbytes in sizes if op != "barrier" else sizes[:1]:
+            got, want = call(op, nbytes)
+            if not bool((got == want).all()):
+                raise RuntimeError(f"wrong {op} result at {human(nbytes)}")
+            warm, iters = iterations(nbytes)
+            spent = []
+            for i in range(warm + iters):
+                seq += 1
+                b.barrier(seq, time.monotonic() + 120)
+                start = time.perf_counter()
+                call(op, nbytes)
+                if i >= warm:
+                    spent.append(time.perf_counter() - start)
+            times[f"{op}/{nbytes}"] = spent
     topology = b.topology
     b.close()
     return {"times": times, "topology": topology}
 
 
-def run_mode(hosts: str, shm: bool, sizes: list[int]) -> tuple[dict[int, float], str]:
-    """Median over iterations of the slowest rank's time, per size."""
+def run_mode(hosts: str, shm: bool, ops: list[str],
+             sizes: list[int]) -> tuple[dict[str, float], str]:
+    """Median over iterations of the slowest rank's time, per op and size."""
     from ringtorch.testing import run_ranks
 
-    results = run_ranks(rank_main, len(hosts), args=(hosts, shm, sizes), timeout=600)
+    results = run_ranks(rank_main, len(hosts), args=(hosts, shm, ops, sizes), timeout=600)
     medians = {}
-    for nbytes in sizes:
-        per_iter = [max(res["times"][nbytes][i] for res in results)
-                    for i in range(len(results[0]["times"][nbytes]))]
-        medians[nbytes] = statistics.median(per_iter)
+    for key in results[0]["times"]:
+        per_iter = [max(res["times"][key][i] for res in results)
+                    for i in range(len(results[0]["times"][key]))]
+        medians[key] = statistics.median(per_iter)
     return medians, results[0]["topology"]
 
 
@@ -94,37 +125,42 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hosts", default="aabb",
                         help="a host letter per rank (default aabb: 2 hosts x 2 ranks)")
+    parser.add_argument("--ops", default="all_reduce",
+                        help="comma-separated: all_reduce, broadcast, all_gather, "
+                             "reduce_scatter, barrier")
     parser.add_argument("--sizes", default="1K..16M", help="e.g. 1K..16M or 1K,1M")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--one-host", action="store_true",
                         help="also run every rank on one host (flat shared memory)")
     args = parser.parse_args()
-    sizes = parse_sizes(args.sizes)
+    ops, sizes = args.ops.split(","), parse_sizes(args.sizes)
     ws = len(args.hosts)
     modes = {"hier": (args.hosts, True), "sockets": (args.hosts, False)}
     if args.one_host:
         modes["one-host"] = ("a" * ws, True)
-    runs: dict[str, list[dict[int, float]]] = {m: [] for m in modes}
+    runs: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
     topologies = {}
     for _ in range(args.repeat):
         for mode, (hosts, shm) in modes.items():
-            medians, topologies[mode] = run_mode(hosts, shm, sizes)
+            medians, topologies[mode] = run_mode(hosts, shm, ops, sizes)
             runs[mode].append(medians)
     load = os.getloadavg()
-    print(f"world {ws}, hosts {args.hosts}, all_reduce float32 SUM, median of {args.repeat} "
-          f"runs; load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    print(f"world {ws}, hosts {args.hosts}, float32 (SUM), median of {args.repeat} runs; "
+          f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     for mode, topo in topologies.items():
         print(f"  {mode}: {topo}")
     print()
     heads = [f"{m} µs" for m in modes] + ["hier busbw GB/s", "sockets/hier"]
-    print("| size | " + " | ".join(heads) + " |")
-    print("|---" * (len(heads) + 1) + "|")
-    for nbytes in sizes:
-        us = {m: statistics.median(r[nbytes] for r in runs[m]) * 1e6 for m in modes}
-        busbw = nbytes * busbw_factor("all_reduce", ws) / (us["hier"] * 1e-6) / 1e9
+    print("| op | size | " + " | ".join(heads) + " |")
+    print("|---" * (len(heads) + 2) + "|")
+    for key in runs["hier"][0]:
+        op, nbytes = key.split("/")[0], int(key.split("/")[1])
+        us = {m: statistics.median(r[key] for r in runs[m]) * 1e6 for m in modes}
+        busbw = nbytes * busbw_factor(op, ws) / (us["hier"] * 1e-6) / 1e9
         cells = [f"{us[m]:,.1f}" if us[m] < 100 else f"{us[m]:,.0f}" for m in modes]
-        cells += [f"{busbw:.2f}", f"{us['sockets'] / us['hier']:.2f}x"]
-        print(f"| {human(nbytes)} | " + " | ".join(cells) + " |")
+        cells += ["" if op == "barrier" else f"{busbw:.2f}", f"{us['sockets'] / us['hier']:.2f}x"]
+        size = "-" if op == "barrier" else human(nbytes)
+        print(f"| {op} | {size} | " + " | ".join(cells) + " |")
     sys.stdout.flush()
 
 

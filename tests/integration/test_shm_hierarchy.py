@@ -30,13 +30,17 @@ FLOAT_REDOPS = ("AVG", "MAX", "PREMUL_SUM")  # SUM: the random-float test below
 def _cases(world_size: int, full: bool) -> list[dict]:
     """Each op on int64 and float32; all_reduce and reduce_scatter with every reduction
     (``full``) or one per dtype; sizes 0 (``full``), 5 and 30 001 (the ranks run 16 KiB
-    chunks, so 30 001 elements take many rounds); roots vary. ``reduce`` (the socket path in
-    such groups) and ``barrier`` once each per dtype and size."""
+    chunks, so 30 001 elements take many rounds; all_gather and reduce_scatter take the
+    socket path at that size, so they also run 9 000); roots vary. ``reduce`` (the socket
+    path in such groups) and ``barrier`` once each per dtype and size."""
     int_redops, float_redops = (INT_REDOPS, FLOAT_REDOPS) if full else (("MAX",), ("AVG",))
     out = []
     for op in OPS if full else [op for op in OPS if op != "reduce"]:
         for dtype, redops in ((torch.int64, int_redops), (torch.float32, float_redops)):
-            sizes = (0, 5, 30_001) if full and op in ("all_gather", *REDUCING) else (5, 30_001)
+            gathers = op in ("all_gather", "reduce_scatter")
+            sizes = (5, 9_000) if gathers else (5, 30_001)
+            if full and (gathers or op == "all_reduce"):
+                sizes = (0, *sizes, 30_001) if gathers else (0, *sizes)
             for n in sizes:
                 for i, red in enumerate(redops if op in REDUCING else redops[:1]):
                     root = (n + i) % world_size

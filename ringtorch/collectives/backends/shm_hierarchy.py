@@ -18,6 +18,7 @@ cross-host step: one of the socket algorithms, unchanged, among those ranks
 * all_gather: shm all_gather, leaders exchange host blocks, shm broadcast of the result.
 * reduce_scatter: shm reduce to the leader, leaders exchange and reduce per-host pieces,
   shm broadcast of the host's pieces (each rank keeps its own).
+  Both only below SOCKETS_FROM_NBYTES (the whole buffer); larger ones take the socket path.
 * barrier: shm barrier, barrier among leaders, shm barrier.
 * reduce, gather, scatter, all_to_all, send/recv: the socket path (reduce applies the
   root's reduction only, which a per-host pre-reduction could not honour).
@@ -68,6 +69,10 @@ from ringtorch.collectives.reduce_op import RedOpType, finish_avg, premul_factor
 # directly must time out, name it and abort the group first; a socket wait checks its
 # deadline once a second and then asks the peers where they are (up to 1 s)
 CROSS_GRACE_S = 0.5
+# all_gather (whole output) and reduce_scatter (whole input) from this size take the socket
+# path: there the leaders' serial work (one rank per host reduces or sends everything) made
+# them slower than every rank working at once (BENCHMARKS.md, "Hierarchical collectives")
+SOCKETS_FROM_NBYTES = 256 * 1024
 AFTER_GRACE_S = CROSS_GRACE_S + 3.0
 
 INSTALLED = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "_publish",
@@ -283,6 +288,9 @@ class Hierarchy:
         """Gather within each host, leaders exchange host blocks, broadcast within each host."""
         b, space, topo = self._b, self._space, self.topology
         check_sizes("all_gather", out, inp, b.size)
+        if out.numel() * out.element_size() >= SOCKETS_FROM_NBYTES:
+            self.publish("all_gather", seq, inp, -1)
+            return NativeBackend.all_gather(b, out, inp, seq, deadline)
         with b._collective("all_gather", seq, deadline + CROSS_GRACE_S):
             inp_b, out_b, itemsize = _bytes(inp), _bytes(out), inp.element_size()
             m = inp_b.nbytes
@@ -317,6 +325,9 @@ class Hierarchy:
         b, space = self._b, self._space
         kind, reducer = b._plan_reduce(op, inp.dtype, "reduce_scatter")
         check_sizes("reduce_scatter", inp, out, b.size)
+        if inp.numel() * inp.element_size() >= SOCKETS_FROM_NBYTES:
+            self.publish("reduce_scatter", seq, inp, -1)
+            return NativeBackend.reduce_scatter(b, out, inp, op, seq, deadline)
         with b._collective("reduce_scatter", seq, deadline + CROSS_GRACE_S):
             factor = premul_factor(op) if kind is RedOpType.PREMUL_SUM else None
             if factor is not None:
@@ -324,16 +335,24 @@ class Hierarchy:
             inp_b, out_b, itemsize = _bytes(inp), _bytes(out), inp.element_size()
             m, n_local = out_b.nbytes, len(self._local)
             desc = b._desc("reduce_scatter", seq, inp.dtype, int(kind), -1, inp_b.nbytes)
-            work = self._work.get(3 * b.size * m + n_local * m)
-            mine = work[3 * b.size * m:]  # this host's reduced pieces
-            if self._leader:
+            # scratch: the leader's copy of the input (reduced in place), the pieces in host
+            # order (when hosts' ranks are not consecutive), the other hosts' partials of this
+            # host's pieces, this host's reduced pieces
+            leader, hosts = self._leader, len(self.topology.hosts)
+            lens = [b.size * m if leader and space is not None else 0,
+                    b.size * m if leader and not self.topology.contiguous else 0,
+                    (hosts - 1) * n_local * m if leader else 0, n_local * m]
+            work = self._work.get(sum(lens))
+            acc_w, pack_w, slots, mine = (work[sum(lens[:i]):sum(lens[:i + 1])]
+                                          for i in range(4))
+            if leader:
                 acc = inp_b
                 if space is not None:  # the leader reduces into a copy: inp stays as given
-                    acc = work[:b.size * m]
+                    acc = acc_w
                     np.copyto(acc, inp_b)
                     shm_reduce.reduce(space, acc, reducer, 0, itemsize, desc, deadline)
-                self._cross_reduce_scatter(acc, mine, work[b.size * m:3 * b.size * m], reducer,
-                                           inp.dtype, int(kind), seq, inp_b.nbytes)
+                self._cross_reduce_scatter(acc, pack_w, slots, mine, reducer, inp.dtype,
+                                           int(kind), seq, inp_b.nbytes)
             elif space is not None:
                 shm_reduce.reduce(space, inp_b, reducer, 0, itemsize, desc, deadline)
             if space is not None:
@@ -343,25 +362,25 @@ class Hierarchy:
             if kind is RedOpType.AVG:
                 finish_avg(out, b.size)
 
-    def _cross_reduce_scatter(self, acc: np.ndarray, mine: np.ndarray, work: np.ndarray,
-                              reducer: Any, dtype: torch.dtype, redop: int, seq: int,
-                              nbytes: int) -> None:
+    def _cross_reduce_scatter(self, acc: np.ndarray, packed: np.ndarray, slots: np.ndarray,
+                              mine: np.ndarray, reducer: Any, dtype: torch.dtype, redop: int,
+                              seq: int, nbytes: int) -> None:
         """Leaders: ``acc`` holds this host's partial of every rank's piece (rank order);
-        afterwards ``mine`` holds the full reduction of this host's ranks' pieces."""
+        afterwards ``mine`` holds the full reduction of this host's ranks' pieces. ``packed``
+        (``acc``'s size, or empty when the hosts' ranks are consecutive) and ``slots`` (the
+        other hosts' partials of this host's pieces) are scratch."""
         topo = self.topology
         m = mine.nbytes // len(self._local)
         starts = _starts(topo)
         if topo.contiguous:
             packed = acc
         else:  # pieces in host order, so that each host's pieces are one block
-            packed = work[:acc.nbytes]
             for g, ranks in enumerate(topo.hosts):
                 for i, r in enumerate(ranks):
                     np.copyto(packed[(starts[g] + i) * m:(starts[g] + i + 1) * m],
                               acc[r * m:(r + 1) * m])
         blocks = [packed[starts[g] * m:(starts[g] + len(h)) * m] for g, h in enumerate(topo.hosts)]
         others = [g for g in range(len(topo.hosts)) if g != self._host]
-        slots = work[acc.nbytes:]
         theirs = {g: slots[k * mine.nbytes:(k + 1) * mine.nbytes] for k, g in enumerate(others)}
         link = self._cross("reduce_scatter", dtype, redop, NO_ROOT, seq, nbytes, self._leaders)
         link.exchange([(g, blocks[g]) for g in others], [(g, theirs[g]) for g in others])
@@ -414,4 +433,5 @@ def _starts(topo: Topology) -> list[int]:
     return starts
 
 
-__all__ = ["AFTER_GRACE_S", "CROSS_GRACE_S", "HostDomain", "Hierarchy", "open_hierarchy"]
+__all__ = ["AFTER_GRACE_S", "CROSS_GRACE_S", "SOCKETS_FROM_NBYTES", "HostDomain", "Hierarchy",
+           "open_hierarchy"]
