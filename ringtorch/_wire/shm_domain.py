@@ -68,6 +68,7 @@ DATA_OFFSET = 4096
 
 INITIAL_HALF = 64 * 1024
 SPIN_ITERS = 30            # ~2 µs of pure spinning before a wait starts yielding the CPU
+SPIN_ITERS_PINNED = 20000  # ~1.5 ms when every rank has a CPU of its own (spin_long)
 CHECK_INTERVAL_S = 0.001   # how often a waiting rank checks liveness, aborts and the deadline
 YIELD_PHASE_S = 0.002      # then it sleeps, doubling from SLEEP_MIN_S up to SLEEP_MAX_S
 SLEEP_MIN_S, SLEEP_MAX_S = 20e-6, 500e-6
@@ -158,6 +159,12 @@ class ShmDomain:
     def step(self, desc: Desc, deadline: float) -> None:
         """Enter the next round of the current collective (data published before; see module)."""
         self._signal_and_wait(self.round + 1, desc, deadline)
+
+    def spin_long(self) -> None:
+        """Every rank is bound to a CPU of its own (shm_setup.pinned_apart): a waiting rank
+        can never hold the CPU its peer needs, so it spins ~1.5 ms before yielding. (Yielding
+        early hands the CPU to whatever else runs on the machine, for a whole time slice.)"""
+        self.spin_iters = SPIN_ITERS_PINNED
 
     def skip_round(self) -> None:
         """Leave one round number unused (every rank alike, no waiting).

@@ -53,7 +53,8 @@ def open_domain(store: Any, rank: int, size: int, group: str, host: str, enabled
     """
     own, why = _create_own(rank, enabled)
     record = {"host": host, "pid": os.getpid(), "name": own.name if own else None,
-              "why": why, "max_bytes": max_bytes, "settings": settings or {}}
+              "why": why, "max_bytes": max_bytes, "settings": settings or {},
+              "cpus": sorted(os.sched_getaffinity(0))}
     segments: list[Segment] | None = None
     try:
         store.set(f"{prefix}/seg/{rank}", json.dumps(record))
@@ -80,7 +81,16 @@ def open_domain(store: Any, rank: int, size: int, group: str, host: str, enabled
     ceiling = (min(r["max_bytes"] for r in records) - DATA_OFFSET) // 2 // PAGE * PAGE
     domain = ShmDomain(rank, size, segments, ceiling, describe, group)
     domain.settings = dict(records[0]["settings"])
+    if pinned_apart(records):
+        domain.spin_long()
     return domain, ""
+
+
+def pinned_apart(records: list[dict[str, Any]]) -> bool:
+    """Whether every rank may run on one CPU only, each on a different one (as mpirun and
+    the benchmarks bind ranks): then no rank ever waits for a peer that needs its CPU."""
+    cpus = [rec.get("cpus") or [] for rec in records]
+    return all(len(c) == 1 for c in cpus) and len({c[0] for c in cpus}) == len(cpus)
 
 
 def _create_own(rank: int, enabled: bool) -> tuple[Segment | None, str]:
