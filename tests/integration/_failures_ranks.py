@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from datetime import timedelta
@@ -12,6 +13,14 @@ import torch
 
 import ringtorch.distributed as dist
 from ringtorch.collectives.backends.base import Backend as BackendImpl
+
+
+def _side_store() -> Any:
+    """A client of the job's store (rank 0 hosts it), for the test's own signals."""
+    from ringtorch.store import TCPStore
+
+    return TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
+                    timedelta(seconds=60))
 
 
 def _error(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -93,16 +102,18 @@ def bad_arguments(rank: int, ws: int) -> dict[str, Any]:
 
 
 def monitored(rank: int, ws: int, late: list[int], wait_all: bool) -> dict[str, Any]:
-    """Ranks in ``late`` arrive 2.5 s after a 1 s monitored barrier started."""
+    """Ranks in ``late`` arrive once rank 0's 1 s monitored barrier has given up on them."""
     dist.init_process_group("gloo")
     dist.barrier()
+    signals = _side_store()
     if rank in late:
-        time.sleep(2.5)
+        signals.wait(["rank 0 gave up"])
     start = time.monotonic()
     error = _error(dist.monitored_barrier, timeout=timedelta(seconds=1),
                    wait_all_ranks=wait_all)
     elapsed = time.monotonic() - start
     if rank == 0:
+        signals.set("rank 0 gave up", "1")
         dist.destroy_process_group()  # tells the others, whose release never comes
         return {"error": error, "elapsed": elapsed}
     return {"error": error, "elapsed": elapsed}
@@ -131,9 +142,14 @@ def detail_mismatch(rank: int, ws: int, case: str) -> dict[str, Any]:
     elif case == "dtype":
         out["error"] = _error(dist.all_reduce, torch.zeros(2, dtype=torch.float32 if rank == 0
                                                              else torch.float64))
-    elif case == "missing":
-        out["error"] = _error(dist.all_reduce, torch.zeros(2)) if rank == 0 else None
-        time.sleep(2.5) if rank != 0 else None
+    elif case == "missing":  # rank 1 leaves only once rank 0's all_reduce has timed out
+        signals = _side_store()
+        if rank == 0:
+            out["error"] = _error(dist.all_reduce, torch.zeros(2))
+            signals.set("rank 0 timed out", "1")
+        else:
+            out["error"] = None
+            signals.wait(["rank 0 timed out"])
     if case != "missing":
         t = torch.ones(2)
         dist.all_reduce(t)

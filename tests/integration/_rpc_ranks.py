@@ -196,7 +196,7 @@ def freed(tag: str) -> bool:
     return tag in _freed
 
 
-def wait_freed(tag: str, seconds: float) -> bool:
+def wait_freed(tag: str, seconds: float) -> bool:  # callers give 15 s: under the 20 s RPC timeout
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if freed(tag):
@@ -474,7 +474,7 @@ def rref_lifetime(rank: int, ws: int) -> dict[str, Any]:
         out["alive_while_forked"] = not rpc.rpc_sync("worker1", freed, args=("life",))
         out["fork_usable"] = rpc.rpc_sync("worker2", kept_to_here, args=("r",)).data.tolist()
         rpc.rpc_sync("worker2", drop, args=("r",))
-        out["freed_after_last"] = rpc.rpc_sync("worker1", wait_freed, args=("life", 5.0))
+        out["freed_after_last"] = rpc.rpc_sync("worker1", wait_freed, args=("life", 15.0))
         # G2: RRefs the owner creates and returns (seed 004's _parameter_rrefs)
         params = rpc.rpc_sync("worker1", make_rrefs, args=("p", 2))
         out["returned_confirmed"] = [r.confirmed_by_owner() for r in params]
@@ -483,7 +483,7 @@ def rref_lifetime(rank: int, ws: int) -> dict[str, Any]:
                                                 ).tolist()
         del params
         gc.collect()
-        out["returned_freed"] = [rpc.rpc_sync("worker1", wait_freed, args=(f"p{i}", 5.0))
+        out["returned_freed"] = [rpc.rpc_sync("worker1", wait_freed, args=(f"p{i}", 15.0))
                                  for i in range(2)]
         # G4: a reference passed back to its owner survives its deletion in flight
         rref = rpc.remote("worker1", Tracked, args=("back", torch.full((2,), 7.0)))
@@ -491,13 +491,13 @@ def rref_lifetime(rank: int, ws: int) -> dict[str, Any]:
         del rref
         gc.collect()
         out["back_value"] = fut.wait().tolist()
-        out["back_freed"] = rpc.rpc_sync("worker1", wait_freed, args=("back", 5.0))
+        out["back_freed"] = rpc.rpc_sync("worker1", wait_freed, args=("back", 15.0))
         # a fork passed from worker2 on to worker3-like third party: worker2 -> worker0
         rref = rpc.remote("worker1", Tracked, args=("chain", torch.ones(1)))
         out["chain"] = rpc.rpc_sync("worker2", forward_rref, args=("worker0", rref)).data.item()
         del rref
         gc.collect()
-        out["chain_freed"] = rpc.rpc_sync("worker1", wait_freed, args=("chain", 5.0))
+        out["chain_freed"] = rpc.rpc_sync("worker1", wait_freed, args=("chain", 15.0))
         out["owner_table"] = rpc.rpc_sync("worker1", owner_table_size)
     rpc.shutdown()
     return out
@@ -590,7 +590,7 @@ def dead_user(rank: int, ws: int) -> dict[str, Any]:
         time.sleep(0.5)
         out["alive"] = not rpc.rpc_sync("worker1", freed, args=("orphan",))
         out["kill"] = error_of(rpc.rpc_sync, "worker2", kill_me)[0]
-        out["freed"] = rpc.rpc_sync("worker1", wait_freed, args=("orphan", 5.0))
+        out["freed"] = rpc.rpc_sync("worker1", wait_freed, args=("orphan", 15.0))
         rpc.rpc_sync("worker1", set_event, args=("checks done",))
     else:
         wait_event("checks done")
