@@ -4,16 +4,18 @@ socket path, on fake hosts (RINGTORCH_HOST_ID per rank; TCP between them over lo
     python bench/hierarchical.py                      # 2 hosts x 2 ranks, all_reduce 1K..16M
     python bench/hierarchical.py --hosts aaab --sizes 1K,1M --repeat 5
     python bench/hierarchical.py --ops broadcast,all_gather,reduce_scatter,barrier
+    python bench/hierarchical.py --ops all_gather,reduce_scatter --sizes 64K..16M --forced
 
 Modes, each in its own world of processes, interleaved, --repeat times: ``hier`` is
 ShmNativeBackend with RINGTORCH_SHM=1 (shared memory within each fake host, the hosts'
 leaders over TCP), ``sockets`` the same backend with RINGTORCH_SHM=0 (Unix sockets within a
-host, TCP across), and ``one-host`` (--one-host) every rank on one host with shared memory,
-for reference. Every timed call follows a barrier; an iteration's time is the slowest
-rank's; a run's time is the median over iterations, and the table shows the median over
-repeats. float32 SUM; sizes are nccl-tests' (the whole buffer: all_gather's output,
-reduce_scatter's input) and so are the bus-bandwidth factors; the first call of every case
-is checked for the right result. Ranks
+host, TCP across), ``one-host`` (--one-host) every rank on one host with shared memory, for
+reference, and ``hier-forced`` (--forced) hier with all_gather and reduce_scatter
+hierarchical at every size (by default they take the socket path from 256 KiB). Every timed
+call follows a barrier; an iteration's time is the slowest rank's; a run's time is the
+median over iterations, and the table shows the median over repeats. float32 SUM; sizes are
+nccl-tests' (the whole buffer: all_gather's output, reduce_scatter's input) and so are the
+bus-bandwidth factors; the first call of every case is checked for the right result. Ranks
 are not pinned. The machine's load average is printed with the table: trust ratios within
 one run, not absolute numbers, on a shared machine.
 """
@@ -38,15 +40,20 @@ def iterations(nbytes: int) -> tuple[int, int]:
 
 
 def rank_main(rank: int, world_size: int, hosts: str, shm: bool, ops: list[str],
-              sizes: list[int]) -> Any:
-    """One rank: build the backend on its fake host, time every op at every size."""
+              sizes: list[int], forced: bool = False) -> Any:
+    """One rank: build the backend on its fake host, time every op at every size
+    (``forced``: all_gather and reduce_scatter hierarchical at every size)."""
     import torch
     import torch.distributed as tdist
 
     from ringtorch import _config
+    from ringtorch.collectives.backends import shm_hierarchy
     from ringtorch.collectives.backends.base import BackendContext
     from ringtorch.collectives.backends.shm_native import ShmNativeBackend
     from ringtorch.collectives.reduce_op import ReduceOp
+
+    if forced:
+        shm_hierarchy.SOCKETS_FROM_NBYTES = 1 << 62
 
     torch.set_num_threads(1)
     store = tdist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), world_size, rank == 0,
@@ -107,12 +114,13 @@ def rank_main(rank: int, world_size: int, hosts: str, shm: bool, ops: list[str],
     return {"times": times, "topology": topology}
 
 
-def run_mode(hosts: str, shm: bool, ops: list[str],
-             sizes: list[int]) -> tuple[dict[str, float], str]:
+def run_mode(hosts: str, shm: bool, ops: list[str], sizes: list[int],
+             forced: bool = False) -> tuple[dict[str, float], str]:
     """Median over iterations of the slowest rank's time, per op and size."""
     from ringtorch.testing import run_ranks
 
-    results = run_ranks(rank_main, len(hosts), args=(hosts, shm, ops, sizes), timeout=600)
+    results = run_ranks(rank_main, len(hosts), args=(hosts, shm, ops, sizes, forced),
+                        timeout=600)
     medians = {}
     for key in results[0]["times"]:
         per_iter = [max(res["times"][key][i] for res in results)
@@ -132,17 +140,22 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--one-host", action="store_true",
                         help="also run every rank on one host (flat shared memory)")
+    parser.add_argument("--forced", action="store_true",
+                        help="also run all_gather and reduce_scatter hierarchical at every "
+                             "size (hier-forced; they take the socket path from 256 KiB)")
     args = parser.parse_args()
     ops, sizes = args.ops.split(","), parse_sizes(args.sizes)
     ws = len(args.hosts)
-    modes = {"hier": (args.hosts, True), "sockets": (args.hosts, False)}
+    modes = {"hier": (args.hosts, True, False), "sockets": (args.hosts, False, False)}
     if args.one_host:
-        modes["one-host"] = ("a" * ws, True)
+        modes["one-host"] = ("a" * ws, True, False)
+    if args.forced:
+        modes["hier-forced"] = (args.hosts, True, True)
     runs: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
     topologies = {}
     for _ in range(args.repeat):
-        for mode, (hosts, shm) in modes.items():
-            medians, topologies[mode] = run_mode(hosts, shm, ops, sizes)
+        for mode, (hosts, shm, forced) in modes.items():
+            medians, topologies[mode] = run_mode(hosts, shm, ops, sizes, forced)
             runs[mode].append(medians)
     load = os.getloadavg()
     print(f"world {ws}, hosts {args.hosts}, float32 (SUM), median of {args.repeat} runs; "
