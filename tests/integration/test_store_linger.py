@@ -10,6 +10,7 @@ file the master writes as its very last statement, never through sleeps.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -92,8 +93,10 @@ def test_a_client_that_never_disconnects_delays_the_exit_by_the_bound_only(
     wait_for(tmp_path / "leaving")
     _, err = proc.communicate(timeout=60)  # we stay connected throughout
     assert proc.returncode == 0, err
-    assert "exiting with 1 client(s) still connected after waiting 1 s for them " \
-           "(RINGTORCH_STORE_LINGER_S)" in err
+    # Said by the exit hook, or by the server that the store's finalizer retired at exit.
+    assert re.search(r"TCPStore server on 127\.0\.0\.1:\d+: (exiting|stopping) with 1 "
+                     r"client\(s\) still connected after (waiting 1 s for them|lingering for "
+                     r"them) \(RINGTORCH_STORE_LINGER_S\)", err), err
     client.close()
 
 
