@@ -159,3 +159,19 @@ def mismatch(rank: int, world_size: int, hosts: str, odd: str) -> tuple[str, str
         error = (type(exc).__name__, str(exc))
     b.close()
     return error
+
+
+def aborted(rank: int, world_size: int, hosts: str, who: int) -> tuple[str, str]:
+    """Rank ``who`` aborts the group while the others wait in all_reduce #1; every rank
+    returns its error."""
+    b = backend(rank, world_size, "abort", hosts)
+    try:
+        if rank == who:
+            time.sleep(0.3)
+            b.abort("the user gave up")
+        b.all_reduce(torch.zeros(4), ReduceOp.SUM, 1, time.monotonic() + 20)
+        error = ("no error", "")
+    except Exception as exc:
+        error = (type(exc).__name__, str(exc))
+    b.close()
+    return error

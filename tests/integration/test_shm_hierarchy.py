@@ -164,6 +164,12 @@ def test_a_late_rank_on_the_other_host_is_named_by_every_rank(hosts, late, sleep
                              rf"arrive", message), (rank, message)
 
 
+def test_an_abort_on_one_rank_ends_every_host_s_waits_with_its_reason():
+    for rank, (name, message) in enumerate(run_ranks(ranks.aborted, 4, args=("aabb", 3))):
+        assert name in ("ShmPeerError", "DistBackendError"), (rank, message)
+        assert "rank 3 aborted the group: the user gave up" in message, (rank, message)
+
+
 def test_a_host_calling_another_collective_than_the_other_host_fails_every_rank():
     # host b's leader receives host a's all_reduce frame in its broadcast
     results = run_ranks(ranks.mismatch, 4, args=("aabb", "23"), timeout=30)
