@@ -101,7 +101,20 @@ def train(rank: int, world_size: int, options: dict[str, Any], side: bool | str 
         sgd_step(ddp.parameters())
     grads_are_views = [p.grad is not None and p.grad._base is not None for p in ddp.parameters()]
     return {"state": _state(ddp.module), "grad_none": [p.grad is None for p in ddp.parameters()],
-            "grads_are_views": grads_are_views, "buckets": ddp.reducer.buckets}
+            "grads_are_views": grads_are_views, "buckets": ddp.reducer.buckets,
+            "in_shared_memory": [_in_dev_shm(b.buffer) for b in ddp.reducer._buckets]}
+
+
+def _in_dev_shm(tensor: torch.Tensor) -> bool:
+    """Whether the tensor's memory is a mapping of a /dev/shm file (read from /proc/self/maps)."""
+    address = tensor.data_ptr()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if start <= address < end:
+                return len(fields) == 6 and fields[5].startswith("/dev/shm/")
+    return False
 
 
 class _null:

@@ -110,6 +110,29 @@ def test_buckets_run_in_reverse_parameter_order():
     assert world["default-buckets"][0][0]["buckets"] == [[7, 6, 5, 4, 3, 2, 1, 0]]
 
 
+def test_buckets_of_several_parameters_or_views_live_in_the_groups_shared_memory():
+    world = _world(2)
+    for r in world["default-buckets"][0]:  # one bucket of 8 parameters
+        assert r["in_shared_memory"] == [True]
+    for r in world["bucket-per-parameter"][0]:  # each reduced in its own gradient instead
+        assert r["in_shared_memory"] == [False] * 8
+    for r in world["gradient-as-bucket-view"][0]:  # the gradients live in the buckets
+        assert r["in_shared_memory"] == [True] * 8
+
+
+SHM_OFF_CASES = ["default-buckets", "gradient-as-bucket-view", "unused-with-bucket-view"]
+
+
+def test_without_shared_memory_buckets_are_ordinary_tensors_and_train_the_same():
+    cases = [CASES[name] for name in SHM_OFF_CASES]
+    per_rank = run_ranks(ranks.scenarios, 2, args=(cases,), timeout=60,
+                         env={"RINGTORCH_SHM": "0"})
+    for i, name in enumerate(SHM_OFF_CASES):
+        results = [r[i] for r in per_rank]
+        assert not any(any(r["in_shared_memory"]) for r in results), name
+        _assert_matches(results, _reference(ranks.make_data(2), CASES[name].get("side", True)))
+
+
 def test_ddp_over_a_subgroup_starts_from_its_first_rank_and_averages_within_it():
     results = run_ranks(ranks.subgroup, 3, timeout=60)
     assert results[0] is None

@@ -89,12 +89,17 @@ class GradBucket:
 class _Bucket:
     """One bucket's flat buffer, its parameters' views into it and this iteration's state."""
 
-    def __init__(self, plan: BucketPlan, params: Sequence[torch.Tensor]) -> None:
+    def __init__(self, plan: BucketPlan, params: Sequence[torch.Tensor],
+                 allocate: Callable[[int, torch.dtype], torch.Tensor] | None) -> None:
         self.indices = plan.indices
         self.offsets = plan.offsets
         self.params = [params[i] for i in plan.indices]
         first = self.params[0]
-        self.buffer = torch.zeros(plan.numel, dtype=first.dtype, device=first.device)
+        # `allocate` (the backend's shared_tensor) puts the buffer in the group's shared memory,
+        # whose all_reduce needs no copy in; it gives an ordinary tensor where that is off
+        self.shared = allocate is not None and first.device.type == "cpu"
+        self.buffer = (allocate(plan.numel, first.dtype) if self.shared and allocate is not None
+                       else torch.zeros(plan.numel, dtype=first.dtype, device=first.device))
         self.views = [self.buffer[off:off + p.numel()].view(p.shape)
                       for off, p in zip(plan.offsets, self.params, strict=True)]
         self.pending = len(self.indices)
@@ -134,7 +139,15 @@ class Reducer:
         self._world_size = dist.get_world_size(process_group)
         self._find_unused = find_unused_parameters
         self._as_view = gradient_as_bucket_view
-        self._buckets = [_Bucket(plan, self._params) for plan in plans]
+        # Buffers in shared memory where the group has it, for every bucket whose gradients
+        # are copied in anyway: all of them with gradient_as_bucket_view, else those of several
+        # parameters (one-parameter buckets are reduced in the gradient itself, _mark_ready).
+        # The same buckets on every rank, so every rank takes the same all_reduce path.
+        allocate = _shared_allocator(process_group)
+        self._buckets = [_Bucket(plan, self._params,
+                                 allocate if gradient_as_bucket_view or len(plan.indices) > 1
+                                 else None)
+                         for plan in plans]
         self._locator = {index: (b, pos) for b, bucket in enumerate(self._buckets)
                          for pos, index in enumerate(bucket.indices)}
         self._comm_hook: tuple[Callable[..., Any], Any] | None = None
@@ -374,10 +387,20 @@ class Reducer:
     # ---- Join: shadow a backward pass with zeros -----------------------------------------
 
     def shadow_backward(self) -> None:
-        """Issue, with zero gradients, the collectives a training rank's backward issues."""
+        """Issue, with zero gradients, the collectives a training rank's backward issues.
+
+        A bucket in shared memory is reduced in its own buffer (zeroed, then restored), since
+        the training ranks' all_reduce of it takes the shared-memory path, which every rank
+        must take alike.
+        """
         comms = []
+        saved: list[tuple[torch.Tensor, torch.Tensor]] = []
         for b, bucket in enumerate(self._buckets):
-            zeros = torch.zeros_like(bucket.buffer)
+            if bucket.shared:
+                saved.append((bucket.buffer, bucket.buffer.clone()))
+                zeros = bucket.buffer.zero_()
+            else:
+                zeros = torch.zeros_like(bucket.buffer)
             if self._comm_hook is None:
                 comms.append(_Pending(work=dist.all_reduce(zeros, group=self._group,
                                                            async_op=True)))
@@ -389,6 +412,16 @@ class Reducer:
                                                        group=self._group, async_op=True)))
         for comm in comms:
             comm.wait()
+        for buffer, content in saved:
+            buffer.copy_(content)
+
+
+def _shared_allocator(group: Any) -> Callable[[int, torch.dtype], torch.Tensor] | None:
+    """The group's ``shared_tensor(numel, dtype)`` (the same-host shared-memory backend's), or
+    None for a backend without one (MPI, a custom backend)."""
+    get_backend = getattr(group, "_get_backend", None)
+    backend = get_backend(torch.device("cpu")) if get_backend is not None else None
+    return getattr(backend, "shared_tensor", None)
 
 
 class _Pending:
