@@ -102,6 +102,8 @@ class ShmDomain:
         half: bytes of each data slot, the same on every rank (the smallest any rank offers).
         generation: incremented whenever mappings change (views built on them are stale).
         oversubscribed: more ranks here than CPUs this process may run on; waits yield at once.
+        spread_out: the ranks together may run on at least as many CPUs as there are ranks
+            (the same on every rank: from every rank's setup record); plans may rely on it.
         settings: rank 0's ``settings`` given to ``shm_setup.open_domain``.
         poll_failure: optional callable a waiting rank polls every millisecond; a string it
             returns (another transport saw a peer die, say) fails the wait with that cause.
@@ -123,6 +125,7 @@ class ShmDomain:
         self.group = group
         self.oversubscribed = size > len(os.sched_getaffinity(0))
         self.spin_iters = 16 if self.oversubscribed else SPIN_ITERS
+        self.spread_out = False  # every rank can have a CPU of its own (shm_setup sets it)
         self.settings: dict[str, int] = {}
         self.poll_failure: Callable[[], str | None] | None = None
         self.on_failure: Callable[[str], None] | None = None

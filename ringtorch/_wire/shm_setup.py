@@ -83,7 +83,17 @@ def open_domain(store: Any, rank: int, size: int, group: str, host: str, enabled
     domain.settings = dict(records[0]["settings"])
     if pinned_apart(records):
         domain.spin_long()
+    domain.spread_out = spread_out(records)
     return domain, ""
+
+
+def spread_out(records: list[dict[str, Any]]) -> bool:
+    """Whether the ranks together may run on at least as many CPUs as there are ranks (so
+    each can have one; world 3 on 2 cores cannot)."""
+    cpus = set()
+    for rec in records:
+        cpus.update(rec.get("cpus") or [])
+    return len(cpus) >= len(records)
 
 
 def pinned_apart(records: list[dict[str, Any]]) -> bool:

@@ -147,26 +147,32 @@ def decision(rank: int, world_size: int, knobs_by_rank: list[dict[str, Any]]) ->
     return result
 
 
-def stress(rank: int, world_size: int, seed: int, count: int) -> dict[str, Any]:
+STRESS_KNOBS = {"SHM_CHUNK_BYTES": 16 * 1024, "SHM_ONESHOT_BYTES": 4 * 1024,
+                "SHM_MAX_BYTES": 160 * 1024}
+STRESS_SIZES = [0, 1, 7, 100, 1000, 4096, 20_000, 50_000]
+
+
+def stress(rank: int, world_size: int, seed: int, count: int,
+           knobs: dict[str, Any] | None = None, sizes: list[int] | None = None) -> dict[str, Any]:
     """``count`` back-to-back collectives of random ops and sizes (the same schedule on every
     rank), each checked here against plain torch on every rank's deterministic input."""
-    b = backend(rank, world_size, "stress", SHM_CHUNK_BYTES=16 * 1024,
-                SHM_ONESHOT_BYTES=4 * 1024, SHM_MAX_BYTES=160 * 1024)
+    b = backend(rank, world_size, "stress", **(STRESS_KNOBS if knobs is None else knobs))
     rng = random.Random(seed)
     bad: list[str] = []
     ops = ["all_reduce", "reduce", "reduce_scatter", "all_gather", "broadcast", "barrier"]
     dtypes = [torch.float32, torch.int64, torch.float64, torch.bfloat16, torch.uint8]
     for seq in range(1, count + 1):
         op, dtype = rng.choice(ops), rng.choice(dtypes)
-        n = rng.choice([0, 1, 7, 100, 1000, 4096, 20_000, 50_000])
+        n = rng.choice(STRESS_SIZES if sizes is None else sizes)
         case = {"op": op, "dtype": dtype, "n": n, "salt": seq, "root": rng.randrange(world_size),
                 "redop": rng.choice(["SUM", "MAX"] if dtype is not torch.uint8 else ["MAX", "BOR"])}
         got = run_case(b, case, seq)
         want = _expected(case, rank, world_size)
         if want is not None and not torch.equal(got, want):
             bad.append(f"#{seq} {op} {dtype} n={n}")
+    rotated = b._space is not None and b._space.domain.spread_out
     b.close()
-    return {"bad": bad, "count": count}
+    return {"bad": bad, "count": count, "rotated": rotated}
 
 
 def _expected(case: dict[str, Any], rank: int, ws: int) -> torch.Tensor | None:

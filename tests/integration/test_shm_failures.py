@@ -134,4 +134,16 @@ def test_a_setup_that_times_out_leaves_no_segment():
 def test_many_mixed_back_to_back_collectives_are_all_correct():
     results = run_ranks(ranks.stress, 3, args=(12345, 200), timeout=90)
     for rank, res in enumerate(results):
-        assert res == {"bad": [], "count": 200}, f"rank {rank}: {res}"
+        assert res["bad"] == [] and res["count"] == 200, f"rank {rank}: {res}"
+
+
+def test_mixed_collectives_with_rotating_one_shot_areas_and_staged_chunks_are_all_correct():
+    # world 2 on 2 cores: one-shot all_reduces of 16-512 KiB rotate through 4 MiB slots
+    # (shm_plan.ROTATE_HALF), between staged ones (> 256 KiB here) whose reduced slices are
+    # read a round after they are written, and the other collectives
+    knobs = {"SHM_CHUNK_BYTES": 64 * 1024, "SHM_ONESHOT_BYTES": 256 * 1024}
+    sizes = [0, 100, 4096, 5000, 20_000, 50_000, 65_536, 100_000, 300_000]
+    results = run_ranks(ranks.stress, 2, args=(777, 150, knobs, sizes), timeout=120)
+    rotates = len(os.sched_getaffinity(0)) >= 2  # each rank can have a CPU (and caches)
+    for rank, res in enumerate(results):
+        assert res == {"bad": [], "count": 150, "rotated": rotates}, f"rank {rank}: {res}"

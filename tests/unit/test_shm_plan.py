@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 
 from ringtorch.collectives.algorithms.shm_plan import (
+    ROTATE_HALF,
+    area_offset,
     chunk_ranges,
     plan,
     split_bytes,
@@ -85,6 +87,36 @@ def test_one_round_while_what_a_rank_reads_from_its_peers_is_under_the_knob(nbyt
     assert p.oneshot is one_round
     half = wanted_half("all_reduce", nbytes, size, chunk_nbytes=1 * MIB, oneshot_nbytes=1 * MIB)
     assert half == (nbytes if one_round else 2 * min(nbytes, 1 * MIB))
+
+
+@pytest.mark.parametrize(("nbytes", "rotate", "area"), [
+    (64 * KIB, True, 64 * KIB),
+    (100 * KIB + 4, True, 104 * KIB),  # whole pages
+    (512 * KIB, True, 512 * KIB),
+    (8 * KIB, True, 0),  # small: its lines stay in the caches that use them
+    (1 * MIB, True, 0),
+    (64 * KIB, False, 0),  # ranks that share CPUs share caches too
+])
+def test_one_shot_all_reduces_of_16k_to_512k_rotate_through_their_slot(nbytes, rotate, area):
+    half = wanted_half("all_reduce", nbytes, 2, chunk_nbytes=1 * MIB, oneshot_nbytes=2 * MIB,
+                       rotate=rotate)
+    assert half == (ROTATE_HALF if area else nbytes)
+    p = plan("all_reduce", nbytes, 4, 2, ROTATE_HALF, 1 * MIB, 2 * MIB, rotate)
+    assert p.oneshot and p.area == area
+    rounds = range(2, 2 * ROTATE_HALF // max(area, 1) + 4)
+    offsets = [area_offset(p, t, ROTATE_HALF) for t in rounds]
+    if not area:
+        assert set(offsets) == {0}
+        return
+    assert all(o % 4096 == 0 and o + nbytes <= ROTATE_HALF for o in offsets)
+    # rounds t and t + 1 use different slots; round t + 2 moves to the next area of the slot
+    assert offsets[0] == offsets[1] and offsets[2] == offsets[0] + area
+    assert len(set(offsets)) == ROTATE_HALF // area  # every area, in turn
+
+
+def test_a_slot_too_small_for_two_areas_does_not_rotate():
+    p = plan("all_reduce", 64 * KIB, 4, 2, 100 * KIB, 1 * MIB, 2 * MIB, True)
+    assert p.oneshot and p.area == 0
 
 
 @pytest.mark.parametrize("size", [2, 3, 4])

@@ -12,6 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 LINE = 64
+PAGE = 4096
+# One-shot all_reduces of these sizes write a different area of their slot each time, out of
+# ROTATE_HALF: the area a rank writes is then no longer in its peers' caches (they read it
+# 64 calls of 64 KiB ago), and writing lines a peer still caches is what costs (a 64 KiB
+# copy: ~30 µs into lines the peer just read, ~9 µs into lines it no longer holds).
+ROTATE_MIN, ROTATE_MAX = 16 * 1024, 512 * 1024
+ROTATE_HALF = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -22,11 +29,14 @@ class Plan:
         chunks: byte ranges of the per-rank message (or of each per-rank piece), one per round.
         chunk_nbytes: the largest chunk; the slot holds ``slot_factor`` of them per round.
         oneshot: the all_reduce is done in one round, every rank reducing everything.
+        area: a one-shot all_reduce writes one of the slot's ``half // area`` areas of this
+            many bytes, a different one each call (:func:`area_offset`); 0: offset 0.
     """
 
     chunks: tuple[tuple[int, int], ...]
     chunk_nbytes: int
     oneshot: bool = False
+    area: int = 0
 
 
 def split_bytes(nbytes: int, parts: int, itemsize: int) -> list[tuple[int, int]]:
@@ -80,16 +90,22 @@ def takes_one_round(nbytes: int, size: int, oneshot_nbytes: int) -> bool:
     return nbytes * max(size - 1, 1) <= oneshot_nbytes
 
 
-def wanted_half(op: str, nbytes: int, size: int, chunk_nbytes: int, oneshot_nbytes: int) -> int:
+def _rotates(nbytes: int, rotate: bool) -> bool:
+    return rotate and ROTATE_MIN <= nbytes <= ROTATE_MAX
+
+
+def wanted_half(op: str, nbytes: int, size: int, chunk_nbytes: int, oneshot_nbytes: int,
+                rotate: bool = False) -> int:
     """Bytes each data slot should have for the fastest plan of ``op`` on ``nbytes``.
 
     ``nbytes`` is the per-rank message: the buffer for all_reduce/reduce/broadcast, the input
     for all_gather and reduce_scatter (``size`` pieces). A staged all_reduce needs room for a
-    chunk and for its reduced slices (two chunks' worth).
+    chunk and for its reduced slices (two chunks' worth); a one-shot one that rotates
+    (``rotate``: the group's ranks have a CPU each, see ROTATE_HALF) asks for ROTATE_HALF.
     """
     if op == "all_reduce":
         if takes_one_round(nbytes, size, oneshot_nbytes):
-            return nbytes
+            return max(nbytes, ROTATE_HALF) if _rotates(nbytes, rotate) else nbytes
         return 2 * min(nbytes, chunk_nbytes)
     if op == "reduce_scatter":
         return min(nbytes, max(chunk_nbytes, size * LINE))
@@ -97,7 +113,7 @@ def wanted_half(op: str, nbytes: int, size: int, chunk_nbytes: int, oneshot_nbyt
 
 
 def plan(op: str, nbytes: int, itemsize: int, size: int, half: int, chunk_nbytes: int,
-         oneshot_nbytes: int) -> Plan:
+         oneshot_nbytes: int, rotate: bool = False) -> Plan:
     """The plan of ``op`` on a per-rank message of ``nbytes`` with data slots of ``half`` bytes.
 
     all_reduce: one round when the message fits a slot and :func:`takes_one_round` says so;
@@ -108,7 +124,9 @@ def plan(op: str, nbytes: int, itemsize: int, size: int, half: int, chunk_nbytes
     """
     if op == "all_reduce":
         if nbytes <= half and takes_one_round(nbytes, size, oneshot_nbytes):
-            return Plan(((0, nbytes),), nbytes, oneshot=True)
+            area = _round_up(nbytes, PAGE)
+            rotating = _rotates(nbytes, rotate) and half >= 2 * area
+            return Plan(((0, nbytes),), nbytes, oneshot=True, area=area if rotating else 0)
         chunk = _align_down(min(chunk_nbytes, half // 2), _unit(itemsize, size))
         return Plan(chunk_ranges(nbytes, chunk), chunk)
     if op == "reduce_scatter":
@@ -119,11 +137,24 @@ def plan(op: str, nbytes: int, itemsize: int, size: int, half: int, chunk_nbytes
     return Plan(chunk_ranges(nbytes, chunk), chunk)
 
 
+def area_offset(plan: Plan, round_: int, half: int) -> int:
+    """Offset within its slot of the area that round ``round_`` of ``plan`` writes: the slot's
+    areas in turn (the slot of round t is written again at round t + 2, so t // 2 counts the
+    calls that used it); every rank computes the same from the same round and slot size."""
+    if not plan.area:
+        return 0
+    return (round_ >> 1) % (half // plan.area) * plan.area
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
 def _gcd(a: int, b: int) -> int:
     while b:
         a, b = b, a % b
     return a
 
 
-__all__ = ["LINE", "Plan", "chunk_ranges", "plan", "split_bytes", "takes_one_round",
+__all__ = ["LINE", "Plan", "area_offset", "chunk_ranges", "plan", "split_bytes", "takes_one_round",
            "wanted_half"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ringtorch._wire.shm_domain import Desc
-from ringtorch.collectives.algorithms.shm_plan import split_bytes
+from ringtorch.collectives.algorithms.shm_plan import Plan, area_offset, split_bytes
 from ringtorch.collectives.algorithms.shm_space import ShmSpace, reduce_in_rank_order
 from ringtorch.collectives.reduce_op import ByteReducer
 
@@ -32,16 +32,18 @@ def all_reduce(space: ShmSpace, buf: np.ndarray, reduce: ByteReducer, itemsize: 
     """Reduce ``buf`` (uint8) across ranks, in place on every rank."""
     steps = space.plan("all_reduce", buf.nbytes, itemsize, desc, deadline)
     if steps.oneshot:
-        _all_reduce_oneshot(space, buf, reduce, desc, deadline)
+        _all_reduce_oneshot(space, buf, reduce, steps, desc, deadline)
     else:
         _all_reduce_staged(space, buf, reduce, itemsize, steps.chunks, steps.chunk_nbytes,
                            desc, deadline)
 
 
-def _all_reduce_oneshot(space: ShmSpace, buf: np.ndarray, reduce: ByteReducer, desc: Desc,
-                        deadline: float) -> None:
+def _all_reduce_oneshot(space: ShmSpace, buf: np.ndarray, reduce: ByteReducer, steps: Plan,
+                        desc: Desc, deadline: float) -> None:
     r, p, n = space.rank, space.size, buf.nbytes
     base = space.next_slot()
+    if steps.area:
+        base += area_offset(steps, space.domain.round + 1, space.domain.half)
     np.copyto(space.view(r, base, n), buf)
     space.domain.arrive(desc, deadline)
     # every rank's buffer is in its slot until round + 2; everyone reduces all of them

@@ -74,10 +74,11 @@ class ShmSpace:
         found = self._plans.get(key)
         if found is not None and found[0] == self.domain.half:
             return found[1]
-        want = wanted_half(op, nbytes, self.size, self.chunk_nbytes, self.oneshot_nbytes)
+        rotate = self.domain.spread_out
+        want = wanted_half(op, nbytes, self.size, self.chunk_nbytes, self.oneshot_nbytes, rotate)
         half = self.domain.ensure_half(want, desc, deadline)
         made = plan(op, nbytes, itemsize, self.size, half, self.chunk_nbytes,
-                    self.oneshot_nbytes)
+                    self.oneshot_nbytes, rotate)
         if len(self._plans) > _MAX_CACHED_PLANS:
             self._plans.clear()
         self._plans[key] = (half, made)
