@@ -78,6 +78,7 @@ def _wrap(fn: Callable[..., Any], i: int, args: tuple[Any, ...], error_file: str
         pass  # SIGINT from the parent's death or from the terminal: exit quietly
     except Exception as exc:
         write_error_file(error_file, exc, traceback.format_exc())
+        sys.last_value = exc  # as for an unhandled exception: exit hooks see that this failed
         sys.exit(1)
 
 

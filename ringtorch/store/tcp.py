@@ -77,9 +77,20 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 # ----- a master lingers at exit -------------------------------------------------------
 
 _exit_hook_pid = 0
+_lingered_pid = 0
 
 
 def _at_exit() -> None:
+    """Linger once per process (atexit and multiprocessing's exit hook may both call this), and
+    only when the program ended well: a process leaving through an unhandled exception
+    (``sys.last_value``, which spawn's worker wrapper sets too) must not hide its failure from
+    the launcher and from its peers for the linger's duration."""
+    global _lingered_pid
+    if _lingered_pid == os.getpid():
+        return
+    _lingered_pid = os.getpid()
+    if getattr(sys, "last_value", None) is not None:
+        return
     own: set[str] = set()
     for store in list(_clients):
         sock = store._sock

@@ -24,7 +24,7 @@ from ringtorch.store import TCPStore
 ROOT = Path(__file__).resolve().parents[2]
 T30 = timedelta(seconds=30)
 
-# argv: how to leave ("exit" or "close"), the file to create on the way out.
+# argv: how to leave ("exit", "close" or "raise"), the file to create on the way out.
 MASTER = r"""
 import sys
 from datetime import timedelta
@@ -37,6 +37,8 @@ store.set("from master", "hello")
 if how == "close":
     store.close()  # what destroy_process_group does
 open(leaving, "w").close()
+if how == "raise":
+    raise RuntimeError("the master's program failed")
 """
 
 
@@ -98,6 +100,58 @@ def test_a_client_that_never_disconnects_delays_the_exit_by_the_bound_only(
                      r"client\(s\) still connected after (waiting 1 s for them|lingering for "
                      r"them) \(RINGTORCH_STORE_LINGER_S\)", err), err
     client.close()
+
+
+def test_a_master_that_fails_exits_at_once_even_with_a_client_connected(tmp_path: Path) -> None:
+    """A failing rank 0 must not hide its failure for the linger's duration: the launcher and
+    its peers learn it from its exit."""
+    proc, port = start_master(tmp_path, "raise", "120")
+    client = TCPStore("127.0.0.1", port, None, False, T30)
+    client.set("client joined", "yes")
+    _, err = proc.communicate(timeout=60)  # we stay connected throughout; the bound is 120 s
+    assert proc.returncode == 1
+    assert "RuntimeError: the master's program failed" in err
+    assert "still connected after waiting" not in err
+    client.close()
+
+
+def test_a_spawned_master_that_fails_exits_at_once_even_with_a_client_connected(
+        tmp_path: Path) -> None:
+    script = tmp_path / "spawned.py"  # a file: spawn's children import __main__ from it
+    script.write_text(SPAWNED)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "port")], cwd=ROOT,
+                            env={**os.environ, "RINGTORCH_STORE_LINGER_S": "120"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(tmp_path / "port.done")
+    client = TCPStore("127.0.0.1", int((tmp_path / "port").read_text()), None, False, T30)
+    client.set("client joined", "yes")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err  # spawn raised ProcessRaisedException, which we catch
+    assert "ProcessRaisedException" in err and "the spawned master failed" in err
+    assert "still connected after waiting" not in err
+    client.close()
+
+
+# argv: the file to write the port to (and <file>.done once written).
+SPAWNED = r"""
+import sys
+from datetime import timedelta
+import ringtorch.multiprocessing as mp
+from ringtorch.store import TCPStore
+
+def master(i, path):
+    store = TCPStore("127.0.0.1", 0, 2, True, timedelta(seconds=30), wait_for_workers=False)
+    open(path, "w").write(str(store.port))
+    open(path + ".done", "w").close()
+    store.wait(["client joined"])
+    raise RuntimeError("the spawned master failed")
+
+if __name__ == "__main__":
+    try:
+        mp.spawn(master, args=(sys.argv[1],), nprocs=1)
+    except Exception as exc:
+        print(type(exc).__name__, exc, file=sys.stderr)
+"""
 
 
 def test_a_closed_master_releases_its_port_at_once_while_it_serves_its_clients() -> None:
