@@ -31,8 +31,8 @@ Handler = Callable[["Conn", int, int, list[bytes], int, int], None]
 class Conn:
     """One client connection, as the server loop sees it."""
 
-    __slots__ = ("closed", "dirty", "inbuf", "last_progress", "out", "parked", "peer", "sock",
-                 "writing")
+    __slots__ = ("closed", "dirty", "inbuf", "last_progress", "last_request", "out", "parked",
+                 "peer", "sock", "writing")
 
     def __init__(self, sock: socket.socket, peer: str) -> None:
         self.sock = sock
@@ -44,6 +44,7 @@ class Conn:
         self.closed = False
         self.parked: set[Waiter] = set()
         self.last_progress = 0.0
+        self.last_request = time.monotonic()  # when it last sent bytes (linger's idle test)
 
 
 class Waiter:

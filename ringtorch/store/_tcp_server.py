@@ -47,6 +47,7 @@ MAX_CONNECTIONS = 1024
 MAX_HANDSHAKES_IN_FLIGHT = 128
 RECV_NBYTES = 256 * 1024
 OUT_HIGH_WATER_NBYTES = 16 * 1024 * 1024
+IDLE_CLIENT_S = 5.0  # a client silent this long, with nothing parked, does not hold a lingering exit
 
 _OP_SET, _OP_GET, _OP_ADD = P.OP_SET, P.OP_GET, P.OP_ADD
 _ONE_FIELD_ANSWER = struct.Struct(P.RESPONSE_HEAD.format + "I")  # head + the field's length
@@ -153,11 +154,17 @@ class StoreServer(StoreOps):
 
     def wait_for_clients(self, ignore: set[str], deadline: float) -> int:
         """Block until every connection but those from ``ignore`` (peers as "host:port") has
-        closed, the server has stopped, or ``deadline`` (monotonic) has passed; returns how
-        many were still connected."""
+        closed or gone idle, the server has stopped, or ``deadline`` (monotonic) has passed;
+        returns how many were still in use.
+
+        Idle: no blocking request parked and no bytes sent for IDLE_CLIENT_S. A peer that is
+        connected but busy elsewhere (training on, or stuck) does not hold the exit; a peer in
+        the middle of its last round trips (milliseconds apart) does."""
         delay = 0.001
         while self._thread.is_alive() and not self._stopping:
-            others = sum(1 for conn in list(self._conns) if conn.peer not in ignore)
+            busy_since = time.monotonic() - IDLE_CLIENT_S
+            others = sum(1 for conn in list(self._conns) if conn.peer not in ignore and (
+                conn.parked or conn.inbuf or conn.last_request > busy_since))
             others += self._handshakes + self._pending.qsize()
             if not others:
                 return 0
@@ -338,6 +345,7 @@ class StoreServer(StoreOps):
             self._close_conn(conn, f"closed in the middle of a request ({len(conn.inbuf)} "
                                    f"bytes unparsed)" if conn.inbuf else None)
             return
+        conn.last_request = time.monotonic()
         was_partial = bool(conn.inbuf)
         if was_partial:
             conn.inbuf += self._rview[:n]

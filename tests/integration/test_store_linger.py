@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -49,10 +50,11 @@ def start_master(tmp_path: Path, how: str, linger_s: str) -> tuple[subprocess.Po
     return proc, int(proc.stdout.readline())
 
 
-def wait_for(path: Path) -> None:
+def wait_for(path: Path, while_waiting: Callable[[], object] = lambda: None) -> None:
     deadline = time.monotonic() + 30
     while not path.exists():
         assert time.monotonic() < deadline, f"{path} never appeared"
+        while_waiting()
         time.sleep(0.01)
 
 
@@ -62,8 +64,12 @@ def test_a_master_that_leaves_serves_a_client_still_working_until_it_disconnects
     proc, port = start_master(tmp_path, how, "120")
     client = TCPStore("127.0.0.1", port, None, False, T30)
     client.set("client joined", "yes")
-    wait_for(tmp_path / "leaving")  # the master's program is over: it is exiting now
-    time.sleep(0.5)  # a moment later (without lingering, its server would be gone by now)
+    # The client keeps working (as a rank in its last round trips does) while the master's
+    # program ends; then, a moment later, it still finds the server.
+    wait_for(tmp_path / "leaving", while_waiting=lambda: client.check(["nothing"]))
+    for _ in range(50):  # half a second (without lingering, its server would be gone by now)
+        client.check(["nothing"])
+        time.sleep(0.01)
     assert client.get("from master") == b"hello"
     client.set("late", "still served")
     assert client.get("late") == b"still served"
@@ -99,6 +105,19 @@ def test_a_client_that_never_disconnects_delays_the_exit_by_the_bound_only(
     assert re.search(r"TCPStore server on 127\.0\.0\.1:\d+: (exiting|stopping) with 1 "
                      r"client\(s\) still connected after (waiting 1 s for them|lingering for "
                      r"them) \(RINGTORCH_STORE_LINGER_S\)", err), err
+    client.close()
+
+
+def test_a_master_whose_clients_are_idle_exits_without_waiting_for_the_bound(
+        tmp_path: Path) -> None:
+    """A peer still connected but silent (training on, or stuck) does not hold the exit: only a
+    client with a blocking request parked or one that spoke in the last IDLE_CLIENT_S does."""
+    proc, port = start_master(tmp_path, "exit", "120")
+    client = TCPStore("127.0.0.1", port, None, False, T30)
+    client.set("client joined", "yes")
+    _, err = proc.communicate(timeout=60)  # we stay connected and silent; the bound is 120 s
+    assert proc.returncode == 0, err
+    assert "still connected" not in err
     client.close()
 
 
