@@ -5,19 +5,21 @@ socket path, on fake hosts (RINGTORCH_HOST_ID per rank; TCP between them over lo
     python bench/hierarchical.py --hosts aaab --sizes 1K,1M --repeat 5
     python bench/hierarchical.py --ops broadcast,all_gather,reduce_scatter,barrier
     python bench/hierarchical.py --ops all_gather,reduce_scatter --sizes 64K..16M --forced
+    python bench/hierarchical.py --sliced          # all_reduce through leaders vs sliced
 
 Modes, each in its own world of processes, interleaved, --repeat times: ``hier`` is
 ShmNativeBackend with RINGTORCH_SHM=1 (shared memory within each fake host, the hosts'
 leaders over TCP), ``sockets`` the same backend with RINGTORCH_SHM=0 (Unix sockets within a
 host, TCP across), ``one-host`` (--one-host) every rank on one host with shared memory, for
-reference, and ``hier-forced`` (--forced) hier with all_gather and reduce_scatter
-hierarchical at every size (by default they take the socket path from 256 KiB). Every timed
-call follows a barrier; an iteration's time is the slowest rank's; a run's time is the
-median over iterations, and the table shows the median over repeats. float32 SUM; sizes are
-nccl-tests' (the whole buffer: all_gather's output, reduce_scatter's input) and so are the
-bus-bandwidth factors; the first call of every case is checked for the right result. Ranks
-are not pinned. The machine's load average is printed with the table: trust ratios within
-one run, not absolute numbers, on a shared machine.
+reference, ``hier-forced`` (--forced) hier with all_gather and reduce_scatter hierarchical
+at every size (by default they take the socket path from 256 KiB), and ``hier-sliced``
+(--sliced) hier with all_reduce sliced at every size (every rank talks across; see
+shm_hierarchy.py). Every timed call follows a barrier; an iteration's time is the slowest
+rank's; a run's time is the median over iterations, and the table shows the median over
+repeats. float32 SUM; sizes are nccl-tests' (the whole buffer: all_gather's output,
+reduce_scatter's input) and so are the bus-bandwidth factors; the first call of every case
+is checked for the right result. Ranks are not pinned. The machine's load average is printed
+with the table: trust ratios within one run, not absolute numbers, on a shared machine.
 """
 
 from __future__ import annotations
@@ -40,9 +42,9 @@ def iterations(nbytes: int) -> tuple[int, int]:
 
 
 def rank_main(rank: int, world_size: int, hosts: str, shm: bool, ops: list[str],
-              sizes: list[int], forced: bool = False) -> Any:
+              sizes: list[int], tweaks: dict[str, int]) -> Any:
     """One rank: build the backend on its fake host, time every op at every size
-    (``forced``: all_gather and reduce_scatter hierarchical at every size)."""
+    (``tweaks``: shm_hierarchy's thresholds to set first)."""
     import torch
     import torch.distributed as tdist
 
@@ -52,8 +54,8 @@ def rank_main(rank: int, world_size: int, hosts: str, shm: bool, ops: list[str],
     from ringtorch.collectives.backends.shm_native import ShmNativeBackend
     from ringtorch.collectives.reduce_op import ReduceOp
 
-    if forced:
-        shm_hierarchy.SOCKETS_FROM_NBYTES = 1 << 62
+    for name, value in tweaks.items():
+        setattr(shm_hierarchy, name, value)
 
     torch.set_num_threads(1)
     store = tdist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), world_size, rank == 0,
@@ -115,11 +117,11 @@ def rank_main(rank: int, world_size: int, hosts: str, shm: bool, ops: list[str],
 
 
 def run_mode(hosts: str, shm: bool, ops: list[str], sizes: list[int],
-             forced: bool = False) -> tuple[dict[str, float], str]:
+             tweaks: dict[str, int]) -> tuple[dict[str, float], str]:
     """Median over iterations of the slowest rank's time, per op and size."""
     from ringtorch.testing import run_ranks
 
-    results = run_ranks(rank_main, len(hosts), args=(hosts, shm, ops, sizes, forced),
+    results = run_ranks(rank_main, len(hosts), args=(hosts, shm, ops, sizes, tweaks),
                         timeout=600)
     medians = {}
     for key in results[0]["times"]:
@@ -143,19 +145,25 @@ def main() -> None:
     parser.add_argument("--forced", action="store_true",
                         help="also run all_gather and reduce_scatter hierarchical at every "
                              "size (hier-forced; they take the socket path from 256 KiB)")
+    parser.add_argument("--sliced", action="store_true",
+                        help="also run all_reduce sliced at every size (hier-sliced: every "
+                             "rank talks across; needs as many ranks on every host)")
     args = parser.parse_args()
     ops, sizes = args.ops.split(","), parse_sizes(args.sizes)
     ws = len(args.hosts)
-    modes = {"hier": (args.hosts, True, False), "sockets": (args.hosts, False, False)}
+    modes: dict[str, tuple[str, bool, dict[str, int]]] = {
+        "hier": (args.hosts, True, {}), "sockets": (args.hosts, False, {})}
     if args.one_host:
-        modes["one-host"] = ("a" * ws, True, False)
+        modes["one-host"] = ("a" * ws, True, {})
     if args.forced:
-        modes["hier-forced"] = (args.hosts, True, True)
+        modes["hier-forced"] = (args.hosts, True, {"SOCKETS_FROM_NBYTES": 1 << 62})
+    if args.sliced:
+        modes["hier-sliced"] = (args.hosts, True, {"SLICED_FROM_NBYTES": 1})
     runs: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
     topologies = {}
     for _ in range(args.repeat):
-        for mode, (hosts, shm, forced) in modes.items():
-            medians, topologies[mode] = run_mode(hosts, shm, ops, sizes, forced)
+        for mode, (hosts, shm, tweaks) in modes.items():
+            medians, topologies[mode] = run_mode(hosts, shm, ops, sizes, tweaks)
             runs[mode].append(medians)
     load = os.getloadavg()
     print(f"world {ws}, hosts {args.hosts}, float32 (SUM), median of {args.repeat} runs; "

@@ -18,6 +18,7 @@ import torch
 
 import ringtorch.distributed as dist
 from ringtorch._wire.channel import TcpChannel, UnixChannel
+from ringtorch.collectives.backends import shm_hierarchy
 from ringtorch.collectives.backends.shm_native import ShmNativeBackend
 from ringtorch.collectives.reduce_op import ReduceOp
 from tests.integration import _shm_ranks
@@ -49,10 +50,13 @@ def what_it_uses(b: ShmNativeBackend) -> dict[str, Any]:
 
 
 def cases(rank: int, world_size: int, hosts: str, cases: list[dict[str, Any]],
-          off: tuple[int, ...] = ()) -> dict[str, Any]:
+          off: tuple[int, ...] = (), sliced_from: int | None = None) -> dict[str, Any]:
     """Run every case (tests/integration/_shm_ranks.py's run_case) on one backend, with
-    RINGTORCH_SHM=0 on the ranks in ``off``; report what the backend uses, every output and
-    this rank's pid."""
+    RINGTORCH_SHM=0 on the ranks in ``off`` (and all_reduces from ``sliced_from`` bytes
+    sliced: shm_hierarchy.SLICED_FROM_NBYTES); report what the backend uses, every output
+    and this rank's pid."""
+    if sliced_from is not None:
+        shm_hierarchy.SLICED_FROM_NBYTES = sliced_from
     b = backend(rank, world_size, f"h-{hosts}-{off}", hosts, SHM=rank not in off,
                 SHM_CHUNK_BYTES=16 * 1024, SHM_ONESHOT_BYTES=4 * 1024)
     result = what_it_uses(b)

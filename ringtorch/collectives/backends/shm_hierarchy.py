@@ -12,7 +12,9 @@ One rank per host (its *leader*, the lowest; the root's host uses the root) take
 cross-host step: one of the socket algorithms, unchanged, among those ranks
 (algorithms/hierarchical.py's SubLink) over the group's existing socket mesh:
 
-* all_reduce: shm reduce to the leader, all_reduce among leaders, shm broadcast.
+* all_reduce: shm reduce to the leader, all_reduce among leaders, shm broadcast. (Built but
+  off, SLICED_FROM_NBYTES: shm reduce_scatter, every rank all_reduces its slice with its
+  counterparts, shm all_gather; measured 2x slower from 1 MB on one 2-core machine.)
 * broadcast: shm broadcast on the root's host, socket broadcast from the root to the other
   hosts' leaders, shm broadcast on those hosts.
 * all_gather: shm all_gather, leaders exchange host blocks, shm broadcast of the result.
@@ -69,6 +71,9 @@ from ringtorch.collectives.reduce_op import RedOpType, finish_avg, premul_factor
 # directly must time out, name it and abort the group first; a socket wait checks its
 # deadline once a second and then asks the peers where they are (up to 1 s)
 CROSS_GRACE_S = 0.5
+# all_reduce from this size, when every host has as many ranks, runs sliced (every rank talks
+# across) instead of through the leaders
+SLICED_FROM_NBYTES = 1 << 62
 # all_gather (whole output) and reduce_scatter (whole input) from this size take the socket
 # path: there the leaders' serial work (one rank per host reduces or sends everything) made
 # them slower than every rank working at once (BENCHMARKS.md, "Hierarchical collectives")
@@ -211,6 +216,7 @@ class Hierarchy:
         self._local = topology.hosts[self._host]
         self._leaders = topology.leaders
         self._leader = backend.rank == self._local[0]
+        self._sliced = len({len(h) for h in topology.hosts}) == 1 and len(self._local) > 1
         self._work = ScratchPool()
         self.description = topology.describe()
 
@@ -232,7 +238,9 @@ class Hierarchy:
     # -- collectives ---------------------------------------------------------------------------
 
     def all_reduce(self, buf: torch.Tensor, op: Any, seq: int, deadline: float) -> None:
-        """Reduce to each host's leader, all_reduce among leaders, broadcast on each host."""
+        """Reduce to each host's leader, all_reduce among leaders, broadcast on each host;
+        or, from SLICED_FROM_NBYTES when every host has as many ranks, reduce_scatter on
+        each host, all_reduce of each slice among the ranks holding it, all_gather."""
         b, space = self._b, self._space
         kind, reducer = b._plan_reduce(op, buf.dtype, "all_reduce")
         with b._collective("all_reduce", seq, deadline + CROSS_GRACE_S):
@@ -241,24 +249,54 @@ class Hierarchy:
                 buf.mul_(factor)
             data, itemsize = _bytes(buf), buf.element_size()
             desc = b._desc("all_reduce", seq, buf.dtype, int(kind), -1, data.nbytes)
-            if space is not None:
-                shm_reduce.reduce(space, data, reducer, 0, itemsize, desc, deadline)
-            if self._leader:
-                link = self._cross("all_reduce", buf.dtype, int(kind), NO_ROOT, seq,
-                                   data.nbytes, self._leaders)
-                algorithm, segment = self._choose("all_reduce", data.nbytes, link.size)
-                if algorithm == "ring":
-                    ring.all_reduce(link, data, reducer, itemsize, segment)
-                elif algorithm == "scatter_gather":
-                    direct.all_reduce_scatter_gather(link, data, reducer, itemsize, segment)
-                elif algorithm == "recursive_doubling":
-                    recursive_doubling.all_reduce(link, data, reducer)
-                else:
-                    direct.all_reduce(link, data, reducer)
-            if space is not None:
-                shm_copy.broadcast(space, data, 0, itemsize, desc, deadline + AFTER_GRACE_S)
+            if space is not None and self._sliced and data.nbytes >= SLICED_FROM_NBYTES:
+                self._all_reduce_sliced(space, data, reducer, itemsize, desc, deadline,
+                                        buf.dtype, int(kind), seq)
+            else:
+                if space is not None:
+                    shm_reduce.reduce(space, data, reducer, 0, itemsize, desc, deadline)
+                if self._leader:
+                    self._cross_all_reduce(self._cross(
+                        "all_reduce", buf.dtype, int(kind), NO_ROOT, seq, data.nbytes,
+                        self._leaders), data, reducer, itemsize)
+                if space is not None:
+                    shm_copy.broadcast(space, data, 0, itemsize, desc, deadline + AFTER_GRACE_S)
             if kind is RedOpType.AVG:
                 finish_avg(buf, b.size)
+
+    def _cross_all_reduce(self, link: SubLink, data: np.ndarray, reducer: Any,
+                          itemsize: int) -> None:
+        algorithm, segment = self._choose("all_reduce", data.nbytes, link.size)
+        if algorithm == "ring":
+            ring.all_reduce(link, data, reducer, itemsize, segment)
+        elif algorithm == "scatter_gather":
+            direct.all_reduce_scatter_gather(link, data, reducer, itemsize, segment)
+        elif algorithm == "recursive_doubling":
+            recursive_doubling.all_reduce(link, data, reducer)
+        else:
+            direct.all_reduce(link, data, reducer)
+
+    def _all_reduce_sliced(self, space: ShmSpace, data: np.ndarray, reducer: Any, itemsize: int,
+                           desc: Desc, deadline: float, dtype: torch.dtype, redop: int,
+                           seq: int) -> None:
+        """Every host has L ranks: local rank i ends the reduce_scatter with slice i reduced
+        over its host, all_reduces it with local rank i of every other host, and the host
+        all_gathers the slices (padded to L equal slices of whole elements)."""
+        n_local, i = len(self._local), self._local.index(self._b.rank)
+        m = -(-data.nbytes // itemsize // n_local) * itemsize
+        work = self._work.get((n_local + 1) * m)
+        padded, mine = (data, work[:m]) if m * n_local == data.nbytes else \
+            (work[:n_local * m], work[n_local * m:])
+        if padded is not data:
+            np.copyto(padded[:data.nbytes], data)
+            padded[data.nbytes:] = 0
+        shm_reduce.reduce_scatter(space, mine, padded, reducer, itemsize, desc, deadline)
+        members = tuple(h[i] for h in self.topology.hosts)
+        self._cross_all_reduce(self._cross("all_reduce", dtype, redop, NO_ROOT, seq, data.nbytes,
+                                           members), mine, reducer, itemsize)
+        shm_copy.all_gather(space, padded, mine, itemsize, desc, deadline + AFTER_GRACE_S)
+        if padded is not data:
+            np.copyto(data, padded[:data.nbytes])
 
     def broadcast(self, buf: torch.Tensor, root: int, seq: int, deadline: float) -> None:
         """Within the root's host, then from the root to the other hosts' leaders over
@@ -433,5 +471,5 @@ def _starts(topo: Topology) -> list[int]:
     return starts
 
 
-__all__ = ["AFTER_GRACE_S", "CROSS_GRACE_S", "SOCKETS_FROM_NBYTES", "HostDomain", "Hierarchy",
-           "open_hierarchy"]
+__all__ = ["AFTER_GRACE_S", "CROSS_GRACE_S", "SLICED_FROM_NBYTES", "SOCKETS_FROM_NBYTES",
+           "HostDomain", "Hierarchy", "open_hierarchy"]
