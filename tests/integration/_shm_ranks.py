@@ -439,3 +439,14 @@ def shared_mismatch(rank: int, world_size: int) -> tuple[str, str]:
     finally:
         b.close()
     return "no error", ""
+
+
+def staged_plan(rank: int, world_size: int, nbytes: int) -> tuple[bool, int, int]:
+    """all_reduce ``nbytes`` of float32; return (spread_out, chunk bytes, rounds) of its plan."""
+    b = backend(rank, world_size, "plan", SHM_ONESHOT_BYTES=0)
+    b.all_reduce(torch.ones(nbytes // 4), ReduceOp.SUM, 0, time.monotonic() + 30)
+    space = b._space
+    assert space is not None
+    _half, p = space._plans[("all_reduce", nbytes, 4)]  # the plan the all_reduce used
+    b.close()
+    return space.domain.spread_out, p.chunk_nbytes, len(p.chunks)

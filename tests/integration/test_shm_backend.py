@@ -10,6 +10,7 @@ world size runs every case on three backends (default shm, shm with tiny chunks,
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
 import torch
@@ -154,6 +155,16 @@ def test_slots_grow_to_what_a_large_all_reduce_wants_without_a_cap():
         (half0, size0, _), (half1, size1, ok) = seen
         assert (half0, size0) == (64 * 1024, 4096 + 2 * 64 * 1024), f"rank {rank}"
         assert (half1, size1) == (2 * mib, 4096 + 4 * mib) and ok, f"rank {rank}: {seen}"
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ranks_that_share_cpus_reduce_in_four_times_bigger_chunks(world_size):
+    mib = 1024 * 1024
+    spread = world_size <= len(os.sched_getaffinity(0))  # the ranks can have a CPU each
+    chunk = 1 * mib if spread else 4 * mib  # RINGTORCH_SHM_CHUNK_BYTES is 1 MiB
+    for rank, got in enumerate(run_ranks(ranks.staged_plan, world_size, args=(16 * mib,))):
+        assert got[0] is spread and got[1] <= chunk and got[1] > chunk - 4096, f"rank {rank}"
+        assert got[2] == -(-16 * mib // got[1]), f"rank {rank}: {got}"
 
 
 def _decide(world_size: int, knobs_by_rank: list[dict]) -> list[dict]:
