@@ -28,6 +28,8 @@ from ringtorch.nn.parallel.buckets import BucketPlan
 
 __all__ = ["GradBucket", "Reducer"]
 
+_SMALL_PARAM_NUMEL = 16384  # below this many elements per parameter a bucket is AVG-reduced
+
 _UNUSED_PARAMS_ERROR = (
     "Expected to have finished reduction in the prior iteration before starting a new one. "
     "This error indicates that your module has parameters that were not used in producing "
@@ -104,6 +106,11 @@ class _Bucket:
                       for off, p in zip(plan.offsets, self.params, strict=True)]
         self.pending = len(self.indices)
         self.solo = len(self.indices) == 1
+        # reduced with AVG instead of divided while copied in: one-parameter buckets (the
+        # gradient is reduced where it lies) and buckets of small parameters, where a call per
+        # parameter costs more (torch.div ~5 us against copy_ ~1.5 us) than one division of
+        # the whole bucket, still in cache, after the all_reduce
+        self.by_avg = self.solo or plan.numel < _SMALL_PARAM_NUMEL * len(self.indices)
         self.comm: _Pending | None = None
         # A one-parameter bucket may be reduced in the gradient itself (see _mark_ready):
         # then `direct` is that gradient, flattened, for this iteration.
@@ -160,12 +167,13 @@ class Reducer:
         self._unused: list[int] = []
         self._marked_unused = False
         self._used_map = torch.zeros(len(self._params), dtype=torch.int32)
+        self._used = [0] * len(self._params)  # this iteration's, as _used_map before its reduce
         self._div_factor: float = float(self._world_size)
         self._count_work: tuple[Any, torch.Tensor] | None = None
         self._in_join = False
-        # one-parameter buckets are all_reduced with AVG (the backend divides the sum, right
-        # after copying it out); other buckets divide while copying into the bucket
-        self._solo_avg = False
+        # buckets whose by_avg is set are all_reduced with AVG (the backend divides the sum,
+        # right after copying it out); other buckets divide while copying into the bucket
+        self._use_avg = False
         self._handles = [p.register_post_accumulate_grad_hook(self._make_hook(i))
                          for i, p in enumerate(self._params)]
         if gradient_as_bucket_view:
@@ -217,11 +225,11 @@ class Reducer:
         self._div_factor = float(self._world_size)
         # Under Join every rank sums (joined ranks shadow with zeros and SUM, training ranks
         # may divide by the count of ranks still training): AVG only outside Join.
-        self._solo_avg = self._comm_hook is None and not self._in_join
+        self._use_avg = self._comm_hook is None and not self._in_join
         self._expect_hooks = True
         self._require_finalize = True
         self._marked_unused = False
-        self._used_map.zero_()
+        self._used = [0] * len(self._params)
         if self._find_unused:
             if self._static_unused is not None:
                 self._unused = self._static_unused
@@ -269,7 +277,7 @@ class Reducer:
             self._marked_unused = True
             for unused in self._unused:
                 self._mark_ready(unused, used=False)
-        self._used_map[index] = 1
+        self._used[index] = 1
         self._mark_ready(index, used=True)
 
     def _mark_ready(self, index: int, used: bool) -> None:
@@ -289,11 +297,11 @@ class Reducer:
             # A bucket of one parameter is reduced in its gradient itself: no copy into the
             # bucket, none back. (Not for unused parameters, whose .grad must stay untouched.)
             bucket.direct = param.grad.view(-1)
-            if self._comm_hook is None and not self._solo_avg:
+            if self._comm_hook is None and not self._use_avg:
                 bucket.direct.div_(self._div_factor)
         else:
             self._fill_slot(param, bucket.views[pos],
-                            divide=self._comm_hook is None and not (bucket.solo and self._solo_avg))
+                            divide=self._comm_hook is None and not (bucket.by_avg and self._use_avg))
         bucket.pending -= 1
         if bucket.pending == 0:
             self._launch_ready_buckets()
@@ -326,6 +334,7 @@ class Reducer:
             self._next_bucket += 1
         if self._next_bucket > last:
             if self._find_unused:
+                self._used_map = torch.tensor(self._used, dtype=torch.int32)
                 dist.all_reduce(self._used_map, group=self._group)
             Variable._execution_engine.queue_callback(self._finalize_backward)
 
@@ -335,7 +344,7 @@ class Reducer:
             hook, state = self._comm_hook
             bucket.comm = _Pending(future=hook(state, self.grad_bucket(b, bucket.comm_buffer())))
         else:
-            op = dist.ReduceOp.AVG if bucket.solo and self._solo_avg else dist.ReduceOp.SUM
+            op = dist.ReduceOp.AVG if bucket.by_avg and self._use_avg else dist.ReduceOp.SUM
             if wait_now:
                 dist.all_reduce(bucket.comm_buffer(), op=op, group=self._group)
                 bucket.comm = None
