@@ -545,8 +545,26 @@ def killed_worker(rank: int, ws: int, victim: int) -> dict[str, Any]:
                 rpc.rpc_sync(f"worker{p}", set_event, args=("checks done",))
     else:
         out["waited"] = wait_event("checks done")
+    # The leader (worker0) answers the others' shutdown reports ("worker1 died"); its own
+    # shutdown fails at once and closes its agent, so it shuts down after theirs have been
+    # answered, or their reports could find it closed ("worker0 closed its connection").
+    signals = _side_store()
+    if rank == 0:
+        signals.wait([f"shut down/{p}" for p in range(1, ws) if p != victim])
     out["shutdown"] = timed_error(rpc.shutdown)
+    if rank != 0:
+        signals.set(f"shut down/{rank}", "1")
     return out
+
+
+def _side_store() -> Any:
+    """A client of the job's store (rank 0 hosts it), for the test's own signals."""
+    from datetime import timedelta
+
+    from ringtorch.store import TCPStore
+
+    return TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
+                    timedelta(seconds=60))
 
 
 def shutdown_timeout(rank: int, ws: int, marker: str) -> tuple[str, str, float]:

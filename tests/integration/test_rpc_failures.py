@@ -5,6 +5,7 @@ cores), but below the 20 s RPC timeout a library that waited for it would take."
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 
 import pytest
@@ -47,8 +48,11 @@ def test_g7_the_other_workers_keep_working_and_shutdown_names_the_dead_one() -> 
     assert results[0]["others_fine"] == [1, 3]
     for rank in (0, 2):
         name, message, took = results[rank]["shutdown"]
-        assert (name, message) == ("RpcPeerDiedError", "graceful RPC shutdown cannot complete: "
-                                                       "worker 'worker1' (rank 1) died or left")
+        assert name == "RpcPeerDiedError"
+        # worker0 shuts down last: by then worker2 may have left too (it is named if so)
+        assert re.fullmatch(r"graceful RPC shutdown cannot complete: worker 'worker1' \(rank 1\)"
+                            + (r"(, worker 'worker2' \(rank 2\))?" if rank == 0 else "")
+                            + r" died or left", message), message
         assert took < 15.0  # seen above 5 s once with the load average at 10 on 2 cores
 
 
