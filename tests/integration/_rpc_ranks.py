@@ -499,6 +499,9 @@ def rref_lifetime(rank: int, ws: int) -> dict[str, Any]:
         gc.collect()
         out["chain_freed"] = rpc.rpc_sync("worker1", wait_freed, args=("chain", 15.0))
         out["owner_table"] = rpc.rpc_sync("worker1", owner_table_size)
+        _side_store().set("rref checks done", "1")
+    else:  # a graceful shutdown deletes this worker's user RRefs (worker2's kept fork) first
+        _side_store().wait(["rref checks done"])
     rpc.shutdown()
     return out
 
