@@ -14,9 +14,8 @@ Guarantees kept here:
 - a client silent in the middle of a frame for longer than the handshake timeout is closed
   (slowloris), as is a client that closes mid-frame;
 - the loop never raises: an unexpected error closes the connection it came from;
-- ``retire`` (a master's store closed) stops listening at once but serves the connected clients
-  until they have all left, or until a deadline (RINGTORCH_STORE_LINGER_S), then stops; ``close``
-  stops at once (the standalone server on SIGTERM).
+- ``retire`` (a master's store closed) stops listening at once, serves the connected clients
+  until they have left (at most RINGTORCH_STORE_LINGER_S), then stops; ``close`` stops at once.
 """
 
 from __future__ import annotations
@@ -139,27 +138,22 @@ class StoreServer(StoreOps):
             self._thread.join(5.0)
 
     def retire(self, linger_s: float) -> None:
-        """Stop listening now; serve the connected clients until they have all disconnected
-        (or ``linger_s`` seconds have passed), then stop as close() does. Returns once the
-        port is released, without waiting for the clients."""
+        """Stop listening now, serve the connected clients until they have all left (at most
+        ``linger_s`` s), then stop as close() does; returns once the port is free."""
         if self._stopping or os.getpid() != self._pid or not self._thread.is_alive():
             self.close()
             return
         deadline = time.monotonic() + max(linger_s, 0.0)
-        if self._retire_at is None or deadline < self._retire_at:
-            self._retire_at = deadline
+        self._retire_at = min(self._retire_at or deadline, deadline)
         self._wake()
         if threading.current_thread() is not self._thread:
             self._unlistened.wait(5.0)
 
     def wait_for_clients(self, ignore: set[str], deadline: float) -> int:
-        """Block until every connection but those from ``ignore`` (peers as "host:port") has
-        closed or gone idle, the server has stopped, or ``deadline`` (monotonic) has passed;
-        returns how many were still in use.
-
-        Idle: no blocking request parked and no bytes sent for IDLE_CLIENT_S. A peer that is
-        connected but busy elsewhere (training on, or stuck) does not hold the exit; a peer in
-        the middle of its last round trips (milliseconds apart) does."""
+        """Block until every connection but ``ignore``'s (peers as "host:port") has closed or
+        gone idle (nothing parked, silent for IDLE_CLIENT_S: a peer training on or stuck does
+        not hold the exit, one in its last round trips does), the server has stopped, or
+        ``deadline`` (monotonic) has passed; returns how many were still in use."""
         delay = 0.001
         while self._thread.is_alive() and not self._stopping:
             busy_since = time.monotonic() - IDLE_CLIENT_S
