@@ -138,7 +138,7 @@ def test_many_mixed_back_to_back_collectives_are_all_correct():
 
 
 def test_mixed_collectives_with_rotating_one_shot_areas_and_staged_chunks_are_all_correct():
-    # world 2 on 2 cores: one-shot all_reduces of 16-512 KiB rotate through 4 MiB slots
+    # world 2 on 2 cores: one-shot all_reduces of 16-256 KiB rotate through 4 MiB slots
     # (shm_plan.ROTATE_HALF), between staged ones (> 256 KiB here) whose reduced slices are
     # read a round after they are written, and the other collectives
     knobs = {"SHM_CHUNK_BYTES": 64 * 1024, "SHM_ONESHOT_BYTES": 256 * 1024}
