@@ -15,6 +15,7 @@ from torch import nn
 from ringtorch import distributed as dist
 from ringtorch.nn.parallel import DistributedDataParallel as DDP
 from ringtorch.nn.parallel import Join, comm_hooks
+from ringtorch.nn.parallel import reducer as reducer_module
 
 
 class Net(nn.Module):
@@ -77,6 +78,9 @@ def zero_grad(params: Any) -> None:
 def _init(world_size: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", world_size=world_size)
+    # the test models' buckets are a few KiB: put them in shared memory all the same, so that
+    # every scenario (Join's shadow iterations included) runs over shared-memory buckets too
+    reducer_module.SHARED_BUCKET_MIN_BYTES = 0
 
 
 def _state(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -130,6 +134,23 @@ def scenarios(rank: int, world_size: int, cases: list[dict[str, Any]]) -> list[d
     _init(world_size)
     try:
         return [train(rank, world_size, **case) for case in cases]
+    finally:
+        dist.destroy_process_group()
+
+
+def shared_threshold(rank: int, world_size: int) -> dict[str, list[bool]]:
+    """Which buckets live in shared memory with the default 1 MiB threshold, for the test net
+    with 512-wide layers (l2.weight is 1 MiB; the other buckets are a few KiB)."""
+    _init(world_size)
+    reducer_module.SHARED_BUCKET_MIN_BYTES = 1 << 20
+    try:
+        torch.manual_seed(0)
+        found = {}
+        for view in (False, True):
+            ddp = DDP(Net(width=512), gradient_as_bucket_view=view)
+            found[f"view={view}"] = [_in_dev_shm(b.buffer) for b in ddp.reducer._buckets]
+            found[f"buckets view={view}"] = ddp.reducer.buckets
+        return found
     finally:
         dist.destroy_process_group()
 

@@ -120,6 +120,13 @@ def test_buckets_of_several_parameters_or_views_live_in_the_groups_shared_memory
         assert r["in_shared_memory"] == [True] * 8
 
 
+def test_only_buckets_of_a_mebibyte_or_more_go_to_shared_memory_by_default():
+    for found in run_ranks(ranks.shared_threshold, 2, timeout=60):
+        assert found["buckets view=False"] == [[7, 6, 5, 4, 3], [2], [1, 0]]
+        assert found["view=False"] == [False, False, False]  # l2.weight alone: in place
+        assert found["view=True"] == [False, True, False]  # its 1 MiB bucket is shared
+
+
 SHM_OFF_CASES = ["default-buckets", "gradient-as-bucket-view", "unused-with-bucket-view"]
 
 
