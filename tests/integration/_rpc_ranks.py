@@ -572,11 +572,15 @@ def _side_store() -> Any:
 
 def shutdown_timeout(rank: int, ws: int, marker: str) -> tuple[str, str, float]:
     """Worker 1 shuts down with a 0.5 s timeout while worker 0 is still busy; worker 0 shuts
-    down once worker 1's shutdown has given up (it creates ``marker``)."""
+    down once worker 1's shutdown has given up (it creates ``marker``) and it has seen worker 1
+    leave (else its own report may wait at the leader until it does: another message)."""
     start(rank, ws)
     if rank == 0:
-        deadline = time.monotonic() + 30
-        while not os.path.exists(marker) and time.monotonic() < deadline:
+        from ringtorch.distributed.rpc.agent import current_agent
+
+        deadline = time.monotonic() + 30  # worker1 gave up and left, and we have seen it leave
+        while (not os.path.exists(marker) or 1 not in current_agent().dead) and (
+                time.monotonic() < deadline):
             time.sleep(0.01)
         return timed_error(rpc.shutdown)
     result = timed_error(rpc.shutdown, True, 0.5)
