@@ -19,6 +19,8 @@ scaling are the caller's, as for the socket algorithms.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ringtorch._wire.shm_domain import Desc
@@ -28,14 +30,22 @@ from ringtorch.collectives.reduce_op import ByteReducer
 
 
 def all_reduce(space: ShmSpace, buf: np.ndarray, reduce: ByteReducer, itemsize: int,
-               desc: Desc, deadline: float) -> None:
-    """Reduce ``buf`` (uint8) across ranks, in place on every rank."""
+               desc: Desc, deadline: float,
+               finish: Callable[[np.ndarray], None] | None = None) -> None:
+    """Reduce ``buf`` (uint8) across ranks, in place on every rank.
+
+    ``finish``, when given, is applied in place to every reduced element exactly once, before
+    anyone copies it (AVG's division: in the staged plan each slice is divided by the rank
+    that reduced it, while it is still in cache, instead of in a pass over the whole buffer
+    afterwards on every rank)."""
     steps = space.plan("all_reduce", buf.nbytes, itemsize, desc, deadline)
     if steps.oneshot:
         _all_reduce_oneshot(space, buf, reduce, steps, desc, deadline)
+        if finish is not None:
+            finish(buf)
     else:
         _all_reduce_staged(space, buf, reduce, itemsize, steps.chunks, steps.chunk_nbytes,
-                           desc, deadline)
+                           desc, deadline, finish)
 
 
 def _all_reduce_oneshot(space: ShmSpace, buf: np.ndarray, reduce: ByteReducer, steps: Plan,
@@ -52,7 +62,7 @@ def _all_reduce_oneshot(space: ShmSpace, buf: np.ndarray, reduce: ByteReducer, s
 
 def _all_reduce_staged(space: ShmSpace, buf: np.ndarray, reduce: ByteReducer, itemsize: int,
                        chunks: tuple[tuple[int, int], ...], chunk_nbytes: int, desc: Desc,
-                       deadline: float) -> None:
+                       deadline: float, finish: Callable[[np.ndarray], None] | None) -> None:
     r, p = space.rank, space.size
     # ranks 0 and 1 reduce their slice in place in their buffer (their own operand can be
     # the left-to-right reduction's accumulator) and then publish it; the others reduce into
@@ -74,9 +84,13 @@ def _all_reduce_staged(space: ShmSpace, buf: np.ndarray, reduce: ByteReducer, it
         operands = [own if j == r else space.view(j, base + s0, s1 - s0) for j in range(p)]
         if in_place:
             reduce_in_rank_order(own, operands, r, reduce)
+            if finish is not None:
+                finish(own)
             np.copyto(out, own)
         else:
             reduce_in_rank_order(out, operands, -1, reduce)
+            if finish is not None:
+                finish(out)
         if pending is not None:
             _collect(space, buf, itemsize, pending, chunk_nbytes, in_place)
         pending = (a, b, base)

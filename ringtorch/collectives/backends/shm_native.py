@@ -55,6 +55,13 @@ _NUMPY_NATIVE = {torch.float32, torch.float64, torch.int64, torch.int32, torch.i
                  torch.uint8, torch.bool, torch.complex64, torch.complex128, torch.float16}
 
 
+# dtypes whose AVG division the staged all_reduce applies slice by slice, with NumPy: the
+# same IEEE division as finish_avg's div_ (bit for bit), without torch's intra-op threads,
+# which a collective's waits would have to share the cores with
+_DIVIDED_IN_PLACE = {torch.float32: np.float32, torch.float64: np.float64,
+                     torch.float16: np.float16}
+
+
 def _bytes(tensor: torch.Tensor) -> Any:
     """The bytes of a flat contiguous tensor as a uint8 array (reduce_op.as_bytes, faster for
     the dtypes NumPy has: a collective's fixed cost is a few microseconds)."""
@@ -204,11 +211,26 @@ class ShmNativeBackend(NativeBackend):
             if at is not None and at[1] == data.nbytes and self._shared is not None:
                 desc = desc._replace(detail=desc.detail | (at[0] + 1) << SHARED_SHIFT)
                 self._shared.all_reduce(at[0], reducer, buf.element_size(), desc, deadline)
+            elif kind is RedOpType.AVG and buf.dtype in _DIVIDED_IN_PLACE:
+                shm_reduce.all_reduce(space, data, reducer, buf.element_size(), desc, deadline,
+                                      self._avg_finisher(buf.dtype))
+                return
             else:
                 shm_reduce.all_reduce(space, data, reducer,
                                       buf.element_size(), desc, deadline)
             if kind is RedOpType.AVG:
                 finish_avg(buf, self.size)
+
+    def _avg_finisher(self, dtype: torch.dtype) -> Any:
+        """AVG's division applied to reduced bytes of ``dtype`` as they are produced (the bits
+        are finish_avg's)."""
+        size, np_dtype = self.size, _DIVIDED_IN_PLACE[dtype]
+
+        def finish(reduced: Any) -> None:
+            values = reduced.view(np_dtype)
+            np.divide(values, size, out=values)
+
+        return finish
 
     def reduce(self, buf: torch.Tensor, op: Any, root: int, seq: int, deadline: float) -> None:
         """See base class."""
