@@ -257,7 +257,7 @@ class _SlowGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        time.sleep(0.5)
+        time.sleep(1.5)
         return grad
 
 

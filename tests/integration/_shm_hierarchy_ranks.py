@@ -108,18 +108,21 @@ def killed_rank(rank: int, world_size: int, hosts: str, victim: int) -> dict[str
 
 
 def late_rank(rank: int, world_size: int, hosts: str, late: int,
-              sleep_s: float) -> tuple[str, str]:
-    """Every rank runs broadcast #1; rank ``late`` then sleeps ``sleep_s`` while the others run
-    all_reduce #2 with a 1 s deadline; every rank returns its error."""
+              marker_dir: str) -> tuple[str, str]:
+    """Every rank runs broadcast #1; rank ``late`` then waits while the others run
+    all_reduce #2 with a 1 s deadline, and arrives once they have given up; every rank returns
+    its error."""
     b = backend(rank, world_size, "late", hosts)
     b.broadcast(torch.zeros(4), 0, 1, time.monotonic() + 20)
     if rank == late:
-        time.sleep(sleep_s)
+        _shm_ranks.wait_until_the_others_are_done(rank, world_size, marker_dir)
     try:
         b.all_reduce(torch.zeros(4), ReduceOp.SUM, 2, time.monotonic() + 1.0)
         error = ("no error", "")
     except Exception as exc:
         error = (type(exc).__name__, str(exc))
+    if rank != late:
+        _shm_ranks.say_done(rank, marker_dir)
     b.close()
     return error
 

@@ -281,19 +281,34 @@ def killed_rank(rank: int, world_size: int, victim: int) -> dict[str, Any]:
             "later_after": later_after, "ops": seq}
 
 
-def late_rank(rank: int, world_size: int, late: int) -> dict[str, Any]:
-    """Every rank runs broadcast #1; rank ``late`` then sleeps while the others run
-    all_reduce #2 with a 1.5 s deadline."""
+def wait_until_the_others_are_done(rank: int, world_size: int, marker_dir: str) -> None:
+    """Until every other rank has called ``say_done`` (at most 30 s): a late rank that must
+    arrive only after the others gave up on it, whatever the machine's load."""
+    deadline = time.monotonic() + 30
+    others = [os.path.join(marker_dir, f"done{r}") for r in range(world_size) if r != rank]
+    while not all(os.path.exists(p) for p in others) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def say_done(rank: int, marker_dir: str) -> None:
+    open(os.path.join(marker_dir, f"done{rank}"), "w").close()
+
+
+def late_rank(rank: int, world_size: int, late: int, marker_dir: str) -> dict[str, Any]:
+    """Every rank runs broadcast #1; rank ``late`` then waits while the others run
+    all_reduce #2 with a 1.5 s deadline, and arrives once they have given up."""
     b = backend(rank, world_size, "late")
     b.broadcast(torch.zeros(4), 0, 1, time.monotonic() + 20)
     start = time.monotonic()
     if rank == late:
-        time.sleep(2.5)
+        wait_until_the_others_are_done(rank, world_size, marker_dir)
     try:
         b.all_reduce(torch.zeros(4), ReduceOp.SUM, 2, time.monotonic() + 1.5)
         error = ("no error", "")
     except Exception as exc:
         error = (type(exc).__name__, str(exc))
+    if rank != late:
+        say_done(rank, marker_dir)
     after = time.monotonic() - start
     b.close()
     return {"error": error, "after": after}

@@ -1,6 +1,6 @@
 """Communication overlaps backward: early buckets are reduced while later gradients are computed.
 
-The model's first layer has a backward that sleeps 0.5 s, so its gradients come last and late.
+The model's first layer has a backward that sleeps 1.5 s, so its gradients come last and late.
 With one parameter per bucket, the buckets of the later layers are launched as soon as their
 gradients exist; the test checks, from the order of recorded events (no timing), that the first
 bucket's all_reduce has not only started but finished before the first layer's gradient exists.

@@ -76,8 +76,8 @@ def test_a_rank_killed_mid_all_reduce_fails_the_others_within_seconds_naming_it(
         assert res["later_after"] < 1.0, res
 
 
-def test_a_late_rank_times_out_the_others_naming_it_and_where_it_is():
-    results = run_ranks(ranks.late_rank, 2, args=(1,), timeout=30)
+def test_a_late_rank_times_out_the_others_naming_it_and_where_it_is(tmp_path):
+    results = run_ranks(ranks.late_rank, 2, args=(1, str(tmp_path)), timeout=60)
     name, message = results[0]["error"]
     assert name == "ShmPeerError", message
     assert re.fullmatch(
