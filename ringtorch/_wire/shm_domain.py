@@ -32,6 +32,8 @@ Segment header (little-endian u64 words; what each rank writes into its *own* se
     offset   16  owner pid
     offset   24  half: bytes of each of the two data slots the owner offers
     offset   64  round: rounds entered so far (its own cache line; the signal)
+    offset   72  sleepers: set to 1 by a peer about to sleep on the round word's futex;
+                 the owner clears it and wakes them after storing a new round (futex.py)
     offset  128  aborted: 0, or 1 once the owner aborted the group
     offset  136  length of the abort reason; offset 144..399: reason, UTF-8
     offset  448  now descriptor: seq + 1 (0: none yet), kind, detail, nbytes (the first word
@@ -52,12 +54,14 @@ from datetime import timedelta
 from typing import NamedTuple, NoReturn
 
 from ringtorch._errors import DistBackendError
+from ringtorch._wire import futex
 from ringtorch._wire.shm import PAGE, Segment
 
 MAGIC = int.from_bytes(b"RTSHM\0\0\1", "little")
 VERSION = 1
 W_MAGIC, W_VERSION, W_PID, W_HALF = 0, 1, 2, 3
 W_ROUND = 8
+W_SLEEPERS = 9
 W_ABORTED, W_REASON_LEN = 16, 17
 REASON_OFFSET, REASON_MAX = 144, 256
 W_NOW = 56
@@ -131,6 +135,8 @@ class ShmDomain:
         self.on_failure: Callable[[str], None] | None = None
         self._failure: str | None = None
         self._op_start = 0.0
+        self._round_addrs: dict[int, int] = {}  # rank -> address of its round word (futex)
+        self._round_addrs_generation = -1
 
     # -- descriptors and rounds ----------------------------------------------------------------
 
@@ -181,8 +187,12 @@ class ShmDomain:
     def _signal_and_wait(self, t: int, desc: Desc, deadline: float) -> None:
         if self._failure is not None:
             raise DistBackendError(self._failure)
-        self.words[self.rank][W_ROUND] = t
         words = self.words
+        own = words[self.rank]
+        own[W_ROUND] = t
+        if own[W_SLEEPERS]:  # a peer sleeps on our round word: wake it now
+            own[W_SLEEPERS] = 0
+            futex.wake(self._round_addr(self.rank))
         for j in self.peers:
             if words[j][W_ROUND] < t:
                 self._wait_peer(j, t, desc, deadline)
@@ -202,10 +212,26 @@ class ShmDomain:
                 next_check = now + CHECK_INTERVAL_S
             if now - start < YIELD_PHASE_S:
                 os.sched_yield()
+            elif futex.available:
+                seen = word[W_ROUND]
+                word[W_SLEEPERS] = 1  # j wakes us when it stores its next round
+                if seen < t:
+                    futex.wait(self._round_addr(j), seen, nap)
+                nap = min(nap * 2, SLEEP_MAX_S)
             else:
                 time.sleep(nap)
                 nap = min(nap * 2, SLEEP_MAX_S)
             now = time.monotonic()
+
+    def _round_addr(self, j: int) -> int:
+        """Address of rank j's round word in this process (mappings move when segments grow)."""
+        if self._round_addrs_generation != self.generation:
+            self._round_addrs = {}
+            self._round_addrs_generation = self.generation
+        found = self._round_addrs.get(j)
+        if found is None:
+            found = self._round_addrs[j] = futex.address_of(self.segments[j].buf, 8 * W_ROUND)
+        return found
 
     def _check_late(self, t: int, desc: Desc, deadline: float, now: float) -> None:
         """Raise if this wait cannot end well: a late peer died, aborted or is elsewhere."""
@@ -249,6 +275,7 @@ class ShmDomain:
         own = self.segments[self.rank]
         offer = target if own.grow(DATA_OFFSET + 2 * target) else self.half
         self.words[self.rank] = own.buf.cast("Q")
+        self._round_addrs_generation = -1  # our round word moved
         self.words[self.rank][W_HALF] = offer
         self.arrive(desc, deadline)
         agreed = min(self.words[r][W_HALF] for r in range(self.size))
