@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ringtorch._wire.shm_domain import Desc
+from ringtorch.collectives.algorithms.shm_plan import Plan, area_offset
 from ringtorch.collectives.algorithms.shm_space import ShmSpace
 
 
@@ -21,7 +22,7 @@ def broadcast(space: ShmSpace, buf: np.ndarray, root: int, itemsize: int, desc: 
     steps = space.plan("broadcast", buf.nbytes, itemsize, desc, deadline)
     r = space.rank
     for i, (a, b) in enumerate(steps.chunks):
-        base = space.next_slot()
+        base = _slot_area(space, steps)
         if r == root:
             np.copyto(space.view(r, base, b - a), buf[a:b])
         space.round(i == 0, desc, deadline)
@@ -38,13 +39,21 @@ def all_gather(space: ShmSpace, out: np.ndarray, inp: np.ndarray, itemsize: int,
     r, p = space.rank, space.size
     np.copyto(out[r * m:(r + 1) * m], inp)
     for i, (a, b) in enumerate(steps.chunks):
-        base = space.next_slot()
+        base = _slot_area(space, steps)
         np.copyto(space.view(r, base, b - a), inp[a:b])
         space.round(i == 0, desc, deadline)
         # after the round every rank's chunk [a, b) is in its slot
         for j in range(p):
             if j != r:
                 np.copyto(out[j * m + a:j * m + b], space.view(j, base, b - a))
+
+
+def _slot_area(space: ShmSpace, steps: Plan) -> int:
+    """Byte offset of where this round writes: the next slot, at the plan's rotating area."""
+    base = space.next_slot()
+    if steps.area:
+        base += area_offset(steps, space.domain.round + 1, space.domain.half)
+    return base
 
 
 def barrier(space: ShmSpace, desc: Desc, deadline: float) -> None:

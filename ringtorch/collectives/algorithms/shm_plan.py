@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 LINE = 64
 PAGE = 4096
-# One-shot all_reduces of these sizes write a different area of their slot each time, out of
+# One-round collectives of these sizes write a different area of their slot each time, out of
 # ROTATE_HALF: the area a rank writes is then no longer in its peers' caches (they read it
 # 64 calls of 64 KiB ago), and writing lines a peer still caches is what costs (a 64 KiB
 # copy: ~30 µs into lines the peer just read, ~9 µs into lines it no longer holds; 2 MB:
@@ -30,8 +30,9 @@ class Plan:
         chunks: byte ranges of the per-rank message (or of each per-rank piece), one per round.
         chunk_nbytes: the largest chunk; the slot holds ``slot_factor`` of them per round.
         oneshot: the all_reduce is done in one round, every rank reducing everything.
-        area: a one-shot all_reduce writes one of the slot's ``half // area`` areas of this
-            many bytes, a different one each call (:func:`area_offset`); 0: offset 0.
+        area: a one-round collective (one-shot all_reduce, one-chunk broadcast, all_gather,
+            reduce_scatter) writes one of the slot's ``half // area`` areas of this many bytes,
+            a different one each call (:func:`area_offset`); 0: offset 0.
     """
 
     chunks: tuple[tuple[int, int], ...]
@@ -109,8 +110,11 @@ def wanted_half(op: str, nbytes: int, size: int, chunk_nbytes: int, oneshot_nbyt
             return max(nbytes, ROTATE_HALF) if _rotates(nbytes, rotate) else nbytes
         return 2 * min(nbytes, chunk_nbytes)
     if op == "reduce_scatter":
-        return min(nbytes, max(chunk_nbytes, size * LINE))
-    return min(nbytes, chunk_nbytes)
+        want = min(nbytes, max(chunk_nbytes, size * LINE))
+    else:
+        want = min(nbytes, chunk_nbytes)
+    # a message that takes one round rotates like a one-shot all_reduce
+    return max(want, ROTATE_HALF) if want == nbytes and _rotates(nbytes, rotate) else want
 
 
 def plan(op: str, nbytes: int, itemsize: int, size: int, half: int, chunk_nbytes: int,
@@ -133,9 +137,14 @@ def plan(op: str, nbytes: int, itemsize: int, size: int, half: int, chunk_nbytes
     if op == "reduce_scatter":
         piece = nbytes // size
         chunk = _align_down(min(chunk_nbytes, half) // size, _unit(itemsize))
-        return Plan(chunk_ranges(piece, chunk), chunk)
-    chunk = _align_down(min(chunk_nbytes, half), _unit(itemsize))
-    return Plan(chunk_ranges(nbytes, chunk), chunk)
+        chunks, footprint = chunk_ranges(piece, chunk), size * chunk
+    else:
+        chunk = _align_down(min(chunk_nbytes, half), _unit(itemsize))
+        chunks, footprint = chunk_ranges(nbytes, chunk), chunk
+    # one round, and rotating: write one of the slot's areas in turn, as a one-shot all_reduce
+    area = _round_up(footprint, PAGE)
+    rotating = len(chunks) == 1 and _rotates(nbytes, rotate) and half >= 2 * area
+    return Plan(chunks, chunk, area=area if rotating else 0)
 
 
 def area_offset(plan: Plan, round_: int, half: int) -> int:

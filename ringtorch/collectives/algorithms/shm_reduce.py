@@ -121,6 +121,8 @@ def reduce_scatter(space: ShmSpace, out: np.ndarray, inp: np.ndarray, reduce: By
     c = steps.chunk_nbytes
     for i, (a, b) in enumerate(steps.chunks):
         base = space.next_slot()
+        if steps.area:
+            base += area_offset(steps, space.domain.round + 1, space.domain.half)
         for d in range(p):
             if d != r:
                 np.copyto(space.view(r, base + d * c, b - a), inp[d * m + a:d * m + b])
