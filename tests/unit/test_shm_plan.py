@@ -142,3 +142,21 @@ def test_reduce_scatter_rounds_hold_one_chunk_of_every_piece():
 def test_copies_move_one_chunk_per_round():
     p = plan("broadcast", 3 * MIB + 5, 1, 2, 2 * MIB, 1 * MIB, 0)
     assert p.chunks == ((0, MIB), (MIB, 2 * MIB), (2 * MIB, 3 * MIB), (3 * MIB, 3 * MIB + 5))
+
+
+@pytest.mark.parametrize(("op", "nbytes", "rotates"), [
+    ("broadcast", 64 * KIB, True), ("all_gather", 1 * MIB, True),
+    ("reduce_scatter", 1 * MIB, True),  # one round each
+    ("broadcast", 8 * KIB, False),  # below ROTATE_MIN
+    ("all_gather", 4 * MIB, False), ("broadcast", 64 * MIB, False),  # several rounds
+    ("reduce_scatter", 64 * MIB, True),  # several rounds, and still rotating
+])
+def test_copies_and_reduce_scatter_rotate_where_measured_faster(op, nbytes, rotates):
+    assert wanted_half(op, nbytes, 2, 1 * MIB, 2 * MIB, rotate=True) == (
+        max(min(nbytes, 1 * MIB), ROTATE_HALF) if rotates else min(nbytes, 1 * MIB))
+    p = plan(op, nbytes, 4, 2, ROTATE_HALF, 1 * MIB, 2 * MIB, rotate=True)
+    assert bool(p.area) is rotates
+    assert (area_offset(p, 1, ROTATE_HALF), area_offset(p, 3, ROTATE_HALF)) == (
+        (0, p.area) if rotates else (0, 0))  # consecutive uses of slot 1 write the next area
+    unbound = plan(op, nbytes, 4, 2, ROTATE_HALF, 1 * MIB, 2 * MIB, rotate=False)
+    assert unbound.area == 0  # ranks sharing CPUs never rotate
