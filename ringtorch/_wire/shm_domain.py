@@ -242,21 +242,24 @@ class ShmDomain:
             self._fail(f"{self._what(desc)} failed: {external}", [])
         late = [j for j in self.peers if self.words[j][W_ROUND] < t]
         for j in late:
+            name = self._name(j)
             if self.words[j][W_ABORTED]:
-                self._fail(f"{self._what(desc)} failed: rank {j} aborted the group: "
-                           f"{self._reason(j)}", [j])
+                self._fail(f"{self._what(desc)} failed: rank {name} aborted the group: "
+                           f"{self._reason(j)}", [name])
             theirs = self._read_desc(j, W_NOW)
             if theirs.seq == desc.seq and theirs != desc:
-                self._fail(self._mismatch(desc, j, theirs), [j])
+                self._fail(self._mismatch(desc, j, theirs), [name])
             if not self.segments[j].owner_alive():
                 pid = self.words[j][W_PID]
-                self._fail(f"{self._what(desc)} failed: rank {j} (pid {pid}) died or left the "
-                           f"group (its process no longer holds its shared-memory segment)", [j])
+                self._fail(f"{self._what(desc)} failed: rank {name} (pid {pid}) died or left "
+                           f"the group (its process no longer holds its shared-memory segment)",
+                           [name])
         if now > deadline:
             where = "; ".join(self._where(j) for j in late)
             waited = timedelta(seconds=round(now - self._op_start))
-            self._fail(f"{self._what(desc)} timed out after {waited}: ranks {late} did not "
-                       f"arrive ({where})", late)
+            names = [self._name(j) for j in late]
+            self._fail(f"{self._what(desc)} timed out after {waited}: ranks {names} did not "
+                       f"arrive ({where})", names)
 
     # -- growth --------------------------------------------------------------------------------
 
@@ -343,12 +346,18 @@ class ShmDomain:
 
     # -- helpers -------------------------------------------------------------------------------
 
+    def _name(self, j: int) -> int:
+        """The rank number messages give domain member j (a subclass whose members are a
+        subset of a group names them by their group ranks)."""
+        return j
+
     def _what(self, desc: Desc) -> str:
-        return f"{self.describe(desc)} on group '{self.group}' (rank {self.rank})"
+        return f"{self.describe(desc)} on group '{self.group}' (rank {self._name(self.rank)})"
 
     def _mismatch(self, mine: Desc, j: int, theirs: Desc) -> str:
-        return (f"collective mismatch on group '{self.group}': rank {self.rank} called "
-                f"{self.describe(mine)} but rank {j} called {self.describe(theirs)}")
+        return (f"collective mismatch on group '{self.group}': rank {self._name(self.rank)} "
+                f"called {self.describe(mine)} but rank {self._name(j)} called "
+                f"{self.describe(theirs)}")
 
     def _reason(self, j: int) -> str:
         n = min(self.words[j][W_REASON_LEN], REASON_MAX)
@@ -370,7 +379,8 @@ class ShmDomain:
 
     def _where(self, j: int) -> str:
         now = self._read_desc(j, W_NOW)
-        return f"rank {j} is at " + ("no collective yet" if now.seq < 0 else self.describe(now))
+        return (f"rank {self._name(j)} is at "
+                + ("no collective yet" if now.seq < 0 else self.describe(now)))
 
 
 def _round_up(n: int, multiple: int) -> int:

@@ -49,7 +49,7 @@ import torch
 from ringtorch import _config
 from ringtorch._errors import DistBackendError
 from ringtorch._wire.mesh import NO_REDOP, NO_ROOT
-from ringtorch._wire.shm_domain import W_ABORTED, W_NOW, W_PID, W_ROUND, Desc, ShmDomain
+from ringtorch._wire.shm_domain import Desc, ShmDomain
 from ringtorch._wire.shm_setup import open_domain
 from ringtorch.collectives.algorithms import direct, recursive_doubling, ring, shm_copy, shm_reduce, tree
 from ringtorch.collectives.algorithms.hierarchical import SubLink, Topology
@@ -90,46 +90,8 @@ class HostDomain(ShmDomain):
 
     names: list[int]
 
-    def _what(self, desc: Desc) -> str:
-        return f"{self.describe(desc)} on group '{self.group}' (rank {self.names[self.rank]})"
-
-    def _mismatch(self, mine: Desc, j: int, theirs: Desc) -> str:
-        return (f"collective mismatch on group '{self.group}': rank {self.names[self.rank]} "
-                f"called {self.describe(mine)} but rank {self.names[j]} called "
-                f"{self.describe(theirs)}")
-
-    def _where(self, j: int) -> str:
-        now = self._read_desc(j, W_NOW)
-        return (f"rank {self.names[j]} is at "
-                + ("no collective yet" if now.seq < 0 else self.describe(now)))
-
-    def _check_late(self, t: int, desc: Desc, deadline: float, now: float) -> None:
-        """ShmDomain's checks, naming group ranks."""
-        if self._failure is not None:
-            raise DistBackendError(self._failure)
-        external = self.poll_failure() if self.poll_failure is not None else None
-        if external is not None:
-            self._fail(f"{self._what(desc)} failed: {external}", [])
-        late = [j for j in self.peers if self.words[j][W_ROUND] < t]
-        for j in late:
-            name = self.names[j]
-            if self.words[j][W_ABORTED]:
-                self._fail(f"{self._what(desc)} failed: rank {name} aborted the group: "
-                           f"{self._reason(j)}", [name])
-            theirs = self._read_desc(j, W_NOW)
-            if theirs.seq == desc.seq and theirs != desc:
-                self._fail(self._mismatch(desc, j, theirs), [name])
-            if not self.segments[j].owner_alive():
-                pid = self.words[j][W_PID]
-                self._fail(f"{self._what(desc)} failed: rank {name} (pid {pid}) died or left "
-                           f"the group (its process no longer holds its shared-memory segment)",
-                           [name])
-        if now > deadline:
-            where = "; ".join(self._where(j) for j in late)
-            waited = timedelta(seconds=round(now - self._op_start))
-            names = [self.names[j] for j in late]
-            self._fail(f"{self._what(desc)} timed out after {waited}: ranks {names} did not "
-                       f"arrive ({where})", names)
+    def _name(self, j: int) -> int:
+        return self.names[j]
 
 
 def open_hierarchy(b: ShmNativeBackend, deadline: float) -> tuple[Hierarchy | None, str]:
