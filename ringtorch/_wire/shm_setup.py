@@ -58,13 +58,13 @@ def open_domain(store: Any, rank: int, size: int, group: str, host: str, enabled
     segments: list[Segment] | None = None
     try:
         store.set(f"{prefix}/seg/{rank}", json.dumps(record))
-        records = [json.loads(v) for v in _wait_keys(
+        records = [json.loads(v) for v in read_keys(
             store, [f"{prefix}/seg/{r}" for r in range(size)], deadline)]
         why = _group_reason(records)
         segments = None if why else _attach_all(records, rank, own)
         store.set(f"{prefix}/mapped/{rank}",
                   "ok" if segments or why else f"rank {rank} could not map the segments")
-        verdicts = [v.decode() for v in _wait_keys(
+        verdicts = [v.decode() for v in read_keys(
             store, [f"{prefix}/mapped/{r}" for r in range(size)], deadline)]
         why = why or next((v for v in verdicts if v != "ok"), "")
     except BaseException:
@@ -154,7 +154,14 @@ def _attach_all(records: list[dict[str, Any]], rank: int, own: Segment | None) -
     return segments
 
 
-def _wait_keys(store: Any, keys: list[str], deadline: float) -> list[bytes]:
+def read_keys(store: Any, keys: list[str], deadline: float,
+              what: str = "setting up shared memory") -> list[bytes]:
+    """The values of ``keys`` once all exist, read in one round trip.
+
+    Raises:
+        DistBackendError: some key did not appear before ``deadline`` ("<what> failed: ...",
+            naming the missing keys).
+    """
     remaining = max(0.001, deadline - time.monotonic())
     try:
         store.wait(keys, timedelta(seconds=remaining))
@@ -163,8 +170,8 @@ def _wait_keys(store: Any, keys: list[str], deadline: float) -> list[bytes]:
         with contextlib.suppress(Exception):
             missing = [k for k in keys if not store.check([k])]
         raise DistBackendError(
-            f"setting up shared memory failed: store keys {missing or keys} did not appear "
-            f"within {remaining:.1f} s ({exc})") from exc
+            f"{what} failed: store keys {missing or keys} did not appear within "
+            f"{remaining:.1f} s ({exc})") from exc
     # one round trip for all values: the ranks that already have theirs may leave setup at
     # once, and the one hosting the store server may even exit (seed 003's programs do)
     try:

@@ -37,20 +37,16 @@ reported by the rank that waits for it directly, and its abort reaches the other
 
 from __future__ import annotations
 
-import contextlib
 import json
-import time
-from datetime import timedelta
 from typing import Any
 
 import numpy as np
 import torch
 
 from ringtorch import _config
-from ringtorch._errors import DistBackendError
 from ringtorch._wire.mesh import NO_REDOP, NO_ROOT
 from ringtorch._wire.shm_domain import Desc, ShmDomain
-from ringtorch._wire.shm_setup import open_domain
+from ringtorch._wire.shm_setup import open_domain, read_keys
 from ringtorch.collectives.algorithms import direct, recursive_doubling, ring, shm_copy, shm_reduce, tree
 from ringtorch.collectives.algorithms.hierarchical import SubLink, Topology
 from ringtorch.collectives.algorithms.link import ScratchPool
@@ -104,8 +100,8 @@ def open_hierarchy(b: ShmNativeBackend, deadline: float) -> tuple[Hierarchy | No
         DistBackendError: a rank did not publish its records before ``deadline``.
     """
     ctx = b.ctx
-    records = [json.loads(v) for v in _read_keys(
-        ctx.store, [f"rt_shm/seg/{r}" for r in range(ctx.size)], deadline)]
+    records = [json.loads(v) for v in read_keys(
+        ctx.store, [f"rt_shm/seg/{r}" for r in range(ctx.size)], deadline, _SETUP)]
     if any(rec["why"] for rec in records):
         return None, ""
     topo = Topology.from_hosts([rec["host"] for rec in records])
@@ -123,8 +119,8 @@ def open_hierarchy(b: ShmNativeBackend, deadline: float) -> tuple[Hierarchy | No
         why = f"rank {ctx.rank}: {why}" if why else ""
     try:
         ctx.store.set(f"rt_shm/hier/{ctx.rank}", why or "ok")
-        verdicts = [v.decode() for v in _read_keys(
-            ctx.store, [f"rt_shm/hier/{r}" for r in range(ctx.size)], deadline)]
+        verdicts = [v.decode() for v in read_keys(
+            ctx.store, [f"rt_shm/hier/{r}" for r in range(ctx.size)], deadline, _SETUP)]
     except BaseException:
         if domain is not None:
             domain.close()
@@ -144,21 +140,7 @@ def open_hierarchy(b: ShmNativeBackend, deadline: float) -> tuple[Hierarchy | No
     return Hierarchy(b, topo, space), ""
 
 
-def _read_keys(store: Any, keys: list[str], deadline: float) -> list[bytes]:
-    remaining = max(0.001, deadline - time.monotonic())
-    try:
-        store.wait(keys, timedelta(seconds=remaining))
-    except Exception as exc:  # every store names its timeout error differently
-        missing = []
-        with contextlib.suppress(Exception):
-            missing = [k for k in keys if not store.check([k])]
-        raise DistBackendError(
-            f"setting up hierarchical shared memory failed: store keys {missing or keys} did "
-            f"not appear within {remaining:.1f} s ({exc})") from exc
-    try:
-        return list(store.multi_get(keys))
-    except NotImplementedError:  # a user's store that only implements get
-        return [store.get(k) for k in keys]
+_SETUP = "setting up hierarchical shared memory"
 
 
 class Hierarchy:
