@@ -67,6 +67,8 @@ def run_all_ops(rank: int, ws: int) -> dict[str, Any]:
         _movements(out, rank, ws, dtype)
     _extras(out, rank, ws)
     dist.barrier()
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    out["uses_shm"] = bool(getattr(backend, "uses_shm", False))
     dist.destroy_process_group()
     return out
 

@@ -1,8 +1,9 @@
-"""Every collective x world sizes 1-4 x ten dtypes, against NumPy.
+"""Every collective x world sizes 1-4 x ten dtypes, against NumPy, with the same-host fast
+path on (shared memory) and off (RINGTORCH_SHM=0: Unix sockets).
 
-One world per size runs every case (tests/integration/_collectives_ranks.py) and sends back
-what each rank got; the tests here rebuild every rank's inputs (a pure function of rank,
-dtype and salt) and compute the expected result with NumPy, never with ringtorch.
+One world per size and fast-path setting runs every case (tests/integration/_collectives_ranks.py)
+and sends back what each rank got; the tests here rebuild every rank's inputs (a pure function
+of rank, dtype and salt) and compute the expected result with NumPy, never with ringtorch.
 """
 
 from __future__ import annotations
@@ -19,9 +20,30 @@ from tests.integration import _collectives_ranks as R
 WORLDS = [1, 2, 3, 4]
 
 
+_FAST_PATH = {"RINGTORCH_SHM": "1"}  # what the running test's ``fast_path`` parameter set
+
+
+@pytest.fixture(autouse=True, params=["shm", "sockets"])
+def fast_path(request: pytest.FixtureRequest) -> str:
+    """Every test runs twice: shared memory on, and off."""
+    _FAST_PATH["RINGTORCH_SHM"] = "1" if request.param == "shm" else "0"
+    return request.param
+
+
 @functools.cache
+def _results(ws: int, shm: str) -> list[dict]:
+    return run_ranks(R.run_all_ops, ws, timeout=90, env={"RINGTORCH_SHM": shm})
+
+
 def results(ws: int) -> list[dict]:
-    return run_ranks(R.run_all_ops, ws, timeout=90)
+    return _results(ws, _FAST_PATH["RINGTORCH_SHM"])
+
+
+@pytest.mark.parametrize("ws", WORLDS)
+def test_the_group_uses_shared_memory_exactly_when_the_fast_path_is_on(
+        ws: int, fast_path: str) -> None:
+    for rank, res in enumerate(results(ws)):
+        assert res["uses_shm"] is (fast_path == "shm" and ws > 1), f"rank {rank}"
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
