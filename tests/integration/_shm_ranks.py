@@ -101,6 +101,14 @@ def run_case(b: ShmNativeBackend, case: dict[str, Any], seq: int) -> Any:
         out = torch.empty(n, dtype=dtype)
         b.reduce_scatter(out, make(dtype, r, salt, n * ws), redop(case["redop"]), seq, deadline)
         return out
+    if op == "gather":
+        out = torch.empty(n * ws, dtype=dtype) if r == root else None
+        b.gather(out, make(dtype, r, salt, n), root, seq, deadline)
+        return out
+    if op == "scatter":
+        out = torch.empty(n, dtype=dtype)
+        b.scatter(out, make(dtype, r, salt, n * ws) if r == root else None, root, seq, deadline)
+        return out
     if op == "barrier":
         b.barrier(seq, deadline)
         return None
@@ -219,7 +227,8 @@ def mismatch(rank: int, world_size: int, kind: str) -> tuple[str, str]:
         elif kind == "redop":
             b.all_reduce(x, ReduceOp.MAX, 1, deadline)
         elif kind == "socket_op":
-            b.gather(torch.zeros(8 * world_size), x, rank, 1, deadline)
+            split = [8 // world_size] * world_size  # all_to_all stays on the sockets
+            b.all_to_all(torch.zeros(8), x, split, split, 1, deadline)
         b.barrier(2, deadline)  # a rank that finished #1 learns at its next call
     except Exception as exc:
         return type(exc).__name__, str(exc)

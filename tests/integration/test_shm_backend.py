@@ -78,10 +78,13 @@ def _cases(ws: int) -> list[dict]:
             for coll in ("all_reduce", "reduce", "reduce_scatter"):
                 cases.append({"key": f"{coll}-{dtype}-{op}", "op": coll, "dtype": dtype, "n": N,
                               "salt": len(cases), "redop": op, "root": ws - 1})
-        for coll, root in (("broadcast", 0), ("broadcast", ws - 1), ("all_gather", 0)):
+        for coll, root in (("broadcast", 0), ("broadcast", ws - 1), ("all_gather", 0),
+                           ("gather", 0), ("gather", ws - 1), ("scatter", 0),
+                           ("scatter", ws - 1)):
             cases.append({"key": f"{coll}{root}-{dtype}", "op": coll, "dtype": dtype, "n": N,
                           "salt": len(cases), "root": root})
-    for coll in ("all_reduce", "reduce", "reduce_scatter", "broadcast", "all_gather"):
+    for coll in ("all_reduce", "reduce", "reduce_scatter", "broadcast", "all_gather", "gather",
+                 "scatter"):
         cases.append({"key": f"{coll}-empty", "op": coll, "dtype": torch.float32, "n": 0,
                       "salt": 0, "redop": "SUM", "root": 0})
         cases.append({"key": f"{coll}-random", "op": coll, "dtype": torch.float32, "n": 5000,
@@ -95,14 +98,16 @@ def _cases(ws: int) -> list[dict]:
 def _expected(case: dict, ws: int, rank: int) -> torch.Tensor | None:
     op, dtype, n, salt = case["op"], case["dtype"], case["n"], case["salt"]
     make = ranks.random_input if case.get("random") else ranks.make_input
-    per = n * ws if op == "reduce_scatter" else n
+    per = n * ws if op in ("reduce_scatter", "scatter") else n
     inputs = [make(dtype, r, salt, per) for r in range(ws)]
-    if op == "barrier" or (op == "reduce" and rank != case["root"]):
+    if op == "barrier" or (op in ("reduce", "gather") and rank != case["root"]):
         return None
     if op == "broadcast":
         return inputs[case["root"]]
-    if op == "all_gather":
+    if op in ("all_gather", "gather"):
         return torch.cat(inputs)
+    if op == "scatter":
+        return inputs[case["root"]][rank * n:(rank + 1) * n]
     total = rank_order_sum(inputs) if case.get("random") else expected_reduce(inputs, case["redop"])
     return total[rank * n:(rank + 1) * n] if op == "reduce_scatter" else total
 

@@ -1,4 +1,5 @@
-"""Broadcast, all_gather and barrier through shared memory: copy in, one round, copy out.
+"""Broadcast, all_gather, gather, scatter and barrier through shared memory: copy in, one
+round, copy out.
 
 A message larger than a round's chunk goes through the two data slots chunk by chunk: while
 the readers copy chunk c out of one slot, the writers already copy chunk c + 1 into the other
@@ -48,6 +49,52 @@ def all_gather(space: ShmSpace, out: np.ndarray, inp: np.ndarray, itemsize: int,
                 np.copyto(out[j * m + a:j * m + b], space.view(j, base, b - a))
 
 
+def gather(space: ShmSpace, out: np.ndarray | None, inp: np.ndarray, root: int, itemsize: int,
+           desc: Desc, deadline: float) -> None:
+    """Root's ``out`` (size * inp.nbytes, uint8) receives every rank's ``inp`` in rank order;
+    the others pass ``out`` None."""
+    m = inp.nbytes
+    steps = space.plan("gather", m, itemsize, desc, deadline)
+    r, p = space.rank, space.size
+    if r == root:
+        assert out is not None
+        np.copyto(out[r * m:(r + 1) * m], inp)
+    for i, (a, b) in enumerate(steps.chunks):
+        base = _slot_area(space, steps)
+        if r != root:
+            np.copyto(space.view(r, base, b - a), inp[a:b])
+        space.round(i == 0, desc, deadline)
+        # after the round every non-root's chunk [a, b) is in its slot until round + 2
+        if r == root:
+            assert out is not None
+            for j in range(p):
+                if j != r:
+                    np.copyto(out[j * m + a:j * m + b], space.view(j, base, b - a))
+
+
+def scatter(space: ShmSpace, out: np.ndarray, inp: np.ndarray | None, root: int, itemsize: int,
+            desc: Desc, deadline: float) -> None:
+    """Rank r's ``out`` (uint8) receives piece r of root's ``inp`` (size pieces of
+    ``out.nbytes``); the others pass ``inp`` None. A round's slot holds one chunk of every
+    piece, as reduce_scatter's does."""
+    m, r, p = out.nbytes, space.rank, space.size
+    steps = space.plan("scatter", p * m, itemsize, desc, deadline)
+    c = steps.chunk_nbytes
+    if r == root:
+        assert inp is not None
+        np.copyto(out, inp[r * m:(r + 1) * m])
+    for i, (a, b) in enumerate(steps.chunks):
+        base = _slot_area(space, steps)
+        if r == root:
+            assert inp is not None
+            for d in range(p):
+                if d != r:
+                    np.copyto(space.view(r, base + d * c, b - a), inp[d * m + a:d * m + b])
+        space.round(i == 0, desc, deadline)
+        if r != root:
+            np.copyto(out[a:b], space.view(root, base + r * c, b - a))
+
+
 def _slot_area(space: ShmSpace, steps: Plan) -> int:
     """Byte offset of where this round writes: the next slot, at the plan's rotating area."""
     base = space.next_slot()
@@ -61,4 +108,4 @@ def barrier(space: ShmSpace, desc: Desc, deadline: float) -> None:
     space.domain.arrive(desc, deadline)
 
 
-__all__ = ["all_gather", "barrier", "broadcast"]
+__all__ = ["all_gather", "barrier", "broadcast", "gather", "scatter"]

@@ -109,7 +109,7 @@ def wanted_half(op: str, nbytes: int, size: int, chunk_nbytes: int, oneshot_nbyt
         if takes_one_round(nbytes, size, oneshot_nbytes):
             return max(nbytes, ROTATE_HALF) if _rotates(nbytes, rotate) else nbytes
         return 2 * min(nbytes, chunk_nbytes)
-    if op == "reduce_scatter":
+    if op in ("reduce_scatter", "scatter"):
         want = min(nbytes, max(chunk_nbytes, size * LINE))
     else:
         want = min(nbytes, chunk_nbytes)
@@ -144,7 +144,7 @@ def plan(op: str, nbytes: int, itemsize: int, size: int, half: int, chunk_nbytes
             return Plan(((0, nbytes),), nbytes, oneshot=True, area=area if rotating else 0)
         chunk = _align_down(min(chunk_nbytes, half // 2), _unit(itemsize, size))
         return Plan(chunk_ranges(nbytes, chunk), chunk)
-    if op == "reduce_scatter":
+    if op in ("reduce_scatter", "scatter"):  # a round holds one chunk of every piece
         piece = nbytes // size
         chunk = _align_down(min(chunk_nbytes, half) // size, _unit(itemsize))
         chunks, footprint = chunk_ranges(piece, chunk), size * chunk

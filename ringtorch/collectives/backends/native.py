@@ -41,6 +41,7 @@ from ringtorch.collectives.backends.native_status import (
     SoloLink,
     StatusBoard,
     check_peer,
+    check_rooted,
     check_sizes,
     check_splits,
     describe_header,
@@ -363,10 +364,7 @@ class NativeBackend(Backend):
                deadline: float) -> None:
         """See base class."""
         self._check_root(root, "gather")
-        if self.rank == root:
-            if out is None:
-                raise ValueError("gather: the root must pass an output tensor")
-            check_sizes("gather", out, inp, self.size)
+        check_rooted("gather", self.rank, root, out, inp, self.size)
         with self._collective("gather", seq, deadline):
             inp_bytes = as_bytes(inp)
             link = self._link("gather", inp.dtype, NO_REDOP, root, seq, inp_bytes.nbytes)
@@ -376,10 +374,7 @@ class NativeBackend(Backend):
                 deadline: float) -> None:
         """See base class."""
         self._check_root(root, "scatter")
-        if self.rank == root:
-            if inp is None:
-                raise ValueError("scatter: the root must pass an input tensor")
-            check_sizes("scatter", inp, out, self.size)
+        check_rooted("scatter", self.rank, root, inp, out, self.size)
         with self._collective("scatter", seq, deadline):
             out_bytes = as_bytes(out)
             link = self._link("scatter", out.dtype, NO_REDOP, root, seq, out_bytes.nbytes)

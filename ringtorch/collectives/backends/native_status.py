@@ -127,6 +127,16 @@ def check_sizes(op: str, big: torch.Tensor, small: torch.Tensor, factor: int) ->
                          f"{factor * small.numel()} elements, got {big.numel()}")
 
 
+def check_rooted(op: str, rank: int, root: int, whole: torch.Tensor | None,
+                 piece: torch.Tensor, size: int) -> None:
+    """gather's output / scatter's input (``whole``) is the root's, and holds ``size`` pieces."""
+    if rank == root:
+        if whole is None:
+            kind = "output" if op == "gather" else "input"
+            raise ValueError(f"{op}: the root must pass an {kind} tensor")
+        check_sizes(op, whole, piece, size)
+
+
 def check_splits(rank: int, size: int, out: torch.Tensor, inp: torch.Tensor,
                  out_splits: list[int], in_splits: list[int]) -> None:
     """all_to_all's splits must cover the tensors, one entry per rank, self-sizes equal."""
@@ -225,5 +235,5 @@ class SoloLink:
 
 
 __all__ = ["DTYPES", "DTYPE_CODES", "OP_CODES", "OP_NAMES", "Scope", "SoloLink", "StatusBoard",
-           "check_peer", "check_sizes", "check_splits", "describe_header", "frame_sizes",
+           "check_peer", "check_rooted", "check_sizes", "check_splits", "describe_header", "frame_sizes",
            "missing_report"]

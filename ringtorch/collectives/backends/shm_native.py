@@ -2,11 +2,11 @@
 
 When every rank of the group is on this host (same host identity: hostname + boot id, or
 RINGTORCH_HOST_ID), has RINGTORCH_SHM on and could create its segment, the group's
-all_reduce, reduce_scatter, all_gather, broadcast, reduce and barrier run through shared
-memory (algorithms/shm_*.py) instead of sockets; every rank takes the same decision at
-construction (through the group's store), so no rank runs shared memory while a peer runs
-sockets. Everything else (gather, scatter, all_to_all, send/recv) uses the socket path of
-NativeBackend unchanged. A group spanning hosts uses shared memory within each host and
+all_reduce, reduce_scatter, all_gather, broadcast, reduce, gather, scatter and barrier run
+through shared memory (algorithms/shm_*.py) instead of sockets; every rank takes the same
+decision at construction (through the group's store), so no rank runs shared memory while a
+peer runs sockets. all_to_all (whose splits differ per rank) and send/recv use the socket
+path of NativeBackend unchanged. A group spanning hosts uses shared memory within each host and
 sockets between hosts (shm_hierarchy.py) when some host has two or more of its ranks.
 
 Failure handling is NativeBackend's: a shared-memory wait that finds a peer dead (its segment
@@ -14,7 +14,7 @@ lock released), aborted, in another collective or past the deadline aborts the b
 (ABORT frames to the peers), and every later call raises with that cause. A peer's death seen
 first on the sockets (EOF on a reader thread) also ends a shared-memory wait, within a
 millisecond or so. Socket collectives publish their descriptor in the segment too, so a rank
-waiting in shared memory for a peer stuck in, say, a gather says so at once.
+waiting in shared memory for a peer stuck in, say, an all_to_all says so at once.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from ringtorch.collectives.backends.native import NativeBackend
 from ringtorch.collectives.backends.native_status import (
     DTYPE_CODES,
     OP_CODES,
+    check_rooted,
     check_sizes,
     describe_header,
 )
@@ -304,19 +305,37 @@ class ShmNativeBackend(NativeBackend):
             shm_copy.barrier(space, self._desc("barrier", seq, torch.uint8, NO_REDOP, -1, 0),
                              deadline)
 
-    # -- collectives that stay on sockets: publish where this rank is -----------------------------
-
     def gather(self, out: torch.Tensor | None, inp: torch.Tensor, root: int, seq: int,
                deadline: float) -> None:
         """See base class."""
-        self._publish("gather", seq, inp, root)
-        super().gather(out, inp, root, seq, deadline)
+        space = self._space
+        if space is None:
+            self._publish("gather", seq, inp, root)
+            return super().gather(out, inp, root, seq, deadline)
+        self._check_root(root, "gather")
+        check_rooted("gather", self.rank, root, out, inp, self.size)
+        with self._collective("gather", seq, deadline):
+            inp_bytes = _bytes(inp)
+            desc = self._desc("gather", seq, inp.dtype, NO_REDOP, root, inp_bytes.nbytes)
+            shm_copy.gather(space, None if out is None else _bytes(out), inp_bytes, root,
+                            inp.element_size(), desc, deadline)
 
     def scatter(self, out: torch.Tensor, inp: torch.Tensor | None, root: int, seq: int,
                 deadline: float) -> None:
         """See base class."""
-        self._publish("scatter", seq, out, root)
-        super().scatter(out, inp, root, seq, deadline)
+        space = self._space
+        if space is None:
+            self._publish("scatter", seq, out, root)
+            return super().scatter(out, inp, root, seq, deadline)
+        self._check_root(root, "scatter")
+        check_rooted("scatter", self.rank, root, inp, out, self.size)
+        with self._collective("scatter", seq, deadline):
+            out_bytes = _bytes(out)
+            desc = self._desc("scatter", seq, out.dtype, NO_REDOP, root, out_bytes.nbytes)
+            shm_copy.scatter(space, out_bytes, None if inp is None else _bytes(inp), root,
+                             out.element_size(), desc, deadline)
+
+    # -- collectives that stay on sockets: publish where this rank is -----------------------------
 
     def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
                    in_splits: list[int], seq: int, deadline: float) -> None:
