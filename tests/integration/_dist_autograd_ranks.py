@@ -213,3 +213,32 @@ def seed004_one_step(rank: int, world_size: int) -> dict[str, Any]:
             out["dec"] = rpc.rpc_sync("ps", module_context_grads, args=(model.decoder_rref, cid))
     rpc.shutdown()
     return out
+
+
+# ---- RRef.backward ------------------------------------------------------------------------
+
+
+def sum_of_squares(t: torch.Tensor) -> torch.Tensor:
+    return (t * t).sum()
+
+
+def rref_backward_scenario(rank: int, world_size: int) -> dict[str, Any]:
+    """Worker 0: a distributed RRef.backward through worker 1, local ones on its own RRefs,
+    and the errors; worker 1 owns the remote value."""
+    start(rank, world_size)
+    out: dict[str, Any] = {}
+    if rank == 0:
+        t = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+        with dist_autograd.context() as cid:
+            remote_loss = rpc.remote("worker1", sum_of_squares, args=(t,))
+            remote_loss.backward(cid)
+            out["distributed"] = dist_autograd.get_gradients(cid)[t].clone()
+            out["grad_untouched"] = t.grad is None
+        x = torch.tensor([3.0, -1.0], requires_grad=True)
+        rpc.RRef((x * x * x).sum()).backward()
+        out["local"] = x.grad.clone()
+        out["not_owner"] = error_of(remote_loss.backward)
+        out["not_a_tensor"] = error_of(rpc.RRef([1.0]).backward)
+        out["unknown_context"] = error_of(remote_loss.backward, 12345)
+    rpc.shutdown()
+    return out

@@ -66,3 +66,28 @@ def test_errors_as_in_torch() -> None:
     assert out["no_grad_root"] == ("RuntimeError", "requires_grad not set on root")
     assert out["unknown"] == ("RuntimeError", "Could not find autograd context with id: 12345")
     assert out["unknown_get"] == out["unknown"]
+
+
+@functools.cache
+def rref_backward() -> dict:
+    return run_ranks(R.rref_backward_scenario, 2, timeout=60)[0]
+
+
+def test_rref_backward_with_a_context_runs_the_distributed_pass_from_the_owner() -> None:
+    # d/dt sum(t^2) = 2t, delivered into the caller's context, never into .grad
+    assert torch.equal(rref_backward()["distributed"], torch.tensor([2.0, 4.0, 6.0]))
+    assert rref_backward()["grad_untouched"]
+
+
+def test_rref_backward_without_a_context_is_a_local_backward_on_the_owner() -> None:
+    assert torch.equal(rref_backward()["local"], torch.tensor([27.0, 3.0]))  # 3 x^2
+
+
+def test_rref_backward_errors() -> None:
+    name, message = rref_backward()["not_owner"]
+    assert name == "RuntimeError"
+    assert "only the owner (worker1) may run" in message, message
+    name, message = rref_backward()["not_a_tensor"]
+    assert name == "RuntimeError" and "RRef should contain a tensor for .backward()" in message
+    name, message = rref_backward()["unknown_context"]
+    assert "Could not find autograd context with id: 12345" in message, message

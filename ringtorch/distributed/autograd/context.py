@@ -54,6 +54,13 @@ class Container:
         self.contexts: dict[int, DistAutogradContext] = {}
         self._counter = itertools.count(1)
 
+    def backward(self, context_id: int, roots: list[torch.Tensor], retain_graph: bool) -> None:
+        """``dist_autograd.backward`` for RPC code, which may not import this package
+        (``RRef.backward`` on the owner)."""
+        from ringtorch.distributed.autograd import api
+
+        api.backward(context_id, roots, retain_graph)
+
     def new_context(self) -> DistAutogradContext:
         ctx = DistAutogradContext((self.worker_id << 48) + next(self._counter))
         with self.lock:

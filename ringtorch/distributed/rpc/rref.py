@@ -17,6 +17,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Generic, TypeVar
 
+import torch
+
 from ringtorch.distributed.rpc import _serialization, messages
 from ringtorch.distributed.rpc._rref_context import (
     Id,
@@ -163,6 +165,32 @@ class RRef(Generic[T]):
 
         return _Proxy(self, api.remote, timeout)
 
+    def backward(self, dist_autograd_ctx_id: int = -1, retain_graph: bool = False) -> None:
+        """Run a backward pass from this RRef's value (a scalar tensor), as torch's does.
+
+        With ``dist_autograd_ctx_id``, a distributed backward of that context starting on the
+        owner (read the gradients with ``dist_autograd.get_gradients``); without it, a local
+        ``value.backward()``, which only the owner may call.
+
+        Raises:
+            RuntimeError: a local backward on a worker that is not the owner, a value that is
+                not a tensor, or what ``dist_autograd.backward`` raises.
+        """
+        if dist_autograd_ctx_id == -1:
+            if not self.is_owner():
+                raise RuntimeError(
+                    f"RRef.backward without a dist_autograd_ctx_id runs a local backward, which "
+                    f"only the owner ({self._owner.name}) may run; pass the context id for a "
+                    f"distributed backward")
+            _tensor_value(self).backward(retain_graph=retain_graph)
+        elif self.is_owner():
+            _backward_on_owner(self, dist_autograd_ctx_id, retain_graph)
+        else:
+            from ringtorch.distributed.rpc import api
+
+            api.rpc_sync(self._owner, _backward_on_owner,
+                         args=(self, dist_autograd_ctx_id, retain_graph))
+
     def _get_future(self) -> Future[Any]:
         """A future completed when the owner has created the value (torch's private API)."""
         if self._created is None:
@@ -241,6 +269,24 @@ def _rebuild_rref(data: tuple[Id, int, Id | None, int]) -> RRef[Any]:
 
 
 _serialization.register_reducer(RRef, _reduce_rref)
+
+
+def _tensor_value(rref: RRef[Any]) -> Any:
+    value = rref.local_value()
+    if not isinstance(value, torch.Tensor):
+        raise RuntimeError(f"RRef should contain a tensor for .backward(), but {rref!r} holds "
+                           f"a {type(value).__name__}")
+    return value
+
+
+def _backward_on_owner(rref: RRef[Any], context_id: int, retain_graph: bool) -> None:
+    """(on the owner) The distributed backward of ``rref.backward(context_id)``: run by the
+    autograd hook, as rpc/ may not import distributed autograd."""
+    value = _tensor_value(rref)
+    hook = current_agent().autograd_hook
+    if hook is None:
+        raise RuntimeError(f"Could not find autograd context with id: {context_id}")
+    hook.backward(context_id, [value], retain_graph)
 
 
 def _type_on_owner(rref: RRef[Any]) -> type:
