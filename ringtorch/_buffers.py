@@ -199,6 +199,8 @@ def byte_view(tensor: torch.Tensor) -> memoryview:
     flat = tensor.reshape(-1)
     if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
         raise ValueError("byte_view needs a contiguous tensor")
+    if flat.stride(0) != 1:  # one element with a 0 stride (autograd's expanded gradients)
+        flat = flat.as_strided((flat.numel(),), (1,))
     return memoryview(flat.view(torch.uint8).numpy()).cast("B")
 
 

@@ -1,0 +1,35 @@
+"""_buffers.byte_view: the bytes of any contiguous tensor, shared with it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ringtorch._buffers import byte_view
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.arange(6, dtype=torch.float32).reshape(2, 3),
+    lambda: torch.tensor(3.0).expand(1),          # one element, stride 0 (autograd's grads)
+    lambda: torch.tensor([[1.5]]).expand(1, 1),
+    lambda: torch.tensor([1.0, -2.0], dtype=torch.bfloat16),
+], ids=["2d", "expanded-scalar", "expanded-1x1", "bfloat16"])
+def test_byte_view_gives_the_tensors_bytes(make) -> None:
+    t = make()
+    fresh = torch.empty(t.shape, dtype=t.dtype).copy_(t)  # new memory, strides (.., 1)
+    want = fresh.view(-1).view(torch.uint8).numpy().tobytes()
+    assert bytes(byte_view(t)) == want
+
+
+def test_byte_view_shares_memory_with_the_tensor() -> None:
+    t = torch.zeros(4, dtype=torch.int32)
+    np.frombuffer(byte_view(t), dtype=np.int32)[:] = 0  # readable as the tensor's dtype
+    view = byte_view(t)
+    view[0:4] = np.int32(7).tobytes()
+    assert t[0].item() == 7
+
+
+def test_byte_view_refuses_a_non_contiguous_tensor() -> None:
+    with pytest.raises(ValueError, match="byte_view needs a contiguous tensor"):
+        byte_view(torch.zeros(4, 4).t())
