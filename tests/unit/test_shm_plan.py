@@ -74,10 +74,10 @@ def test_a_one_shot_all_reduce_that_does_not_fit_the_slot_is_staged():
 @pytest.mark.parametrize(("nbytes", "size", "one_round"), [
     (1 * MIB, 2, True),  # a rank reads 1 MiB of its peer's
     (1 * MIB + 64, 2, False),
-    (512 * KIB, 3, True),  # 2 peers x 512 KiB
-    (512 * KIB + 64, 3, False),
-    (256 * KIB, 5, True),
-    (300 * KIB, 5, False),
+    (256 * KIB, 3, True),  # 2 peers x 256 KiB: from 3 ranks the cap is 512 KiB of reads
+    (256 * KIB + 64, 3, False),
+    (128 * KIB, 5, True),
+    (129 * KIB, 5, False),
     (0, 4, True),
 ])
 def test_one_round_while_what_a_rank_reads_from_its_peers_is_under_the_knob(nbytes, size,

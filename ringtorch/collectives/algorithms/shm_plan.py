@@ -20,6 +20,7 @@ PAGE = 4096
 # 0.75 ms instead of 1.2-1.3 ms for the whole all_reduce at load 6).
 ROTATE_MIN, ROTATE_MAX = 16 * 1024, 2 * 1024 * 1024
 ROTATE_HALF = 4 * 1024 * 1024
+ONESHOT_MANY_RANKS = 512 * 1024  # a one-shot all_reduce's reads cap from 3 ranks up
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,12 @@ def takes_one_round(nbytes: int, size: int, oneshot_nbytes: int) -> bool:
     """Whether an all_reduce of ``nbytes`` per rank takes one round, every rank reducing every
     buffer: when what each rank reads from its peers, ``(size - 1) * nbytes``, is at most
     ``oneshot_nbytes``. (Staged, a rank copies about twice as much but reduces only its slice;
-    one-shot costs one round instead of one per chunk plus one, and grows with the group.)"""
-    return nbytes * max(size - 1, 1) <= oneshot_nbytes
+    one-shot costs one round instead of one per chunk plus one, and grows with the group.)
+    With three ranks or more the bound is at most ONESHOT_MANY_RANKS: measured at worlds 3-4
+    on 2 cores, staged won from there (world 4, 512 KB: 195 against 324 µs; world 3, 1 MB: 280
+    against 401 µs), one-shot below it (world 3, 256 KB: 120 against 192 µs)."""
+    reads = nbytes * max(size - 1, 1)
+    return reads <= (oneshot_nbytes if size <= 2 else min(oneshot_nbytes, ONESHOT_MANY_RANKS))
 
 
 def _rotates(nbytes: int, rotate: bool) -> bool:
