@@ -76,6 +76,7 @@ SPIN_ITERS_PINNED = 20000  # ~1.5 ms when every rank has a CPU of its own (spin_
 CHECK_INTERVAL_S = 0.001   # how often a waiting rank checks liveness, aborts and the deadline
 YIELD_PHASE_S = 0.002      # then it sleeps, doubling from SLEEP_MIN_S up to SLEEP_MAX_S
 SLEEP_MIN_S, SLEEP_MAX_S = 20e-6, 500e-6
+LEFT_GRACE_S = 0.25  # how long a peer's departure waits for its reason on the sockets
 
 
 class Desc(NamedTuple):
@@ -223,6 +224,21 @@ class ShmDomain:
                 nap = min(nap * 2, SLEEP_MAX_S)
             now = time.monotonic()
 
+    def _explained_by_sockets(self, desc: Desc) -> None:
+        """A peer left: if it aborted the group on its sockets first (an ABORT frame, read by
+        another thread, may still be on its way), fail with that cause, the real culprit,
+        rather than with "rank j left"; wait for it at most LEFT_GRACE_S."""
+        if self.poll_failure is None:
+            return
+        until = time.monotonic() + LEFT_GRACE_S
+        while True:
+            external = self.poll_failure()
+            if external is not None:
+                self._fail(f"{self._what(desc)} failed: {external}", [])
+            if time.monotonic() >= until:
+                return
+            time.sleep(0.005)
+
     def _round_addr(self, j: int) -> int:
         """Address of rank j's round word in this process (mappings move when segments grow)."""
         if self._round_addrs_generation != self.generation:
@@ -250,6 +266,7 @@ class ShmDomain:
             if theirs.seq == desc.seq and theirs != desc:
                 self._fail(self._mismatch(desc, j, theirs), [name])
             if not self.segments[j].owner_alive():
+                self._explained_by_sockets(desc)
                 pid = self.words[j][W_PID]
                 self._fail(f"{self._what(desc)} failed: rank {name} (pid {pid}) died or left "
                            f"the group (its process no longer holds its shared-memory segment)",
