@@ -9,8 +9,6 @@ drivers compute expected values themselves with torch.
 from __future__ import annotations
 
 import os
-import signal
-import threading
 import time
 from typing import Any
 
@@ -70,41 +68,8 @@ def cases(rank: int, world_size: int, hosts: str, cases: list[dict[str, Any]],
 def killed_rank(rank: int, world_size: int, hosts: str, victim: int) -> dict[str, Any]:
     """``victim`` runs as a forked child SIGKILLed 0.3 s into a stream of 4 MB all_reduces;
     the others report their first error, how long it took to come, and the next call's."""
-    if rank == victim:
-        pid = os.fork()
-        if pid == 0:  # the child plays rank `victim` and dies mid-collective
-            try:
-                b = backend(rank, world_size, "kill", hosts)
-                threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
-                t = torch.ones(1_000_000)
-                for seq in range(1, 100_000):
-                    b.all_reduce(t, ReduceOp.SUM, seq, time.monotonic() + 60)
-            finally:
-                os._exit(1)
-        _, status = os.waitpid(pid, 0)
-        return {"victim_signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-                "pid": pid}
-    b = backend(rank, world_size, "kill", hosts)
-    t = torch.ones(1_000_000)
-    seq, start = 0, time.monotonic()
-    try:
-        while True:
-            seq += 1
-            start = time.monotonic()
-            b.all_reduce(t, ReduceOp.SUM, seq, time.monotonic() + 60)
-    except Exception as exc:
-        failed_after = time.monotonic() - start
-        first = (type(exc).__name__, str(exc))
-    start = time.monotonic()
-    try:
-        b.all_reduce(t, ReduceOp.SUM, seq + 1, time.monotonic() + 60)
-        later: tuple[str, str] = ("no error", "")
-    except Exception as exc:
-        later = (type(exc).__name__, str(exc))
-    later_after = time.monotonic() - start
-    b.close()
-    return {"first": first, "failed_after": failed_after, "later": later,
-            "later_after": later_after, "pid": os.getpid()}
+    return _shm_ranks.kill_during_all_reduces(
+        rank, victim, lambda: backend(rank, world_size, "kill", hosts))
 
 
 def late_rank(rank: int, world_size: int, hosts: str, late: int,

@@ -15,6 +15,7 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -254,11 +255,21 @@ def root_mismatch(rank: int, world_size: int) -> tuple[str, str]:
 def killed_rank(rank: int, world_size: int, victim: int) -> dict[str, Any]:
     """``victim`` runs as a forked child SIGKILLed during a stream of large all_reduces; the
     others report how long their all_reduce took to fail, the error, and the next call's."""
+    result = kill_during_all_reduces(rank, victim, lambda: backend(rank, world_size, "kill"))
+    del result["pid"]
+    return result
+
+
+def kill_during_all_reduces(rank: int, victim: int,
+                            make: Callable[[], ShmNativeBackend]) -> dict[str, Any]:
+    """Rank ``victim`` runs as a forked child SIGKILLed 0.3 s into a stream of 4 MB
+    all_reduces on the backend ``make`` builds; it reports the child's signal, the others
+    their first error, how long it took to come, the next call's error, and their pid."""
     if rank == victim:
         pid = os.fork()
         if pid == 0:  # the child plays rank `victim` and dies mid-collective
             try:
-                b = backend(rank, world_size, "kill")
+                b = make()
                 threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
                 t = torch.ones(1_000_000)
                 for seq in range(1, 100_000):
@@ -266,8 +277,9 @@ def killed_rank(rank: int, world_size: int, victim: int) -> dict[str, Any]:
             finally:
                 os._exit(1)
         _, status = os.waitpid(pid, 0)
-        return {"victim_signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None}
-    b = backend(rank, world_size, "kill")
+        return {"victim_signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+                "pid": pid}
+    b = make()
     t = torch.ones(1_000_000)
     seq, start = 0, time.monotonic()
     try:
@@ -287,7 +299,7 @@ def killed_rank(rank: int, world_size: int, victim: int) -> dict[str, Any]:
     later_after = time.monotonic() - start
     b.close()
     return {"first": first, "failed_after": failed_after, "later": later,
-            "later_after": later_after, "ops": seq}
+            "later_after": later_after, "ops": seq, "pid": os.getpid()}
 
 
 def wait_until_the_others_are_done(rank: int, world_size: int, marker_dir: str) -> None:
