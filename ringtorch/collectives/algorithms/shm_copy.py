@@ -13,7 +13,6 @@ from __future__ import annotations
 import numpy as np
 
 from ringtorch._wire.shm_domain import Desc
-from ringtorch.collectives.algorithms.shm_plan import Plan, area_offset
 from ringtorch.collectives.algorithms.shm_space import ShmSpace
 
 
@@ -23,7 +22,7 @@ def broadcast(space: ShmSpace, buf: np.ndarray, root: int, itemsize: int, desc: 
     steps = space.plan("broadcast", buf.nbytes, itemsize, desc, deadline)
     r = space.rank
     for i, (a, b) in enumerate(steps.chunks):
-        base = _slot_area(space, steps)
+        base = space.next_area(steps)
         if r == root:
             np.copyto(space.view(r, base, b - a), buf[a:b])
         space.round(i == 0, desc, deadline)
@@ -40,7 +39,7 @@ def all_gather(space: ShmSpace, out: np.ndarray, inp: np.ndarray, itemsize: int,
     r, p = space.rank, space.size
     np.copyto(out[r * m:(r + 1) * m], inp)
     for i, (a, b) in enumerate(steps.chunks):
-        base = _slot_area(space, steps)
+        base = space.next_area(steps)
         np.copyto(space.view(r, base, b - a), inp[a:b])
         space.round(i == 0, desc, deadline)
         # after the round every rank's chunk [a, b) is in its slot
@@ -60,7 +59,7 @@ def gather(space: ShmSpace, out: np.ndarray | None, inp: np.ndarray, root: int, 
         assert out is not None
         np.copyto(out[r * m:(r + 1) * m], inp)
     for i, (a, b) in enumerate(steps.chunks):
-        base = _slot_area(space, steps)
+        base = space.next_area(steps)
         if r != root:
             np.copyto(space.view(r, base, b - a), inp[a:b])
         space.round(i == 0, desc, deadline)
@@ -84,7 +83,7 @@ def scatter(space: ShmSpace, out: np.ndarray, inp: np.ndarray | None, root: int,
         assert inp is not None
         np.copyto(out, inp[r * m:(r + 1) * m])
     for i, (a, b) in enumerate(steps.chunks):
-        base = _slot_area(space, steps)
+        base = space.next_area(steps)
         if r == root:
             assert inp is not None
             for d in range(p):
@@ -93,14 +92,6 @@ def scatter(space: ShmSpace, out: np.ndarray, inp: np.ndarray | None, root: int,
         space.round(i == 0, desc, deadline)
         if r != root:
             np.copyto(out[a:b], space.view(root, base + r * c, b - a))
-
-
-def _slot_area(space: ShmSpace, steps: Plan) -> int:
-    """Byte offset of where this round writes: the next slot, at the plan's rotating area."""
-    base = space.next_slot()
-    if steps.area:
-        base += area_offset(steps, space.domain.round + 1, space.domain.half)
-    return base
 
 
 def barrier(space: ShmSpace, desc: Desc, deadline: float) -> None:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ringtorch._wire.shm_domain import Desc
-from ringtorch.collectives.algorithms.shm_plan import Plan, area_offset, split_bytes
+from ringtorch.collectives.algorithms.shm_plan import Plan, split_bytes
 from ringtorch.collectives.algorithms.shm_space import ShmSpace, reduce_in_rank_order
 from ringtorch.collectives.reduce_op import ByteReducer
 
@@ -51,9 +51,7 @@ def all_reduce(space: ShmSpace, buf: np.ndarray, reduce: ByteReducer, itemsize: 
 def _all_reduce_oneshot(space: ShmSpace, buf: np.ndarray, reduce: ByteReducer, steps: Plan,
                         desc: Desc, deadline: float) -> None:
     r, p, n = space.rank, space.size, buf.nbytes
-    base = space.next_slot()
-    if steps.area:
-        base += area_offset(steps, space.domain.round + 1, space.domain.half)
+    base = space.next_area(steps)
     np.copyto(space.view(r, base, n), buf)
     space.domain.arrive(desc, deadline)
     # every rank's buffer is in its slot until round + 2; everyone reduces all of them
@@ -120,9 +118,7 @@ def reduce_scatter(space: ShmSpace, out: np.ndarray, inp: np.ndarray, reduce: By
     steps = space.plan("reduce_scatter", inp.nbytes, itemsize, desc, deadline)
     c = steps.chunk_nbytes
     for i, (a, b) in enumerate(steps.chunks):
-        base = space.next_slot()
-        if steps.area:
-            base += area_offset(steps, space.domain.round + 1, space.domain.half)
+        base = space.next_area(steps)
         for d in range(p):
             if d != r:
                 np.copyto(space.view(r, base + d * c, b - a), inp[d * m + a:d * m + b])

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ringtorch._wire.shm_domain import Desc, ShmDomain
-from ringtorch.collectives.algorithms.shm_plan import Plan, plan, wanted_half
+from ringtorch.collectives.algorithms.shm_plan import Plan, area_offset, plan, wanted_half
 from ringtorch.collectives.reduce_op import ByteReducer
 
 _MAX_CACHED_VIEWS = 4096
@@ -60,6 +60,14 @@ class ShmSpace:
     def next_slot(self) -> int:
         """Byte offset of the data slot of the next round (the one this rank fills now)."""
         return self.domain.slot_offset(self.domain.round + 1)
+
+    def next_area(self, steps: Plan) -> int:
+        """Byte offset of where this rank writes in the next round: the next slot, at the
+        plan's rotating area when it has one (shm_plan.area_offset), else at its start."""
+        base = self.next_slot()
+        if steps.area:
+            base += area_offset(steps, self.domain.round + 1, self.domain.half)
+        return base
 
     def round(self, first: bool, desc: Desc, deadline: float) -> None:
         """Enter the next round: the collective's first (checked against the peers) or a later one."""
