@@ -136,8 +136,6 @@ class ShmDomain:
         self.on_failure: Callable[[str], None] | None = None
         self._failure: str | None = None
         self._op_start = 0.0
-        self._round_addrs: dict[int, int] = {}  # rank -> address of its round word (futex)
-        self._round_addrs_generation = -1
 
     # -- descriptors and rounds ----------------------------------------------------------------
 
@@ -240,14 +238,9 @@ class ShmDomain:
             time.sleep(0.005)
 
     def _round_addr(self, j: int) -> int:
-        """Address of rank j's round word in this process (mappings move when segments grow)."""
-        if self._round_addrs_generation != self.generation:
-            self._round_addrs = {}
-            self._round_addrs_generation = self.generation
-        found = self._round_addrs.get(j)
-        if found is None:
-            found = self._round_addrs[j] = futex.address_of(self.segments[j].buf, 8 * W_ROUND)
-        return found
+        """Address of rank j's round word in this process, from its current mapping (a
+        segment that grew moved); only the sleep and wake paths need it, so not cached."""
+        return futex.address_of(self.segments[j].buf, 8 * W_ROUND)
 
     def _check_late(self, t: int, desc: Desc, deadline: float, now: float) -> None:
         """Raise if this wait cannot end well: a late peer died, aborted or is elsewhere."""
@@ -295,7 +288,6 @@ class ShmDomain:
         own = self.segments[self.rank]
         offer = target if own.grow(DATA_OFFSET + 2 * target) else self.half
         self.words[self.rank] = own.buf.cast("Q")
-        self._round_addrs_generation = -1  # our round word moved
         self.words[self.rank][W_HALF] = offer
         self.arrive(desc, deadline)
         agreed = min(self.words[r][W_HALF] for r in range(self.size))
