@@ -15,6 +15,14 @@ NAMES = {"shm": "ringtorch shm", "sockets": "ringtorch sockets", "gloo": "torch 
          "ringtorch-dist": "ringtorch facade"}
 
 
+def available() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def busbw_plot(cells: list[dict[str, Any]], path: str, ops: list[str] | None = None,
                title: str = "") -> None:
     """Write the figure for ``cells`` (dicts with op, world, bytes, lib, seconds) to ``path``."""

@@ -15,8 +15,9 @@ text around the blocks stays. The collectives area also draws docs/img/busbw.png
 exit 1. Run it on a quiet machine: every table is a measurement, and another job on the same
 cores changes the numbers by 2-5x.
 
-With --quick the page and the plot go to OUT (BENCHMARKS.md, busbw.png) unless --page and
---plot say otherwise, so checking the plumbing never puts tiny-run numbers on the real page.
+With --quick the JSON goes to bench/out/quick/ and the page and the plot to that folder too
+(BENCHMARKS.md, busbw.png) unless --out, --page and --plot say otherwise, so checking the
+plumbing never puts tiny-run numbers on the real page or among a full run's results.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))  # the helpers beside this file, also under `python -m bench.all`
 
 import _page  # noqa: E402
+import _plot  # noqa: E402
 import _report  # noqa: E402
 
 
@@ -97,22 +99,21 @@ def run_area(area: str, out: Path, quick: bool) -> bool:
 
 
 def render(areas: list[str], out: Path, page: Path, plot: Path | None) -> list[str]:
-    """Rewrite the blocks of ``areas`` that have a result in ``out``; return those missing."""
+    """Rewrite the blocks of ``areas`` that have a result in ``out``, then the figure;
+    return the areas without a result."""
     blocks, missing = {}, []
     for area in areas:
         path = out / f"{area}.json"
         if not path.exists():
             missing.append(area)
             continue
-        env = _report.read(path)
-        blocks[area] = _page.block(area, env, regenerate_command(area))
-        if area == PLOT_AREA and plot is not None:
-            from _plot import busbw_plot
-
-            plot.parent.mkdir(parents=True, exist_ok=True)
-            busbw_plot(env["results"]["cells"], str(plot), ["all_reduce"],
-                       title=(env.get("date") or "")[:10])
+        blocks[area] = _page.block(area, _report.read(path), regenerate_command(area))
     page.write_text(_page.splice(page.read_text(), blocks))
+    if plot is not None and PLOT_AREA in blocks:
+        env = _report.read(out / f"{PLOT_AREA}.json")
+        plot.parent.mkdir(parents=True, exist_ok=True)
+        _plot.busbw_plot(env["results"]["cells"], str(plot), ["all_reduce"],
+                   title=(env.get("date") or "")[:10])
     return missing
 
 
@@ -121,8 +122,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--only", help=f"comma-separated areas, of {', '.join(AREAS)}")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes and rounds: checks that everything runs, in a minute")
-    parser.add_argument("--out", type=Path, default=BENCH / "out",
-                        help="where the raw JSON goes (default bench/out/)")
+    parser.add_argument("--out", type=Path, help="where the raw JSON goes (default bench/out/; "
+                        "with --quick bench/out/quick/, so that a quick run never replaces a "
+                        "full run's results)")
     parser.add_argument("--page", type=Path, help="the page to write (default BENCHMARKS.md; "
                         "with --quick OUT/BENCHMARKS.md, a copy of it)")
     parser.add_argument("--plot", type=Path, help="the bus-bandwidth figure (default "
@@ -140,10 +142,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    args.out = args.out or BENCH / "out" / ("quick" if args.quick else "")
     args.out.mkdir(parents=True, exist_ok=True)
     page = args.page or (args.out / "BENCHMARKS.md" if args.quick else ROOT / "BENCHMARKS.md")
     plot = None if args.no_plot else args.plot or (
         args.out / "busbw.png" if args.quick else ROOT / "docs/img/busbw.png")
+    if plot is not None and PLOT_AREA in args.areas and not _plot.available():
+        # said now, not after the benchmarks have run
+        print("bench/all.py: the figure needs matplotlib: pip install 'ringtorch[plot]' "
+              "(or leave it as it is with --no-plot)", file=sys.stderr)
+        return 2
     if args.quick and args.page is None:
         page.write_text((ROOT / "BENCHMARKS.md").read_text())
     failed = []

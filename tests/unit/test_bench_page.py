@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -135,6 +136,33 @@ def test_a_page_without_the_markers_is_refused(tmp_path: Path) -> None:
     assert done.returncode != 0
     assert "the page needs exactly one '<!-- bench/all.py: begin store -->'" in done.stderr
     assert (tmp_path / "page.md").read_text() == "# Benchmarks\n\nNo markers here.\n"
+
+
+def test_the_figure_without_matplotlib_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    fake = tmp_path / "no_matplotlib"
+    fake.mkdir()
+    (fake / "matplotlib.py").write_text("raise ImportError('not installed here')\n")
+    (tmp_path / "page.md").write_text(PAGE)
+    _write_results(tmp_path / "out", collectives=("collectives", COLLECTIVES))
+    done = subprocess.run([sys.executable, str(ALL), "--only", "collectives", "--out",
+                           str(tmp_path / "out"), "--page", str(tmp_path / "page.md"),
+                           "--plot", str(tmp_path / "busbw.png")],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(fake)})
+    assert done.returncode == 2
+    assert "the figure needs matplotlib: pip install 'ringtorch[plot]'" in done.stderr
+    assert "# collectives:" not in done.stderr  # no benchmark ran
+    assert (tmp_path / "page.md").read_text() == PAGE
+
+
+def test_a_result_of_another_format_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "page.md").write_text(PAGE)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "store.json").write_text(json.dumps([{"size": "tiny"}]))  # old rpc.py
+    done = _render(tmp_path, "--only", "store")
+    assert done.returncode == 2
+    assert "store.json: not a benchmark result of format 1" in done.stderr
+    assert (tmp_path / "page.md").read_text() == PAGE
 
 
 def test_an_unknown_area_is_refused(tmp_path: Path) -> None:
