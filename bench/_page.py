@@ -174,7 +174,7 @@ def render_ddp(r: dict[str, Any]) -> str:
              "torch": f"torch DDP x{r['world_size']} (gloo)",
              "ringtorch": f"ringtorch DDP x{r['world_size']}"}
     rows = [[names.get(row["impl"], row["impl"]), ms(row["step_p50_s"]),
-             f"{row['samples_per_s']:.1f}", f"{row['efficiency']:.2f}",
+             f"{row['samples_per_s']:,.1f}", f"{row['efficiency']:.2f}",
              f"{row['vs_independent']:.2f}", ms(row["exposed_comm_s"]),
              ms(row.get("bucket_wait_p50_s")), ms(row["cpu_per_step_s"])] for row in r["rows"]]
     text = table(["configuration", "step p50", "samples/s", "efficiency", "vs no-comm",
