@@ -41,7 +41,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from _report import Recorder  # bench/ is sys.path[0]
+from _plot import busbw_plot  # bench/ is sys.path[0]
+from _report import Recorder
 from _sizes import busbw_factor, human, parse_sizes
 
 LIBS = ("shm", "sockets", "ringtorch-dist", "gloo", "mpi", "ringtorch-mpi")
@@ -417,8 +418,7 @@ def json_results(results: Results, args: argparse.Namespace, memcpy: dict[int, f
                           "seconds": cell_time(results, lib, ws, key, args.repeat_stat),
                           "spread": spread(results, lib, ws, key) or None})
     return {"ops": args.ops, "world_sizes": args.world_sizes, "sizes": args.sizes,
-            "libs": [lib for lib in args.libs if any((lib, ws) in results
-                                                     for ws in args.world_sizes)],
+            "libs": sorted({lib for lib, _ in results}, key=args.libs.index),
             "transport": args.transport, "repeat": args.repeat, "repeat_stat": args.repeat_stat,
             "cells": cells, "memcpy": {str(n): rate for n, rate in memcpy.items()},
             "targets": targets(results, args) if "all_reduce" in args.ops else []}
@@ -489,8 +489,6 @@ def main() -> int:
         print()
         print("\n".join(targets(results, args)))
     if args.plot:
-        from _plot import busbw_plot
-
         busbw_plot(json_results(results, args, memcpy)["cells"], args.plot, args.ops)
         print(f"# plot written to {args.plot}")
     recorder.write(args.json, json_results(results, args, memcpy))
