@@ -140,12 +140,14 @@ class Mailbox:
         """
         view = memoryview(into).cast("B")
         with self._cond:
-            self._raise_if_failed(src)
+            if self._error is not None:
+                raise RecvError(self._error)
             arrived = next((a for a in self._arrived if a.tag == tag
                             and (src is None or a.src == src)), None)
-            if arrived is not None:
+            if arrived is not None:  # sent before its sender left: still delivered
                 self._arrived.remove(arrived)
             else:
+                self._raise_if_failed(src)
                 posted = _Posted(src, tag, view)
                 self._posted.append(posted)
         if arrived is not None:

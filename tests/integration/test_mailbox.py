@@ -110,3 +110,17 @@ def test_control_frames_and_eof_reach_the_event_handler(boxes):
     while len(events[2]) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert events[2][1][:2] == (1, "eof")
+
+
+def test_a_message_sent_before_its_sender_left_is_still_delivered(boxes):
+    (m0, m1, _), _ = boxes
+    deadline = time.monotonic() + 5
+    m0.send(1, 3, b"last words", deadline)
+    m0.send(1, 4, b"!", deadline)
+    assert m1.recv(bytearray(1), 0, 4, deadline) == 0  # one stream: tag 3 arrived before it
+    m1.fail_peer(0, RuntimeError("rank 0 has closed its process group"))
+    got = bytearray(10)
+    assert m1.recv(got, 0, 3, deadline) == 0 and got == b"last words"
+    with pytest.raises(RecvError) as failed:
+        m1.recv(got, 0, 3, deadline)
+    assert str(failed.value.args[0]) == "rank 0 has closed its process group"
