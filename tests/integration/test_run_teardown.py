@@ -133,3 +133,25 @@ def test_the_guardians_sweep_kills_only_the_processes_carrying_the_jobs_mark() -
         for proc in (marked, other_job, unmarked):
             proc.kill()
             proc.wait()
+
+
+DIES_HOLDING_A_SEGMENT = r"""
+import os, sys
+from ringtorch._wire.shm import Segment
+if os.environ["RANK"] == "1":
+    segment = Segment.create(132 * 1024)  # as in shared-memory setup, before peers map it
+    with open(os.path.join(os.environ["OUT_DIR"], "segment"), "w") as f:
+        f.write(segment.name)
+    os._exit(3)  # dies without unlinking it
+"""
+
+
+def test_a_segment_left_by_a_dying_worker_is_gone_when_the_job_ends(tmp_path: Path) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(DIES_HOLDING_A_SEGMENT)
+    result = subprocess.run([sys.executable, "-m", "ringtorch.launcher", "--nproc-per-node", "2",
+                             str(script)], env={**os.environ, "OUT_DIR": str(tmp_path)},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "exit code 3" in result.stderr, result.stderr
+    name = (tmp_path / "segment").read_text()
+    assert not os.path.exists(os.path.join("/dev/shm", name))  # at once: no age to wait for
