@@ -14,7 +14,12 @@ from typing import Any
 from ringtorch.distributed.rpc import messages
 from ringtorch.distributed.rpc._interfaces import Agent, Handler
 from ringtorch.distributed.rpc._rref_context import Id, _OwnerEntry
-from ringtorch.distributed.rpc._server import Deferred, is_future, remote_error_payload
+from ringtorch.distributed.rpc._server import (
+    REMOTE_MESSAGE_ATTR,
+    Deferred,
+    is_future,
+    remote_error_payload,
+)
 from ringtorch.distributed.rpc._state import current_rrefs
 from ringtorch.distributed.rpc._workerinfo import WorkerInfo
 from ringtorch.distributed.rpc.extensions import register_handler
@@ -28,7 +33,7 @@ def fail_entry(me: WorkerInfo, entry: _OwnerEntry, exc: BaseException) -> None:
         exc = RuntimeError(repr(exc))
     _, message = remote_error_payload(me, exc)
     try:
-        exc._rpc_remote_message = message  # type: ignore[attr-defined]
+        setattr(exc, REMOTE_MESSAGE_ATTR, message)
     except AttributeError:
         pass
     if not entry.future.done():

@@ -37,6 +37,9 @@ from ringtorch.distributed.rpc._workerinfo import WorkerInfo
 from ringtorch.distributed.rpc.errors import RpcError
 
 RESCUE_AFTER_S = 0.01
+# An exception raised by a remote() creation carries the text of its reply (with the owner's
+# traceback) under this attribute, so that every later fetch raises the same text.
+REMOTE_MESSAGE_ATTR = "_rpc_remote_message"
 
 
 class ServedAgent(Agent, Protocol):
@@ -160,7 +163,7 @@ def _user_frames(tb: Any) -> Any:
 
 def remote_error_payload(worker: WorkerInfo, exc: BaseException) -> tuple[type, str]:
     """(type, message) of an exception raised while serving, the remote traceback included."""
-    message = getattr(exc, "_rpc_remote_message", None)
+    message = getattr(exc, REMOTE_MESSAGE_ATTR, None)
     if message is None and isinstance(exc, RpcError):
         message = str(exc)  # the framework's own errors say all there is to say
     if message is None:

@@ -198,7 +198,7 @@ class RRef(Generic[T]):
         if self._created is None:
             done: Future[Any] = Future()
             if self._error is not None:
-                done.set_exception(self._error)  # type: ignore[arg-type]
+                done.set_exception(self._error)
             else:
                 done.set_result(None)
             return done
