@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch.futures
+
 from ringtorch.distributed.rpc import messages
 from ringtorch.distributed.rpc._interfaces import Agent, Handler
 from ringtorch.distributed.rpc._rref_context import Id, _OwnerEntry
@@ -70,7 +72,7 @@ def settle_entry(me: WorkerInfo, entry: _OwnerEntry, run: Callable[[], Any]) -> 
 class _AsyncValue:
     __slots__ = ("future",)
 
-    def __init__(self, future: Any) -> None:
+    def __init__(self, future: torch.futures.Future[Any]) -> None:
         self.future = future
 
 

@@ -31,6 +31,7 @@ from ringtorch import _config
 from ringtorch._wire import sockets
 from ringtorch._wire.handshake import SERVICE_RPC, client_handshake, job_secret
 from ringtorch._wire.mesh import core_per_rank, host_identity
+from ringtorch.store import Store
 
 SOCKET_BUFFER_NBYTES = 4 * 1024 * 1024
 
@@ -177,7 +178,7 @@ def client_connect(address: dict[str, Any], info: bytes,
     return sock, theirs
 
 
-def exchange_addresses(store: Any, rank: int, world_size: int, name: str,
+def exchange_addresses(store: Store, rank: int, world_size: int, name: str,
                        address: dict[str, Any]) -> list[dict[str, Any]]:
     """Publish this worker's address; return every worker's, in rank order.
 

@@ -80,7 +80,7 @@ class Deferred:
 
     __slots__ = ("future",)
 
-    def __init__(self, future: Any) -> None:
+    def __init__(self, future: torch.futures.Future[Any]) -> None:
         self.future = future
 
 
@@ -278,7 +278,9 @@ class Server:
 
     def _dispatch(self, conn: IncomingConnection | _Loopback, message: Message) -> None:
         header = message.header
-        handler = extensions.handler(header.kind)
+        handler = STATE.handlers.get(header.kind)
+        if handler is None:  # a kind of an extension not loaded yet, or an unknown kind
+            handler = extensions.handler(header.kind)
         try:
             if handler is None:
                 raise RuntimeError(f"unknown RPC message kind {header.kind} from worker "
@@ -340,7 +342,7 @@ class Server:
 
     def _reply_later(self, conn: IncomingConnection | _Loopback, header: messages.Header,
                      counted: bool) -> Callable[[Any], None]:
-        def done(fut: Any) -> None:
+        def done(fut: torch.futures.Future[Any]) -> None:
             try:
                 value = fut.value()
             except BaseException as exc:
