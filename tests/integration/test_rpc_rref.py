@@ -10,7 +10,6 @@ import gc
 import os
 import signal
 import threading
-import time
 from typing import Any
 
 import torch
@@ -161,9 +160,10 @@ def rref_lifetime(rank: int, ws: int) -> dict[str, Any]:
                                  for i in range(2)]
         # G4: a reference passed back to its owner survives its deletion in flight
         rref = rpc.remote("worker1", Tracked, args=("back", torch.full((2,), 7.0)))
-        fut = rpc.rpc_async("worker1", _slow_local_data, args=(rref,))
+        fut = rpc.rpc_async("worker1", _local_data_once_deleted, args=(rref,))
         del rref
         gc.collect()
+        rpc.rpc_sync("worker1", set_event, args=("caller deleted",))
         out["back_value"] = fut.wait().tolist()
         out["back_freed"] = rpc.rpc_sync("worker1", wait_freed, args=("back", 15.0))
         # a fork passed from worker2 on to worker3-like third party: worker2 -> worker0
@@ -180,8 +180,9 @@ def rref_lifetime(rank: int, ws: int) -> dict[str, Any]:
     return out
 
 
-def _slow_local_data(rref: rpc.RRef[Any]) -> Any:
-    time.sleep(0.3)
+def _local_data_once_deleted(rref: rpc.RRef[Any]) -> Any:
+    """(on the owner) Read the value once the caller has deleted its own reference."""
+    wait_event("caller deleted")
     gc.collect()
     return rref.local_value().data
 

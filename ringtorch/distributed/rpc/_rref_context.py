@@ -76,6 +76,11 @@ class RRefContext:
         agent.on_peer_death(self._peer_died)
         agent.every_tick(self.flush_deletes)
 
+    def close(self) -> None:
+        """RPC is shutting down: user references deleted from now on are not reported, and
+        none may be sent any more."""
+        self.closed = True
+
     def statistics(self) -> RRefStatistics:
         """A consistent snapshot of this context (see ``RRefStatistics``)."""
         with self.lock:

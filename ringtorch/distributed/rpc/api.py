@@ -88,7 +88,7 @@ def _start(name: str, rank: int, world_size: int, options: TensorPipeRpcBackendO
         agent.start(timeout)
     except BaseException:
         STATE.clear_run()
-        rrefs.closed = True
+        rrefs.close()
         agent.close()
         raise
 
@@ -110,7 +110,7 @@ def shutdown(graceful: bool = True, timeout: float = DEFAULT_SHUTDOWN_TIMEOUT) -
             _shutdown.agree_to_close(agent, timeout)
     finally:
         if STATE.rrefs is not None:
-            STATE.rrefs.closed = True
+            STATE.rrefs.close()
         agent.close()
         STATE.clear_run()
 
