@@ -6,6 +6,7 @@ cores), but below the 20 s RPC timeout a library that waited for it would take. 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import pickle
 import re
@@ -123,8 +124,12 @@ def test_g7_the_other_workers_keep_working_and_shutdown_names_the_dead_one() -> 
 
 
 def handshake_guard(rank: int, ws: int, secret: str) -> dict[str, Any]:
-    """Connections without the job secret are refused before anything is unpickled."""
-
+    """Connections without the job secret are refused before anything is unpickled, and the
+    refusals are logged."""
+    logged: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = logged.append  # type: ignore[method-assign]
+    logging.getLogger("ringtorch.distributed.rpc").addHandler(handler)
     os.environ["RINGTORCH_SECRET"] = secret
     start(rank, ws)
     out: dict[str, Any] = {}
@@ -154,6 +159,7 @@ def handshake_guard(rank: int, ws: int, secret: str) -> dict[str, Any]:
             out["raw_closed"] = repr(exc)
         raw.close()
         out["refused_all"] = wait_until(lambda: agent_statistics().refused_connections == 3)
+        out["logged"] = [(r.levelname, r.getMessage().split(" from ")[0]) for r in logged]
         out["canary"] = os.path.exists(canary)
         out["works"] = rpc.rpc_sync("worker1", add, args=(1, 2))
     rpc.shutdown()
@@ -186,6 +192,7 @@ def test_g8_a_connection_without_the_job_secret_is_refused() -> None:
 def test_g8_nothing_a_refused_peer_sends_is_ever_unpickled() -> None:
     out = guarded()
     assert out["refused_all"] is True  # the three connections were refused and closed
+    assert out["logged"] == [("WARNING", "ringtorch RPC: refused a connection")] * 3
     assert out["canary"] is False  # the pickle would have created this file
     assert out["raw_closed"] in (b"", "ConnectionResetError(104, 'Connection reset by peer')")
     assert out["works"] == 3
