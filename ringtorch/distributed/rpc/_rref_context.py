@@ -70,6 +70,8 @@ class RRefContext:
         self.deletes: collections.deque[tuple[int, Id, Id]] = collections.deque()
         self.closed = False
         self._counter = itertools.count()
+        # every value this worker made, while some object here still refers to it
+        self._alive: weakref.WeakValueDictionary[Id, _OwnerEntry] = weakref.WeakValueDictionary()
         self._deletes_sent = 0
         self._deletes_received = 0
         self._forks_recorded = 0
@@ -94,8 +96,19 @@ class RRefContext:
     def new_id(self) -> Id:
         return (self.agent.info.id, next(self._counter))
 
+    def new_entry(self) -> _OwnerEntry:
+        """The entry of a value made here (``RRef(value)``, ``remote()`` to itself)."""
+        entry = _OwnerEntry(self.new_id())
+        with self.lock:
+            self._alive[entry.rref_id] = entry
+        return entry
+
     def entry(self, rref_id: Id) -> _OwnerEntry:
         """The owner entry of ``rref_id``, created pending if another worker made the id.
+
+        A value made here whose forks are all gone is still found while a local RRef holds
+        it: a user's delete (sent at shutdown on its own connection) may overtake the reply
+        that passes its reference back to us.
 
         Raises:
             RuntimeError: this worker made the id and no longer has it.
@@ -104,6 +117,9 @@ class RRefContext:
             found = self.owners.get(rref_id)
             if found is None:
                 if rref_id[0] == self.agent.info.id:
+                    found = self._alive.get(rref_id)
+                    if found is not None:
+                        return found
                     raise RuntimeError(f"RRef {_gid(rref_id)} no longer exists on its owner "
                                        f"{self.agent.info}: every reference to it was deleted")
                 found = self.owners[rref_id] = _OwnerEntry(rref_id)

@@ -57,7 +57,7 @@ class RRef(Generic[T]):
 
     def __init__(self, value: T, type_hint: type | None = None) -> None:
         ctx = current_rrefs()
-        entry = _OwnerEntry(ctx.new_id())
+        entry = ctx.new_entry()
         entry.future.set_result(value)
         self._init(ctx, entry.rref_id, ctx.agent.info, None, entry)
         self._type = type_hint
@@ -344,7 +344,7 @@ def create_remote(agent: RunningAgent, dst: WorkerInfo, func: Callable[..., Any]
     """``rpc.remote``: start ``func`` on ``dst``; return the RRef to its result at once."""
     ctx = current_rrefs()
     if dst.id == agent.info.id:
-        entry = _OwnerEntry(ctx.new_id())
+        entry = ctx.new_entry()
         owner_view = RRef._make_owner(ctx, entry)
 
         def run_here() -> None:
