@@ -1,6 +1,6 @@
 """How a callee serves requests: CALL, REMOTE_CALL and the RRef protocol's messages.
 
-Each handler is registered with messages.register_handler at import. ``call_function`` runs a
+Each handler is registered with extensions.register_handler at import. ``call_function`` runs a
 user function (an ``@async_execution`` one returns a Future, answered when it completes);
 ``settle_entry`` puts a ``remote()`` result into the owner's entry (rref.py's
 ``create_remote``, the caller's side of ``rpc.remote``, uses both for calls to itself).
