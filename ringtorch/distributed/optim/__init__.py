@@ -15,11 +15,11 @@ from typing import Any
 import ringtorch.distributed.autograd as dist_autograd
 import ringtorch.distributed.rpc as rpc
 
-_step_lock = threading.Lock()  # one per worker, as torch's _LocalOptimizer.global_lock
-
 
 class _LocalOptimizer:
     """The optimizer of the parameters one worker owns."""
+
+    global_lock = threading.Lock()  # one per worker process, as torch's
 
     def __init__(self, optimizer_class: Any, local_params_rref: list[Any], *args: Any,
                  **kwargs: Any) -> None:
@@ -28,7 +28,7 @@ class _LocalOptimizer:
 
     def step(self, context_id: int) -> None:
         grads = dist_autograd.get_gradients(context_id)
-        with _step_lock:
+        with _LocalOptimizer.global_lock:
             for param in self._params:
                 param.grad = grads.get(param)
             self.optim.step()
