@@ -59,14 +59,7 @@ NO_TORCH = ("ringtorch._wire", "ringtorch._workers", "ringtorch.store", "ringtor
 # (importing module, private name of another layer it reads) pairs still tolerated, each with
 # its reason. The test fails on a new private reach-in AND on a pair here that the code no
 # longer makes, so the list only shrinks: delete a pair when its code is fixed.
-PRIVATE_READS_ALLOWED: dict[tuple[str, str], str] = {
-    ("ringtorch.distributed.autograd", "ringtorch.distributed.rpc.agent._current"):
-        "distributed autograd installs itself on an agent already running; RPC's state "
-        "object and extension registry replace this read",
-    ("ringtorch.distributed.rpc._server", "ringtorch.futures._before_blocking_wait"):
-        "the RPC server registers a hook that futures runs before a blocking wait; it wants "
-        "a public registration function in ringtorch.futures",
-}
+PRIVATE_READS_ALLOWED: dict[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True)

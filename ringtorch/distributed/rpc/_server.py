@@ -198,7 +198,7 @@ def yield_inline_role() -> None:
         server.handoff(conn, token)
 
 
-ringtorch.futures._before_blocking_wait.append(yield_inline_role)
+ringtorch.futures.register_blocking_wait_hook(yield_inline_role)
 
 
 class Server:
