@@ -6,8 +6,7 @@ back into the gradients at the end of backward. The rule every hook here keeps: 
 the mean over the group (it divides by the group size before the sum, which also keeps fp16
 from overflowing). ``state`` is the process group to use, or None for the default group.
 
-These live in ``ringtorch.nn.parallel.comm_hooks`` (torch has them under
-``torch.distributed.algorithms.ddp_comm_hooks.default_hooks``); the names are torch's.
+``ringtorch.nn.parallel.comm_hooks`` re-exports these names (the path ringtorch had first).
 """
 
 from __future__ import annotations
@@ -18,51 +17,123 @@ from typing import Any
 import torch
 
 from ringtorch import distributed as dist
-from ringtorch.nn.parallel.reducer import GradBucket
+from ringtorch.futures import Future
 
 __all__ = ["allreduce_hook", "bf16_compress_hook", "bf16_compress_wrapper",
            "fp16_compress_hook", "fp16_compress_wrapper"]
 
-Hook = Callable[[Any, GradBucket], "torch.futures.Future[torch.Tensor]"]
+GradBucket = Any  # ringtorch.nn.parallel.GradBucket (a layer above this one): duck-typed
+Hook = Callable[[Any, "GradBucket"], "torch.futures.Future[torch.Tensor]"]
+
+
+def _group(process_group: Any) -> Any:
+    """The group a hook reduces over: ``process_group``, or the default group for None.
+
+    Raises:
+        ValueError: this rank is not in ``process_group`` (torch's hooks fail later, on a
+            None Work), or there is no default group.
+    """
+    if isinstance(process_group, int) and process_group == dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError(f"The communication hook was given a process group that rank "
+                         f"{dist.get_rank()} is not a member of (new_group returns "
+                         f"GroupMember.NON_GROUP_MEMBER outside the group); give each rank "
+                         f"a group it belongs to")
+    if process_group is not None:
+        return process_group
+    if dist.group.WORLD is None:
+        raise ValueError("Default process group has not been initialized, please make sure to "
+                         "call init_process_group.")
+    return dist.group.WORLD
+
+
+def _value_of(value: Any) -> Any:
+    """The single tensor of a collective's result (a list of one tensor, or the tensor)."""
+    return value[0] if isinstance(value, (list, tuple)) else value
 
 
 def _value(fut: torch.futures.Future[Any]) -> torch.Tensor:
-    """The single tensor a collective's future holds (a list of one tensor, or the tensor)."""
-    value = fut.value()
-    return value[0] if isinstance(value, (list, tuple)) else value
+    """The single tensor a collective's future holds."""
+    return _value_of(fut.value())
+
+
+def _then_collective(fut: torch.futures.Future[Any],
+                     launch: Callable[[Any], torch.futures.Future[Any]]) -> Future[Any]:
+    """A future of ``launch(fut.value())``'s value, without a blocking wait in a callback.
+
+    ``launch`` starts the next asynchronous collective and returns its future; the result
+    completes when that one does. Waiting inside a callback would hold the thread that
+    completed ``fut`` (the group's communication thread) for a whole collective.
+    """
+    result: Future[Any] = Future()
+
+    def started(done: torch.futures.Future[Any]) -> None:
+        try:
+            nxt = launch(done.value())
+        except Exception as exc:
+            result.set_exception(RuntimeError(
+                f"Got the following error when running the callback: {type(exc).__name__}: "
+                f"{exc}"))
+            return
+
+        def finished(last: torch.futures.Future[Any]) -> None:
+            try:
+                value = last.value()
+            except Exception as exc:
+                result.set_exception(exc)
+                return
+            result.set_result(value)
+
+        nxt.add_done_callback(finished)
+
+    fut.add_done_callback(started)
+    return result
 
 
 def _allreduce_fut(process_group: Any, tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
     """Average ``tensor`` in place over the group; the future holds it."""
-    tensor.div_(dist.get_world_size(process_group))
-    work = dist.all_reduce(tensor, group=process_group, async_op=True)
+    group = _group(process_group)
+    tensor.div_(dist.get_world_size(group))
+    work = dist.all_reduce(tensor, group=group, async_op=True)
     return work.get_future().then(_value)
 
 
 def allreduce_hook(process_group: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """All-reduce the bucket and average it: the same result as DDP without a hook."""
+    """All-reduce the bucket and average it: the same result as DDP without a hook.
+
+    Example::
+
+        ddp_model.register_comm_hook(None, allreduce_hook)
+    """
     return _allreduce_fut(process_group, bucket.buffer())
 
 
 def _compress_hook(dtype: torch.dtype, process_group: Any, bucket: GradBucket
                    ) -> torch.futures.Future[torch.Tensor]:
+    group = _group(process_group)
     buffer = bucket.buffer()
-    compressed = buffer.to(dtype).div_(dist.get_world_size(process_group))
+    compressed = buffer.to(dtype).div_(dist.get_world_size(group))
 
     def decompress(fut: torch.futures.Future[Any]) -> torch.Tensor:
         buffer.copy_(_value(fut))  # in place: no second full-size buffer
         return buffer
 
-    work = dist.all_reduce(compressed, group=process_group, async_op=True)
+    work = dist.all_reduce(compressed, group=group, async_op=True)
     return work.get_future().then(decompress)
 
 
-def fp16_compress_hook(process_group: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Send the bucket as float16 (half the bytes), divided by the group size, then cast back."""
+def fp16_compress_hook(process_group: Any, bucket: GradBucket
+                       ) -> torch.futures.Future[torch.Tensor]:
+    """Send the bucket as float16 (half the bytes), divided by the group size, then cast back.
+
+    Example::
+
+        ddp_model.register_comm_hook(None, fp16_compress_hook)
+    """
     return _compress_hook(torch.float16, process_group, bucket)
 
 
-def bf16_compress_hook(process_group: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+def bf16_compress_hook(process_group: Any, bucket: GradBucket
+                       ) -> torch.futures.Future[torch.Tensor]:
     """Send the bucket as bfloat16, divided by the group size, then cast back.
 
     Unlike torch, which needs NCCL 2.10 for this, ringtorch reduces bfloat16 on the CPU.
@@ -88,7 +159,8 @@ def _compress_wrapper(dtype: torch.dtype, hook: Hook) -> Hook:
 def fp16_compress_wrapper(hook: Hook) -> Hook:
     """Run ``hook`` on a float16 copy of the bucket and cast its result back.
 
-    ``fp16_compress_hook`` is ``fp16_compress_wrapper(allreduce_hook)``.
+    ``fp16_compress_hook`` is ``fp16_compress_wrapper(allreduce_hook)``; the wrapper also
+    compresses PowerSGD's factors: ``fp16_compress_wrapper(powerSGD_hook)``.
     """
     wrapped = _compress_wrapper(torch.float16, hook)
     wrapped.__name__ = "fp16_compress_wrapper_hook"
