@@ -93,7 +93,7 @@ def train_with_hook(rank: int, world_size: int, package: str, cases: list[dict[s
     results = []
     for case in cases:
         model = make_mlp()
-        ddp = a.DDP(model)
+        ddp = a.DDP(model, bucket_cap_mb=case.get("bucket_cap_mb"))
         if "register" in case:
             a.hooks.register_ddp_comm_hook(getattr(a.hooks.DDPCommHookType, case["register"]),
                                            ddp)

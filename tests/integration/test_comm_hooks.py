@@ -87,6 +87,29 @@ def test_powersgd_before_start_iter_is_plain_allreduce() -> None:
     assert ours[0]["stats"] == (0, 0, 0)
 
 
+MANY_BUCKETS = {
+    "powerSGD-rank1": dict(hook="powerSGD", steps=6, bucket_cap_mb=0, state=dict(
+        matrix_approximation_rank=1, start_powerSGD_iter=2)),
+    "powerSGD-rank2-cold": dict(hook="powerSGD", steps=6, bucket_cap_mb=0, state=dict(
+        matrix_approximation_rank=2, start_powerSGD_iter=2, warm_start=False)),
+    "batched-powerSGD": dict(hook="batched", steps=6, bucket_cap_mb=0, state=dict(
+        matrix_approximation_rank=1, start_powerSGD_iter=2)),
+    "quantization-per-tensor": dict(hook="quantization_pertensor_hook", bucket_cap_mb=0),
+    "quantization-per-channel": dict(hook="quantization_perchannel_hook", bucket_cap_mb=0),
+}
+
+
+def test_multi_step_hooks_leave_every_rank_the_same_model_with_a_bucket_per_parameter() -> None:
+    # each bucket's collectives start in bucket order on every rank; started from callbacks
+    # (as torch's hooks do) they race the next bucket's hook and ranks pair different ones
+    per_rank = run_ranks(ranks.train_with_hook, 3, args=("ringtorch", list(MANY_BUCKETS.values())),
+                         timeout=120)
+    for i, name in enumerate(MANY_BUCKETS):
+        for rank in range(1, 3):
+            for key, value in per_rank[0][i]["params"].items():
+                assert torch.equal(per_rank[rank][i]["params"][key], value), (name, rank, key)
+
+
 def test_noop_hook_leaves_each_rank_its_own_model() -> None:
     ours = _trained(2, "ringtorch")["noop_hook"]
     assert not torch.equal(ours[0]["params"]["0.weight"], ours[1]["params"]["0.weight"])

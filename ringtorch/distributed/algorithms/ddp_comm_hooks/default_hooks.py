@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from ringtorch import distributed as dist
-from ringtorch.futures import Future
 
 __all__ = ["allreduce_hook", "bf16_compress_hook", "bf16_compress_wrapper",
            "fp16_compress_hook", "fp16_compress_wrapper"]
@@ -54,39 +53,6 @@ def _value_of(value: Any) -> Any:
 def _value(fut: torch.futures.Future[Any]) -> torch.Tensor:
     """The single tensor a collective's future holds."""
     return _value_of(fut.value())
-
-
-def _then_collective(fut: torch.futures.Future[Any],
-                     launch: Callable[[Any], torch.futures.Future[Any]]) -> Future[Any]:
-    """A future of ``launch(fut.value())``'s value, without a blocking wait in a callback.
-
-    ``launch`` starts the next asynchronous collective and returns its future; the result
-    completes when that one does. Waiting inside a callback would hold the thread that
-    completed ``fut`` (the group's communication thread) for a whole collective.
-    """
-    result: Future[Any] = Future()
-
-    def started(done: torch.futures.Future[Any]) -> None:
-        try:
-            nxt = launch(done.value())
-        except Exception as exc:
-            result.set_exception(RuntimeError(
-                f"Got the following error when running the callback: {type(exc).__name__}: "
-                f"{exc}"))
-            return
-
-        def finished(last: torch.futures.Future[Any]) -> None:
-            try:
-                value = last.value()
-            except Exception as exc:
-                result.set_exception(exc)
-                return
-            result.set_result(value)
-
-        nxt.add_done_callback(finished)
-
-    fut.add_done_callback(started)
-    return result
 
 
 def _allreduce_fut(process_group: Any, tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:

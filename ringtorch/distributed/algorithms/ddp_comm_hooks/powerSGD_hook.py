@@ -9,6 +9,10 @@ seeds in the same order as torch: one per bucket that needs a fresh Q), and Q is
 CPU generator seeded with it, as torch's ``torch.manual_seed`` inside ``fork_rng`` draws;
 the arithmetic is torch's, op for op. The first ``start_powerSGD_iter`` iterations are plain
 all-reduces. With error feedback, what compression lost is added back the next iteration.
+Every collective starts on the thread that calls the hook, in bucket order: torch's hooks start
+the P and Q all-reduces from ``then`` callbacks, which on CPU run when the previous collective
+completes and so race the next bucket's hook (ranks can then pair different collectives);
+here the hook waits for P's sum itself, and only the decompression runs in a callback.
 
 Departures from torch 2.13, both where torch fails: ``batched_powerSGD_hook`` works (torch's
 asserts that Q is a batch of matrices and never runs past its first compressed step), and it
@@ -30,6 +34,7 @@ import torch
 from ringtorch import distributed as dist
 from ringtorch.distributed.algorithms.ddp_comm_hooks import default_hooks as default
 from ringtorch.distributed.algorithms.ddp_comm_hooks.default_hooks import GradBucket
+from ringtorch.futures import collect_all
 
 __all__ = ["PowerSGDState", "batched_powerSGD_hook", "powerSGD_hook"]
 
@@ -197,6 +202,8 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.futures.Fut
     """Compress each large gradient matrix of the bucket to rank ``r`` factors and average them.
 
     Three all-reduces per bucket: the uncompressed tensors, the P factors, the Q factors.
+    The hook waits for the P factors' sum (Q is computed from it) and starts the other two
+    asynchronously; every rank thus starts its collectives in the same order.
 
     Example::
 
@@ -254,26 +261,25 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.futures.Fut
     for batch, q, p in zip(batches, qs, ps, strict=True):
         torch.bmm(batch, q, out=p)
 
-    def allreduce_ps(value: Any) -> torch.futures.Future[Any]:
-        # the uncompressed tensors are back, summed: average them into the bucket
-        summed = default._value_of(value).div_(world_size)
+    # Step 3: the collectives, in the same order on every rank: all of them start on this
+    # thread, in bucket order (a callback starting one would race the next bucket's hook).
+    uncompressed_fut = dist.all_reduce(flat_uncompressed, group=group, async_op=True).get_future()
+    # P is orthonormalised next, so its sum needs no division; it is needed now for Q
+    dist.all_reduce(state.p_memory_dict[index], group=group)
+    for p in ps:
+        _orthogonalize(p, state.orthogonalization_epsilon)
+    for batch, p, q in zip(batches, ps, qs, strict=True):
+        torch.bmm(batch.transpose(1, 2), p, out=q)
+    q_fut = dist.all_reduce(state.q_memory_dict[index], group=group, async_op=True).get_future()
+
+    def decompress(both: torch.futures.Future[Any]) -> torch.Tensor:
+        for fut in both.value():
+            fut.value()  # raises the collective's error, if any
+        flat_uncompressed.div_(world_size)
         offset = 0
         for tensor in uncompressed:
-            tensor.copy_(summed[offset:offset + tensor.numel()].view_as(tensor))
+            tensor.copy_(flat_uncompressed[offset:offset + tensor.numel()].view_as(tensor))
             offset += tensor.numel()
-        # P is orthonormalised next: the sum needs no division
-        return dist.all_reduce(state.p_memory_dict[index], group=group,
-                               async_op=True).get_future()
-
-    def allreduce_qs(_value: Any) -> torch.futures.Future[Any]:
-        for p in ps:
-            _orthogonalize(p, state.orthogonalization_epsilon)
-        for batch, p, q in zip(batches, ps, qs, strict=True):
-            torch.bmm(batch.transpose(1, 2), p, out=q)
-        return dist.all_reduce(state.q_memory_dict[index], group=group,
-                               async_op=True).get_future()
-
-    def decompress(_fut: torch.futures.Future[Any]) -> torch.Tensor:
         state.q_memory_dict[index].div_(world_size)
         for p, q, batch in zip(ps, qs, batches, strict=True):
             torch.bmm(p, q.transpose(1, 2), out=batch)
@@ -284,15 +290,13 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.futures.Fut
                         original.copy_(rebuilt)
         if snapshot is not None:
             state.error_dict[index] = snapshot - input_tensor
-        if not state.warm_start:
-            state.p_memory_dict.clear()
-            state.q_memory_dict.clear()
+        if not state.warm_start:  # this bucket's only: a later bucket's may be in use
+            state.p_memory_dict.pop(index, None)
+            state.q_memory_dict.pop(index, None)
         state.maybe_increase_iter(bucket)
         return input_tensor
 
-    first = dist.all_reduce(flat_uncompressed, group=group, async_op=True).get_future()
-    ps_done = default._then_collective(first, allreduce_ps)
-    return default._then_collective(ps_done, allreduce_qs).then(decompress)
+    return collect_all([uncompressed_fut, q_fut]).then(decompress)
 
 
 def _batches(by_shape: dict[torch.Size, list[torch.Tensor]], stack: bool
@@ -364,22 +368,21 @@ def batched_powerSGD_hook(state: PowerSGDState, bucket: GradBucket
     _orthogonalize(q.unsqueeze(0), state.orthogonalization_epsilon)
     torch.matmul(matrix, q, out=p)
 
-    def allreduce_q(_value: Any) -> torch.futures.Future[Any]:
-        _orthogonalize(p.unsqueeze(0), state.orthogonalization_epsilon)
-        torch.matmul(matrix.t(), p, out=q)
-        return dist.all_reduce(q, group=group, async_op=True).get_future()
+    dist.all_reduce(p, group=group)  # needed now for Q (see powerSGD_hook: the order)
+    _orthogonalize(p.unsqueeze(0), state.orthogonalization_epsilon)
+    torch.matmul(matrix.t(), p, out=q)
 
-    def decompress(_fut: torch.futures.Future[Any]) -> torch.Tensor:
+    def decompress(fut: torch.futures.Future[Any]) -> torch.Tensor:
+        fut.value()  # raises the collective's error, if any
         q.div_(world_size)
         torch.matmul(p, q.t(), out=matrix)
         if snapshot is not None:
             state.error_dict[index] = snapshot - padded
-        if not state.warm_start:
-            state.p_memory_dict.clear()
-            state.q_memory_dict.clear()
+        if not state.warm_start:  # this bucket's only: a later bucket's may be in use
+            state.p_memory_dict.pop(index, None)
+            state.q_memory_dict.pop(index, None)
         input_tensor.copy_(padded[:numel])
         state.maybe_increase_iter(bucket)
         return input_tensor
 
-    first = dist.all_reduce(p, group=group, async_op=True).get_future()
-    return default._then_collective(first, allreduce_q).then(decompress)
+    return dist.all_reduce(q, group=group, async_op=True).get_future().then(decompress)

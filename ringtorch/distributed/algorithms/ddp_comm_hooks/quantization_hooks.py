@@ -33,25 +33,26 @@ def _dequantize(y: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor) 
 
 def _gather_and_average(group: Any, params: torch.Tensor, local: torch.Tensor,
                         quantize_mine: Any, dequantize: Any) -> torch.futures.Future[Any]:
-    """All-gather every rank's quantization parameters, then its quantized tensor; the
-    future holds the mean of the dequantized tensors."""
+    """All-gather every rank's quantization parameters (waited for), then its quantized
+    tensor; the future holds the mean of the dequantized tensors."""
     world_size = dist.get_world_size(group)
     all_params = [torch.zeros_like(params) for _ in range(world_size)]
-    first = dist.all_gather(all_params, params, group=group, async_op=True).get_future()
+    # waited for here, so that every rank starts the second all_gather from this thread, in
+    # bucket order (started from a callback it would race the next bucket's hook)
+    dist.all_gather(all_params, params, group=group)
     mine = quantize_mine(local, params)
     gathered = [torch.zeros_like(mine) for _ in range(world_size)]
 
-    def gather_quantized(_value: Any) -> torch.futures.Future[Any]:
-        return dist.all_gather(gathered, mine, group=group, async_op=True).get_future()
-
-    def average(_fut: torch.futures.Future[Any]) -> torch.Tensor:
+    def average(fut: torch.futures.Future[Any]) -> torch.Tensor:
+        fut.value()  # raises the collective's error, if any
         # each rank's bytes with that rank's own parameters (the lists were filled in place)
         total = torch.zeros_like(gathered[0], dtype=torch.float32)
         for quantized, rank_params in zip(gathered, all_params, strict=True):
             total += dequantize(quantized, rank_params)
         return total / world_size
 
-    return default._then_collective(first, gather_quantized).then(average)
+    work = dist.all_gather(gathered, mine, group=group, async_op=True)
+    return work.get_future().then(average)
 
 
 def quantization_pertensor_hook(process_group: Any, bucket: GradBucket
