@@ -79,6 +79,15 @@ def test_powersgd_counts_iterations_and_compression_as_torch(case: str) -> None:
     assert ours["stats"] == pytest.approx(theirs["stats"])
 
 
+def test_registering_bf16_compress_trains_as_torchs_bf16_hook() -> None:
+    # torch refuses DDPCommHookType.BF16_COMPRESS without NCCL; its hook runs under another name
+    theirs = _trained(2, "torch")["bf16_compress_hook"]
+    ours = run_ranks(ranks.train_with_hook, 2,
+                     args=("ringtorch", [dict(register="BF16_COMPRESS")]), timeout=60)
+    for rank in range(2):
+        _assert_same_params(theirs[rank], ours[rank][0], 0, f"rank {rank}")
+
+
 def test_powersgd_before_start_iter_is_plain_allreduce() -> None:
     theirs = _trained(2, "torch")["allreduce_hook"]
     ours = _trained(2, "ringtorch")["powerSGD-before-start"]
