@@ -14,6 +14,7 @@ from typing import Any
 
 import ringtorch.distributed.autograd as dist_autograd
 import ringtorch.distributed.rpc as rpc
+from ringtorch.distributed.optim.post_localSGD_optimizer import PostLocalSGDOptimizer
 
 
 class _LocalOptimizer:
@@ -81,5 +82,5 @@ class DistributedOptimizer:
             raise errors[0]
 
 
-__all__ = ["DistributedOptimizer"]
+__all__ = ["DistributedOptimizer", "PostLocalSGDOptimizer"]
 

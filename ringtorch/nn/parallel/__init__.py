@@ -2,9 +2,9 @@
 
 DistributedDataParallel averages gradients with ringtorch's collectives; DataParallel and its
 helpers (replicate, scatter, parallel_apply, gather) run replicas in threads of one process.
-Join/Joinable/JoinHook (torch.distributed.algorithms.join) and the default communication hooks
-(``comm_hooks``: torch's ddp_comm_hooks.default_hooks) live here too, since
-``ringtorch.distributed`` is the facade layer below this one.
+Join/Joinable/JoinHook (torch.distributed.algorithms.join) live here too, since
+``ringtorch.distributed`` is the facade layer below this one; ``comm_hooks`` re-exports torch's
+default communication hooks from ``ringtorch.distributed.algorithms.ddp_comm_hooks``.
 """
 
 from __future__ import annotations

@@ -65,6 +65,7 @@ class GradBucket:
         self._gradients = gradients
         self._parameters = parameters
         self._is_last = is_last
+        self._views_of = buffer  # the buffer that _gradients view (laid out in order)
 
     def index(self) -> int:
         """The bucket's position in launch order; bucket 0 holds the last layers' gradients."""
@@ -75,7 +76,17 @@ class GradBucket:
         return self._buffer
 
     def gradients(self) -> list[torch.Tensor]:
-        """Each parameter's gradient: a view of :meth:`buffer` shaped like the parameter."""
+        """Each parameter's gradient: a view of :meth:`buffer` shaped like the parameter.
+
+        Views of the current buffer, as torch's: after :meth:`set_buffer` they view the new
+        one (a hook wrapped in ``fp16_compress_wrapper`` sees float16 gradients).
+        """
+        if self._views_of is not self._buffer:
+            offset, views = 0, []
+            for grad in self._gradients:
+                views.append(self._buffer[offset:offset + grad.numel()].view(grad.shape))
+                offset += grad.numel()
+            self._gradients, self._views_of = views, self._buffer
         return self._gradients
 
     def parameters(self) -> list[torch.Tensor]:
