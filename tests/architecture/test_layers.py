@@ -34,6 +34,9 @@ ALLOWED: dict[str, set[str]] = {
                                   "ringtorch._buffers", "ringtorch.futures"},
     "ringtorch.distributed.autograd": {"ringtorch.distributed.rpc", "ringtorch.futures",
                                        "ringtorch._buffers"},
+    # the public names of ringtorch.distributed (functional), of rpc (RemoteModule)
+    "ringtorch.distributed.nn": {"ringtorch.distributed", "ringtorch.distributed.rpc",
+                                 "ringtorch.futures"},
     "ringtorch.distributed.optim": {"ringtorch.distributed.autograd",
                                     "ringtorch.distributed.rpc", "ringtorch.futures"},
     "ringtorch.distributed.run": {"ringtorch.launcher", "ringtorch._workers",
