@@ -104,7 +104,6 @@ def agree_to_close(agent: RpcAgent, timeout: float) -> None:
     """
     deadline = None if timeout <= 0 else time.monotonic() + timeout
     agent.shutting_down = True
-    agent.rref_context.delete_all_users()
     leader = agent.workers[0]
     round_no = 0
     while True:
@@ -120,4 +119,10 @@ def agree_to_close(agent: RpcAgent, timeout: float) -> None:
                                   f"with its calls answered") from None
         if agreed:
             return
+        if round_no == 0:
+            # Every worker has reached shutdown with its calls answered (the leader answers
+            # round 0 only then): no call is still running that may use a user RRef, one
+            # that came in its arguments included. Delete them now, as torch does after its
+            # wait for all workers; the rounds go on until the deletes are delivered.
+            agent.rref_context.delete_all_users()
         round_no += 1
