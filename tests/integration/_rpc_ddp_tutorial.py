@@ -14,6 +14,7 @@ the embedding, in whichever order the parameter server applied them).
 from __future__ import annotations
 
 import importlib
+import threading
 import warnings
 from typing import Any
 
@@ -95,11 +96,27 @@ def run_trainer(remote_emb_module: Any, rank: int, library: str) -> dict[str, An
             "grads_after_backward": grads_after_backward}
 
 
+def _wait_both(futs: list[Any]) -> list[Any]:
+    """Both trainers' results; the first error as soon as it is known (a trainer that failed
+    leaves the other waiting in DDP's all_reduce, which would hide the failure)."""
+    done = threading.Event()
+    for fut in futs:
+        fut.add_done_callback(lambda _: done.set())
+    while not all(fut.done() for fut in futs):
+        done.wait()
+        done.clear()
+        for fut in futs:
+            if fut.done():
+                fut.wait()  # raises the trainer's error
+    return [fut.wait() for fut in futs]
+
+
 def run_worker(rank: int, world_size: int, library: str, pg_port: int) -> dict[str, Any]:
     warnings.simplefilter("ignore")
     lib = _libs(library)
     rpc = lib["rpc"]
-    options = rpc.TensorPipeRpcBackendOptions(num_worker_threads=8, rpc_timeout=60)
+    # generous: run_trainer is one call that lasts the whole training (seconds; more under load)
+    options = rpc.TensorPipeRpcBackendOptions(num_worker_threads=8, rpc_timeout=150)
     out: dict[str, Any] = {}
     if rank == 2:
         rpc.init_rpc("master", rank=rank, world_size=world_size, rpc_backend_options=options)
@@ -108,7 +125,7 @@ def run_worker(rank: int, world_size: int, library: str, pg_port: int) -> dict[s
             kwargs={"mode": "sum"})
         futs = [rpc.rpc_async(f"trainer{r}", run_trainer, args=(remote_emb_module, r, library))
                 for r in (0, 1)]
-        out["trainers"] = [fut.wait() for fut in futs]
+        out["trainers"] = _wait_both(futs)
         out["embedding"] = [p.to_here() for p in remote_emb_module.remote_parameters()]
     elif rank <= 1:
         lib["dist"].init_process_group(backend="gloo", init_method=f"tcp://127.0.0.1:{pg_port}",

@@ -25,7 +25,7 @@ TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 
 @functools.cache
 def _run(library: str) -> dict:
-    return run_ranks(T.run_worker, 4, args=(library, job_port()), timeout=180)[2]
+    return run_ranks(T.run_worker, 4, args=(library, job_port()), timeout=240)[2]
 
 
 def _trained(result: dict) -> list[torch.Tensor]:
