@@ -111,6 +111,12 @@ def test_an_unknown_worker_is_refused_at_construction() -> None:
                        "are ['worker0', 'worker1', 'worker2']")
 
 
+def test_a_remote_device_string_torch_cannot_parse_is_refused_with_its_message() -> None:
+    assert seen()["bad_string"] == (
+        "ValueError", "Could not parse remote_device: a/b/c. The valid format is "
+                      "'<workername>/<device>' or 'rank:<rank>/<device>' or '<device>'")
+
+
 def test_a_cuda_device_is_refused() -> None:
     assert seen()["cuda"] == (
         "ValueError", "RemoteModule cannot place a module on cuda:0 ('worker1/cuda:0'): "
