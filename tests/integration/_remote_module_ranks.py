@@ -75,6 +75,7 @@ def scenario(rank: int, ws: int) -> dict[str, Any]:
         bad = RemoteModule("worker1", not_a_module)
         out["not_a_module"] = error_of(bad.get_module_rref().to_here)
         out["unknown_worker"] = error_of(RemoteModule, "nobody/cpu", nn.Linear, (1, 1))
+        out["no_worker"] = error_of(RemoteModule, "cpu", nn.Linear, (1, 1))
         out["bad_string"] = error_of(RemoteModule, "a/b/c", nn.Linear, (1, 1))
         out["cuda"] = error_of(RemoteModule, "worker1/cuda:0", nn.Linear, (1, 1))
         out["interface"] = error_of(RemoteModule.init_from_module_rref, "worker1",

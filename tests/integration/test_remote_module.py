@@ -117,6 +117,12 @@ def test_a_remote_device_string_torch_cannot_parse_is_refused_with_its_message()
                       "'<workername>/<device>' or 'rank:<rank>/<device>' or '<device>'")
 
 
+def test_a_remote_device_naming_no_worker_is_refused() -> None:
+    assert seen()["no_worker"] == (
+        "ValueError", "RemoteModule needs a worker in remote_device: '<worker>/cpu' or "
+                      "'rank:<rank>/cpu', got 'cpu'")
+
+
 def test_a_cuda_device_is_refused() -> None:
     assert seen()["cuda"] == (
         "ValueError", "RemoteModule cannot place a module on cuda:0 ('worker1/cuda:0'): "

@@ -82,8 +82,8 @@ class RemoteModule(nn.Module):
 
     Raises:
         AssertionError: RPC is not initialized (torch's type and message).
-        ValueError: ``remote_device`` cannot be parsed (torch's message), or names a device
-            other than a CPU.
+        ValueError: ``remote_device`` cannot be parsed (torch's message), names no worker, or
+            names a device other than a CPU.
         RuntimeError: no worker has that name or rank.
 
     Example (on worker0, with a worker named ``worker1`` in the RPC group)::
@@ -114,6 +114,9 @@ class RemoteModule(nn.Module):
             raise ValueError(
                 f"RemoteModule cannot place a module on {where.device()} ({remote_device!r}): "
                 f"ringtorch's RPC moves CPU tensors only; use '<worker>/cpu'")
+        if where.worker_name() is None and where.rank() is None:
+            raise ValueError(f"RemoteModule needs a worker in remote_device: "
+                             f"'<worker>/cpu' or 'rank:<rank>/cpu', got {remote_device!r}")
         self.on: str | int = (where.worker_name() if where.worker_name() is not None
                               else where.rank())  # type: ignore[assignment]
         rpc.get_worker_info(self.on)  # an unknown worker fails here, not at the first call
