@@ -2,11 +2,13 @@
 
 Each worker runs ``torch.autograd.grad`` on its own piece of the graph, from the roots (on the
 root worker) or from the tensors it once sent (when their gradients come back), to the leaves
-the piece reaches: parameter leaves accumulate in the context, never in ``.grad``; leaves
-that were received over RPC have their gradient sent back to the worker that sent them, which
-runs its own piece and so on (torch's FAST mode). Guarantee: a BACKWARD request is answered
-only when every piece it triggered, on every worker, is done, so ``backward`` on the root
-returns when the whole pass is over (and raises the first error of any piece).
+the piece reaches: parameter leaves accumulate in the context, never in ``.grad`` (except that
+a piece whose leaves have post-accumulate-grad hooks, DDP's, lends them ``.grad`` while it
+runs: ``_grads_through_hooks``); leaves that were received over RPC have their gradient sent
+back to the worker that sent them, which runs its own piece and so on (torch's FAST mode).
+Guarantee: a BACKWARD request is answered only when every piece it triggered, on every
+worker, is done, so ``backward`` on the root returns when the whole pass is over (and raises
+the first error of any piece).
 """
 
 from __future__ import annotations
@@ -111,8 +113,11 @@ def run_piece(ctx: DistAutogradContext, outputs: list[torch.Tensor],
     inputs = _leaves(outputs)
     if not inputs:
         return
-    results = torch.autograd.grad(outputs, inputs, grads, retain_graph=True,
-                                  allow_unused=True)
+    if any(_post_accumulate_hooks(t) for t in inputs):
+        results = _grads_through_hooks(outputs, inputs, grads)
+    else:
+        results = torch.autograd.grad(outputs, inputs, grads, retain_graph=True,
+                                      allow_unused=True)
     onward: dict[int, list[tuple[int, int, torch.Tensor]]] = {}
     for tensor, grad in zip(inputs, results, strict=True):
         if grad is None:
@@ -123,6 +128,33 @@ def run_piece(ctx: DistAutogradContext, outputs: list[torch.Tensor],
         else:
             onward.setdefault(origin[0], []).append((origin[1], origin[2], grad))
     _propagate(ctx, onward)
+
+
+def _post_accumulate_hooks(tensor: torch.Tensor) -> bool:
+    return bool(getattr(tensor, "_post_accumulate_grad_hooks", None))
+
+
+def _grads_through_hooks(outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                         grads: list[torch.Tensor] | None) -> list[torch.Tensor | None]:
+    """The leaves' gradients of a piece where some leaf has post-accumulate-grad hooks (DDP's
+    reducer registers them): as torch's engine runs an AccumulateGrad's hooks with the
+    gradient it captures for the context, this backward lets them run and see, and change,
+    the piece's gradient in ``.grad`` (DDP averages it there, across its group, before the
+    backward returns). ``.grad`` is put back as it was afterwards: what the context gets is
+    what the hooks left. Leaves with such hooks are used by one backward at a time (DDP's
+    rule), so borrowing their ``.grad`` is safe; pieces without them never touch ``.grad``.
+    """
+    saved = [t.grad for t in inputs]
+    for t in inputs:
+        t.grad = None
+    try:
+        torch.autograd.backward(outputs, grads, retain_graph=True, inputs=inputs)
+        results = [t.grad for t in inputs]
+    finally:
+        for t, grad in zip(inputs, saved, strict=True):
+            t.grad = grad
+    # a gradient DDP left as a view of its bucket would change with the next iteration
+    return [g.clone() if g is not None and g._base is not None else g for g in results]
 
 
 def _propagate(ctx: DistAutogradContext,

@@ -108,8 +108,6 @@ def agree_to_close(agent: RunningAgent, timeout: float) -> None:
     """
     deadline = None if timeout <= 0 else time.monotonic() + timeout
     agent.begin_shutdown()
-    if STATE.rrefs is not None:
-        STATE.rrefs.delete_all_users()
     leader = agent.worker(0)
     round_no = 0
     while True:
@@ -125,4 +123,11 @@ def agree_to_close(agent: RunningAgent, timeout: float) -> None:
                                   f"with its calls answered") from None
         if agreed:
             return
+        if round_no == 0:
+            # Every worker has reached shutdown with its calls answered (the leader answers
+            # round 0 only then): no call is still running that may use a user RRef, one
+            # that came in its arguments included. Delete them now, as torch does after its
+            # wait for all workers; the rounds go on until the deletes are delivered.
+            if STATE.rrefs is not None:
+                STATE.rrefs.delete_all_users()
         round_no += 1
