@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from ringtorch import distributed as dist
+from ringtorch.distributed.algorithms.join import Join, Joinable, JoinHook, _notify_join_context
 from ringtorch.nn.parallel.buckets import bucket_caps, plan_buckets
-from ringtorch.nn.parallel.join import Join, Joinable, JoinHook, _notify_join_context
 from ringtorch.nn.parallel.reducer import GradBucket, Reducer
 
 __all__ = ["DistributedDataParallel"]
