@@ -14,6 +14,7 @@ from typing import Any
 
 import ringtorch.distributed.autograd as dist_autograd
 import ringtorch.distributed.rpc as rpc
+from ringtorch.distributed.optim.zero_redundancy_optimizer import ZeroRedundancyOptimizer
 
 _step_lock = threading.Lock()  # one per worker, as torch's _LocalOptimizer.global_lock
 
@@ -81,5 +82,5 @@ class DistributedOptimizer:
             raise errors[0]
 
 
-__all__ = ["DistributedOptimizer"]
+__all__ = ["DistributedOptimizer", "ZeroRedundancyOptimizer"]
 
