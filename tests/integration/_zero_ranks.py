@@ -188,3 +188,39 @@ def uneven(rank: int, world_size: int, name: str, lengths: list[int], optimizer:
     out = {"state": _state(net)}
     s.dist.destroy_process_group()
     return out
+
+
+def subgroup(rank: int, world_size: int, name: str) -> dict[str, Any] | None:
+    """Ranks 1 and 2 shard over the group [1, 2] (group rank != global rank); rank 0 stays out."""
+    s = init(name)
+    group = s.dist.new_group([1, 2])
+    out = None
+    if rank in (1, 2):
+        net = make_net()
+        ddp = s.DDP(net, process_group=group)
+        zero = s.ZeRO(groups(net), torch.optim.Adam, process_group=group, lr=0.01)
+        _train(s, ddp, zero, rank, STEPS)
+        zero.consolidate_state_dict(to=1)
+        out = {"state": _state(net), "partition": _partition(zero, net),
+               "state_dict": zero.state_dict() if rank == 2 else None}
+    s.dist.barrier()
+    s.dist.destroy_process_group()
+    return out
+
+
+def freeze(rank: int, world_size: int, name: str, bucket_view: bool) -> dict[str, Any]:
+    """Without DDP (every rank the same batch): freeze net.b.weight after one step."""
+    s = init(name)
+    net = make_net()
+    zero = s.ZeRO(net.parameters(), torch.optim.SGD, lr=0.05, momentum=0.9,
+                  parameters_as_bucket_view=bucket_view)
+    for step in range(STEPS):
+        if step == 1:
+            net.b.weight.requires_grad_(False)
+        zero.zero_grad()
+        x, y = batch(0, step)
+        nn.functional.mse_loss(net(x), y).backward()
+        zero.step()
+    out = {"state": _state(net)}
+    s.dist.destroy_process_group()
+    return out

@@ -154,3 +154,22 @@ def test_uneven_inputs_under_join_finish_and_agree_with_torch(lengths: list[int]
     ours = run_ranks(R.uneven, len(lengths), args=("ringtorch", *args), timeout=120)
     for rank in range(len(lengths)):
         _close(theirs[rank]["state"], ours[rank]["state"], f"rank {rank}")
+
+
+def test_process_group_shards_over_that_group_only_as_torch() -> None:
+    theirs = run_ranks(R.subgroup, 3, args=("torch",), timeout=120)
+    ours = run_ranks(R.subgroup, 3, args=("ringtorch",), timeout=120)
+    assert ours[0] is None and theirs[0] is None
+    for rank in (1, 2):
+        assert ours[rank]["partition"] == theirs[rank]["partition"]
+        assert len(ours[rank]["partition"]) == 2
+        _close(theirs[rank]["state"], ours[rank]["state"], f"rank {rank}")
+    _close(theirs[2]["state_dict"], ours[2]["state_dict"], "state_dict on group rank 1")
+
+
+@pytest.mark.parametrize("bucket_view", [False, True])
+def test_freezing_a_parameter_mid_training_matches_torch(bucket_view: bool) -> None:
+    theirs = run_ranks(R.freeze, 2, args=("torch", bucket_view), timeout=120)
+    ours = run_ranks(R.freeze, 2, args=("ringtorch", bucket_view), timeout=120)
+    for rank in range(2):
+        _close(theirs[rank]["state"], ours[rank]["state"], f"rank {rank}")
