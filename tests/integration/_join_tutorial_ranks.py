@@ -3,6 +3,11 @@
 Written once against either stack (``_zero_ranks.stack``): DDP alone, DDP with
 ZeroRedundancyOptimizer, and a user-written Joinable (a counter that all-reduces a one per
 input, whose hook shadows that all_reduce and, at the end, shares the largest count).
+
+Every program deletes what holds torch's gloo group (DDP, the optimizer, the counter) before
+``destroy_process_group``: one that outlives it frees the group on its way out, which can
+deadlock on the GIL (seen: the freeing thread holds it while joining torch's gloo runloop
+thread, which waits for it).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ def ddp_only(rank: int, world_size: int, name: str, base: int) -> dict[str, Any]
             seen += 1
             model(x).sum().backward()
     out = {"seen": seen, "grad": [p.grad.clone() for p in model.parameters()]}
+    del model  # before destroy_process_group (module docstring)
     s.dist.destroy_process_group()
     return out
 
@@ -50,6 +56,7 @@ def ddp_and_zero(rank: int, world_size: int, name: str, base: int) -> dict[str, 
             model(x).sum().backward()
             optim.step()
     out = {"seen": seen, "params": [p.detach().clone() for p in model.parameters()]}
+    del model, optim  # before destroy_process_group (module docstring)
     s.dist.destroy_process_group()
     return out
 
@@ -120,5 +127,6 @@ def counter(rank: int, world_size: int, name: str, base: int) -> dict[str, int]:
         for _ in _inputs(rank, base):
             count()
     out = {"count": int(count.count.item()), "max_count": int(count.max_count.item())}
+    del count  # before destroy_process_group (module docstring)
     s.dist.destroy_process_group()
     return out

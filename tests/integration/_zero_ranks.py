@@ -3,10 +3,16 @@
 Each function takes ``stack`` ("torch" or "ringtorch") and runs the same program over that
 stack's ``distributed``, DDP, ZeroRedundancyOptimizer and Join; the drivers
 (test_zero*.py, test_join_tutorials.py) run it under both and compare what the ranks returned.
+
+Every program deletes its DDP and optimizer before ``destroy_process_group``: under torch they
+hold the gloo group, and one that outlives ``destroy_process_group`` frees the group itself on
+its way out, which can deadlock on the GIL (seen: the freeing thread holds it while joining
+torch's gloo runloop thread, which waits for it).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import types
 import warnings
@@ -107,6 +113,7 @@ def train(rank: int, world_size: int, name: str, cases: list[tuple[str, bool]]
         out.append({"state": _state(net), "partition": _partition(zero, net),
                     "local_state_numel": sum(t.numel() for st in zero.optim.state.values()
                                              for t in st.values() if torch.is_tensor(t))})
+    del ddp, zero  # before destroy_process_group (module docstring)
     s.dist.destroy_process_group()
     return out
 
@@ -134,11 +141,12 @@ def consolidate(rank: int, world_size: int, name: str, path: str) -> dict[str, A
     else:
         out["other_rank"] = _message(zero.state_dict)
     bad = {"state": {}, "param_groups": [{"params": [0, 1], "lr": 0.01}]}
-    out["fewer_groups"] = _message(lambda: zero.load_state_dict(bad))
+    out["fewer_groups"] = _message(functools.partial(zero.load_state_dict, bad))
     bad = {"state": {}, "param_groups": [{"params": [0]}, {"params": [1, 2, 3, 4]}]}
-    out["group_size"] = _message(lambda: zero.load_state_dict(bad))
+    out["group_size"] = _message(functools.partial(zero.load_state_dict, bad))
     if name == "ringtorch":  # torch silently consolidates nowhere; ringtorch refuses
-        out["bad_to"] = _message(lambda: zero.consolidate_state_dict(to=2))
+        out["bad_to"] = _message(functools.partial(zero.consolidate_state_dict, to=2))
+    del ddp, zero  # before destroy_process_group (module docstring)
     s.dist.destroy_process_group()
     return out
 
@@ -155,6 +163,7 @@ def load_elsewhere(rank: int, world_size: int, name: str, path: str) -> dict[str
     zero.consolidate_state_dict()
     out = {"state": _state(net), "loaded_lr": loaded_lr,
            "state_dict": zero.state_dict() if rank == 0 else None}
+    del ddp, zero  # before destroy_process_group (module docstring)
     s.dist.destroy_process_group()
     return out
 
@@ -171,6 +180,7 @@ def add_group(rank: int, world_size: int, name: str, bucket_view: bool) -> dict[
     _train(s, ddp, zero, rank, STEPS, first=1)
     out = {"state": _state(net), "partition": _partition(zero, net),
            "lrs": [g["lr"] for g in zero.param_groups]}
+    del ddp, zero  # before destroy_process_group (module docstring)
     s.dist.destroy_process_group()
     return out
 
@@ -186,6 +196,7 @@ def uneven(rank: int, world_size: int, name: str, lengths: list[int], optimizer:
     with s.Join([ddp, zero]):
         _train(s, ddp, zero, rank, lengths[rank])
     out = {"state": _state(net)}
+    del ddp, zero  # before destroy_process_group (module docstring)
     s.dist.destroy_process_group()
     return out
 
@@ -203,6 +214,7 @@ def subgroup(rank: int, world_size: int, name: str) -> dict[str, Any] | None:
         zero.consolidate_state_dict(to=1)
         out = {"state": _state(net), "partition": _partition(zero, net),
                "state_dict": zero.state_dict() if rank == 2 else None}
+        del ddp, zero  # before destroy_process_group (module docstring)
     s.dist.barrier()
     s.dist.destroy_process_group()
     return out
@@ -222,5 +234,19 @@ def freeze(rank: int, world_size: int, name: str, bucket_view: bool) -> dict[str
         nn.functional.mse_loss(net(x), y).backward()
         zero.step()
     out = {"state": _state(net)}
+    del zero  # before destroy_process_group (module docstring)
+    s.dist.destroy_process_group()
+    return out
+
+
+def non_member(rank: int, world_size: int, name: str) -> tuple[str, str] | None:
+    """Rank 1 builds a ZeroRedundancyOptimizer over a group it is not in ([0])."""
+    s = init(name)
+    group = s.dist.new_group([0])
+    out = None
+    if rank == 1:
+        out = _message(lambda: s.ZeRO(make_net().parameters(), torch.optim.SGD,
+                                      process_group=group, lr=0.1))
+    s.dist.barrier()
     s.dist.destroy_process_group()
     return out

@@ -173,3 +173,9 @@ def test_freezing_a_parameter_mid_training_matches_torch(bucket_view: bool) -> N
     ours = run_ranks(R.freeze, 2, args=("ringtorch", bucket_view), timeout=120)
     for rank in range(2):
         _close(theirs[rank]["state"], ours[rank]["state"], f"rank {rank}")
+
+
+def test_a_rank_outside_the_process_group_gets_torchs_error() -> None:
+    theirs = run_ranks(R.non_member, 2, args=("torch",), timeout=120)
+    ours = run_ranks(R.non_member, 2, args=("ringtorch",), timeout=120)
+    assert ours == theirs == [None, ("ValueError", "Group rank -1 is not part of group -100")]

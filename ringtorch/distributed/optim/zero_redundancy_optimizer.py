@@ -108,8 +108,8 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
 
     Raises:
         TypeError: ``params`` is a tensor, not iterable, or mixes tensors and dicts.
-        ValueError: ``params`` is empty, a group has no ``params`` key, or the parameters are
-            sparse or of several dense types.
+        ValueError: ``params`` is empty, a group has no ``params`` key, the parameters are
+            sparse or of several dense types, or this rank is not in ``process_group``.
         NotImplementedError: ``overlap_with_ddp=True``.
 
     Every method that communicates must be called on every rank of the group.
@@ -138,6 +138,8 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         self.process_group = process_group if process_group is not None else dist.group.WORLD
         self.world_size: int = dist.get_world_size(self.process_group)
         self.rank: int = dist.get_rank(self.process_group)
+        if self.rank < 0:  # not a member: torch's get_global_rank(group, -1) message
+            raise ValueError(f"Group rank {self.rank} is not part of group {self.process_group}")
         self.global_rank: int = dist.get_global_rank(self.process_group, self.rank)
         self._overlap_with_ddp = overlap_with_ddp
         self._optim_defaults = defaults
