@@ -179,6 +179,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         return all_params
 
     def _verify_same_dense_param_type(self) -> None:
+        """One dense type for all: the buckets and broadcasts assume a single dtype."""
         first = self._all_params[0]
         typename = torch.typename(first)
         if first.is_sparse:
