@@ -63,7 +63,7 @@ class _Ringtorch:
     def __init__(self, rank: int, world_size: int, port: int, shm: bool, transport: str) -> None:
         from ringtorch import _config
         from ringtorch.collectives.backends.base import BackendContext
-        from ringtorch.collectives.backends.shm_native import ShmNativeBackend
+        from ringtorch.collectives.backends.native import NativeBackend as ShmNativeBackend
         from ringtorch.store import TCPStore
 
         store = TCPStore("127.0.0.1", port, world_size, rank == 0, timeout=timedelta(seconds=120))

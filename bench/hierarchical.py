@@ -51,7 +51,7 @@ def rank_main(rank: int, world_size: int, hosts: str, shm: bool, ops: list[str],
     from ringtorch import _config
     from ringtorch.collectives.backends import shm_hierarchy
     from ringtorch.collectives.backends.base import BackendContext
-    from ringtorch.collectives.backends.shm_native import ShmNativeBackend
+    from ringtorch.collectives.backends.native import NativeBackend as ShmNativeBackend
     from ringtorch.collectives.reduce_op import ReduceOp
 
     for name, value in tweaks.items():

@@ -6,9 +6,10 @@ by a reader thread (mailbox.py) so that point-to-point messages, aborts and stat
 arrive whatever the caller is doing. mesh_setup.py builds the mesh through the store (Unix
 sockets between ranks of one host, TCP otherwise, every connection handshaken).
 
-Collective data frame (little-endian), checked against what the receiver expects:
+Collective data frame (little-endian), checked against what the receiver expects; the
+fields are produced and decoded by collectives/call.py (the mesh compares bytes only):
     offset  0  u8   tag 0xC1 (a stream out of step shows up as a bad tag)
-    offset  1  u8   op code (all_reduce, broadcast, ...; named by the backend)
+    offset  1  u8   op code (all_reduce, broadcast, ...)
     offset  2  u8   dtype code
     offset  3  u8   reduce op code (0xFF: none)
     offset  4  u32  root rank (0xFFFFFFFF: none)
@@ -41,9 +42,6 @@ _HEAD = COLL_HEADER.size
 _HANDOFF_NBYTES = 128 * 1024
 # The adaptive spin never drops below this (a few polls), so it can grow back.
 _SPIN_FLOOR_S = 4e-6
-COLL_TAG = 0xC1
-NO_ROOT = 0xFFFFFFFF
-NO_REDOP = 0xFF
 KIND_COLL = "coll"
 KIND_P2P = "p2p"
 
@@ -409,11 +407,8 @@ class _Incoming:
 
 __all__ = [
     "COLL_HEADER",
-    "COLL_TAG",
     "KIND_COLL",
     "KIND_P2P",
-    "NO_REDOP",
-    "NO_ROOT",
     "FrameMismatch",
     "PeerLost",
     "PeerMesh",

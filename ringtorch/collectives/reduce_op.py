@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ringtorch._buffers import as_bytes
+
 
 class RedOpType(enum.IntEnum):
     """The reduction kinds, numbered as torch numbers them (``ReduceOp.RedOpType``)."""
@@ -268,13 +270,6 @@ def byte_reducer(op: Any, dtype: torch.dtype) -> ByteReducer:
     return reduce_torch
 
 
-def as_bytes(tensor: torch.Tensor) -> np.ndarray:
-    """The bytes of a contiguous CPU tensor as a uint8 NumPy array sharing its memory."""
-    if tensor.dim() != 1:
-        tensor = tensor.reshape(-1)
-    return tensor.view(torch.uint8).numpy()
-
-
 def reduce_into(dst: torch.Tensor, src: torch.Tensor, op: Any, *, src_first: bool = False) -> None:
     """``dst = dst (op) src`` element-wise, in place (``src (op) dst`` with ``src_first``).
 
@@ -293,20 +288,12 @@ def reduce_into(dst: torch.Tensor, src: torch.Tensor, op: Any, *, src_first: boo
         reducer(as_bytes(dst), as_bytes(src), src_first)
 
 
-def finish_avg(buf: torch.Tensor, world_size: int) -> None:
-    """Turn a SUM into the AVG, in place (what AVG means after the sum)."""
-    if buf.numel():
-        buf.div_(world_size)
-
-
 __all__ = [
     "ByteReducer",
     "RedOpType",
     "ReduceOp",
-    "as_bytes",
     "byte_reducer",
     "check_reduce_op",
-    "finish_avg",
     "make_premul_sum",
     "op_type",
     "premul_factor",

@@ -16,9 +16,9 @@ import torch
 
 import ringtorch.distributed as dist
 from ringtorch._wire.channel import TcpChannel, UnixChannel
-from ringtorch.collectives.backends import shm_hierarchy
-from ringtorch.collectives.backends.shm_native import ShmNativeBackend
+from ringtorch.collectives.backends.native import NativeBackend as ShmNativeBackend
 from ringtorch.collectives.reduce_op import ReduceOp
+from ringtorch.collectives.transports import hierarchy as shm_hierarchy
 from tests.integration import _shm_ranks
 
 
@@ -35,14 +35,14 @@ def backend(rank: int, world_size: int, name: str, hosts: str, timeout_s: float 
 
 def what_it_uses(b: ShmNativeBackend) -> dict[str, Any]:
     """The decision, the topology, this rank's host domain and the transport to each peer."""
-    h = b.hierarchy
-    space = None if h is None else h._space
+    h = b.transport if isinstance(b.transport, shm_hierarchy.HierarchyTransport) else None
+    space = None if h is None else h.space
     mesh = b._mesh
     kinds = {} if mesh is None else {
         peer: "tcp" if isinstance(ch, TcpChannel) else "unix" if isinstance(ch, UnixChannel)
         else type(ch).__name__ for peer, ch in enumerate(mesh.coll) if ch is not None}
     return {"uses_shm": b.uses_shm, "reason": b.shm_reason, "topology": b.topology,
-            "flat": b._space is not None,
+            "flat": _shm_ranks.flat_space(b) is not None,
             "domain": None if space is None else list(space.domain.names),
             "channels": kinds}
 

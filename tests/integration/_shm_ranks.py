@@ -24,8 +24,9 @@ import torch.distributed as tdist
 
 from ringtorch import _config
 from ringtorch.collectives.backends.base import BackendContext
-from ringtorch.collectives.backends.shm_native import ShmNativeBackend
+from ringtorch.collectives.backends.native import NativeBackend as ShmNativeBackend
 from ringtorch.collectives.reduce_op import ReduceOp, make_premul_sum
+from ringtorch.collectives.transports.shm import ShmTransport
 
 PREMUL_FACTOR = 2.0
 _store: Any = None
@@ -38,6 +39,11 @@ def store(rank: int, world_size: int) -> Any:
         _store = tdist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), world_size,
                                 rank == 0, timeout=timedelta(seconds=30))
     return _store
+
+
+def flat_space(b: ShmNativeBackend) -> Any:
+    """The slot space of a backend on shared memory within one host (None otherwise)."""
+    return b.transport.space if isinstance(b.transport, ShmTransport) else None
 
 
 def backend(rank: int, world_size: int, name: str, timeout_s: float = 30.0,
@@ -134,7 +140,7 @@ def growth(rank: int, world_size: int, max_bytes: int, nbytes: list[int]) -> lis
     """all_reduce float32 buffers of the given sizes; report (half, own segment size, result
     correct) after each."""
     b = backend(rank, world_size, "grow", SHM_MAX_BYTES=max_bytes)
-    space = b._space
+    space = flat_space(b)
     assert space is not None
     seen: list[Any] = [(space.domain.half, space.domain.segments[rank].size, True)]
     for seq, n in enumerate(nbytes, start=1):
@@ -179,7 +185,7 @@ def stress(rank: int, world_size: int, seed: int, count: int,
         want = _expected(case, rank, world_size)
         if want is not None and not torch.equal(got, want):
             bad.append(f"#{seq} {op} {dtype} n={n}")
-    rotated = b._space is not None and b._space.domain.spread_out
+    rotated = flat_space(b) is not None and flat_space(b).domain.spread_out
     b.close()
     return {"bad": bad, "count": count, "rotated": rotated}
 
@@ -353,7 +359,7 @@ def aborted(rank: int, world_size: int) -> dict[str, Any]:
 
 
 def segment_names(b: ShmNativeBackend) -> list[str]:
-    space = b._space
+    space = flat_space(b)
     return [] if space is None else [seg.name for seg in space.domain.segments]
 
 
@@ -441,7 +447,8 @@ def shared_tensors(rank: int, world_size: int, shm: bool) -> dict[str, Any]:
     whether the shared segments' names were still in /dev/shm once allocated."""
     b = backend(rank, world_size, f"shared-{shm}", SHM=shm)
     tensors = [b.shared_tensor(n, dtype) for n, dtype, _ in SHARED_SPECS]
-    own = [] if b._shared is None else [s.segments[rank].name for s in b._shared._buffers]
+    shared = b.transport.shared if isinstance(b.transport, ShmTransport) else None
+    own = [] if shared is None else [s.segments[rank].name for s in shared._buffers]
     out: dict[str, Any] = {
         "files": [_mapped_file(t) for t in tensors],
         "zeros": [bool((t == 0).all()) for t in tensors],
@@ -481,7 +488,7 @@ def staged_plan(rank: int, world_size: int, nbytes: int) -> tuple[bool, int, int
     """all_reduce ``nbytes`` of float32; return (spread_out, chunk bytes, rounds) of its plan."""
     b = backend(rank, world_size, "plan", SHM_ONESHOT_BYTES=0)
     b.all_reduce(torch.ones(nbytes // 4), ReduceOp.SUM, 0, time.monotonic() + 30)
-    space = b._space
+    space = flat_space(b)
     assert space is not None
     _half, p = space._plans[("all_reduce", nbytes, 4)]  # the plan the all_reduce used
     b.close()

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from ringtorch.collectives.algorithms.hierarchical import SubLink, Topology
+from ringtorch.collectives.algorithms.sockets.hierarchical import SubLink, Topology
 from ringtorch.testing import run_ranks
 from tests.integration import _shm_hierarchy_ranks as ranks
 from tests.integration._shm_ranks import PREMUL_FACTOR, make_input, random_input

@@ -37,15 +37,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from ringtorch._buffers import as_bytes
 from ringtorch._config import MPI_CHECK
 from ringtorch._errors import DistBackendError
 from ringtorch.collectives.backends import mpi_env
 from ringtorch.collectives.backends.base import Backend, BackendContext
+from ringtorch.collectives.lowering import Lowering, lower, scale
 from ringtorch.collectives.reduce_op import (
     RedOpType,
     byte_reducer,
     check_reduce_op,
-    finish_avg,
     premul_factor,
 )
 
@@ -118,6 +119,7 @@ class MpiBackend(Backend):
             self._comm = self._make_comm()
         self._check = MPI_CHECK.get() and ctx.size > 1
         self._headers = bytearray(_HEADER.size * ctx.size)
+        self._lowered: dict[tuple[RedOpType, torch.dtype, str], Lowering] = {}
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -243,15 +245,19 @@ class MpiBackend(Backend):
         return (f"{name} #{seq} on group '{self.ctx.group_name}': the ranks called different "
                 f"collectives or disagree on their arguments: " + "; ".join(lines))
 
-    def _reduction(self, name: str, op: Any, dtype: torch.dtype) -> tuple[Any, Any, RedOpType]:
-        """(MPI datatype, MPI op, kind) for reducing ``dtype`` with ``op``."""
+    def _reduction(self, name: str, op: Any, dtype: torch.dtype) -> tuple[Any, Any, Lowering]:
+        """(MPI datatype, MPI op, lowering) for reducing ``dtype`` with ``op``: MPI applies
+        the base op; PREMUL_SUM's scaling and AVG's division are the lowering's."""
         MPI = self._mpi
         kind = check_reduce_op(op, dtype, name)
+        low = self._lowered.get((kind, dtype, name))
+        if low is None:
+            low = self._lowered[(kind, dtype, name)] = lower(kind, dtype, name, self.size)
         if dtype in _MPI_TYPES:
             ops = _BOOL_OPS if dtype is torch.bool else _MPI_OPS
-            return getattr(MPI, _MPI_TYPES[dtype]), getattr(MPI, ops[kind]), kind
+            return getattr(MPI, _MPI_TYPES[dtype]), getattr(MPI, ops[low.base]), low
         if dtype in _USER_OP_TYPES:
-            return getattr(MPI, _USER_OP_TYPES[dtype]), _user_op(MPI, kind, dtype), kind
+            return getattr(MPI, _USER_OP_TYPES[dtype]), _user_op(MPI, low.base, dtype), low
         raise TypeError(f"{name}: the MPI backend cannot reduce dtype {dtype} with {kind.name}")
 
     def _typed(self, tensor: torch.Tensor, mpi_type: Any) -> list[Any]:
@@ -280,26 +286,24 @@ class MpiBackend(Backend):
 
     def all_reduce(self, buf: torch.Tensor, op: Any, seq: int, deadline: float) -> None:
         """See base class."""
-        types, mpi_op, kind = self._reduction("all_reduce", op, buf.dtype)
-        self._agree("all_reduce", seq, deadline, kind, buf.dtype, buf.nbytes)
-        _premultiply(buf, op, kind)
+        types, mpi_op, low = self._reduction("all_reduce", op, buf.dtype)
+        self._agree("all_reduce", seq, deadline, low.kind, buf.dtype, buf.nbytes)
+        _premultiply(buf, op, low)
         self._collective("all_reduce", deadline, "Allreduce", self._mpi.IN_PLACE,
                          self._typed(buf, types), mpi_op)
-        if kind is RedOpType.AVG:
-            _finish_avg(buf, self.size)
+        _post(buf, low)
 
     def reduce(self, buf: torch.Tensor, op: Any, root: int, seq: int, deadline: float) -> None:
         """See base class."""
-        types, mpi_op, kind = self._reduction("reduce", op, buf.dtype)
-        self._agree("reduce", seq, deadline, kind, buf.dtype, buf.nbytes, root)
+        types, mpi_op, low = self._reduction("reduce", op, buf.dtype)
+        self._agree("reduce", seq, deadline, low.kind, buf.dtype, buf.nbytes, root)
         if self.rank == root:
-            _premultiply(buf, op, kind)
+            _premultiply(buf, op, low)
             self._collective("reduce", deadline, "Reduce", self._mpi.IN_PLACE,
                              self._typed(buf, types), mpi_op, root)
-            if kind is RedOpType.AVG:
-                _finish_avg(buf, self.size)
+            _post(buf, low)
         else:
-            send = _premultiplied_copy(buf, op, kind)
+            send = _premultiplied_copy(buf, op, low)
             self._collective("reduce", deadline, "Reduce", self._typed(send, types), None, mpi_op,
                              root)
 
@@ -325,13 +329,12 @@ class MpiBackend(Backend):
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: Any, seq: int,
                        deadline: float) -> None:
         """See base class."""
-        types, mpi_op, kind = self._reduction("reduce_scatter", op, inp.dtype)
-        self._agree("reduce_scatter", seq, deadline, kind, inp.dtype, out.nbytes)
-        send = _premultiplied_copy(inp, op, kind)
+        types, mpi_op, low = self._reduction("reduce_scatter", op, inp.dtype)
+        self._agree("reduce_scatter", seq, deadline, low.kind, inp.dtype, out.nbytes)
+        send = _premultiplied_copy(inp, op, low)
         self._collective("reduce_scatter", deadline, "Reduce_scatter_block",
                          self._typed(send, types), self._typed(out, types), mpi_op)
-        if kind is RedOpType.AVG:
-            _finish_avg(out, self.size)
+        _post(out, low)
 
     def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
                    in_splits: list[int], seq: int, deadline: float) -> None:
@@ -398,24 +401,22 @@ class MpiBackend(Backend):
                 comm.Free()
 
 
-def _finish_avg(buf: torch.Tensor, size: int) -> None:
-    """Divide the SUM into the AVG; complex32 has no division kernel, so via complex64."""
-    if buf.dtype is torch.complex32 and buf.numel():
-        buf.copy_(buf.to(torch.complex64).div_(size))
-    else:
-        finish_avg(buf, size)
+def _post(buf: torch.Tensor, low: Lowering) -> None:
+    """The lowering's step after the reduction (AVG's division), if any."""
+    if low.post is not None and buf.numel():
+        low.post(as_bytes(buf))
 
 
-def _premultiply(buf: torch.Tensor, op: Any, kind: RedOpType) -> None:
-    if kind is RedOpType.PREMUL_SUM and buf.numel():
-        buf.mul_(premul_factor(op))
+def _premultiply(buf: torch.Tensor, op: Any, low: Lowering) -> None:
+    if low.scales and buf.numel():
+        scale(buf, premul_factor(op), in_place=True)  # type: ignore[arg-type]
 
 
-def _premultiplied_copy(buf: torch.Tensor, op: Any, kind: RedOpType) -> torch.Tensor:
+def _premultiplied_copy(buf: torch.Tensor, op: Any, low: Lowering) -> torch.Tensor:
     """``buf`` itself, or for PREMUL_SUM a scaled copy (the caller's input stays as it was)."""
-    if kind is not RedOpType.PREMUL_SUM:
+    if not low.scales:
         return buf
-    return (buf * premul_factor(op)).to(buf.dtype)
+    return scale(buf, premul_factor(op), in_place=False)  # type: ignore[arg-type]
 
 
 def _counted(spec: list[Any], splits: list[int], itemsize: int) -> list[Any]:

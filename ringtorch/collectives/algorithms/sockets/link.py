@@ -1,27 +1,26 @@
-"""The point-to-point interface every algorithm is written against, and its socket version.
+"""The point-to-point interface the socket algorithms are written against, and its versions.
 
-An algorithm sees a ``Link``: its rank, the group size, blocking ``send``/``recv`` of a byte
-buffer to/from one peer, and ``exchange`` (several sends and receives at once, which never
-deadlocks on full buffers). Frames are stamped and checked by the link, not the algorithm:
-``MeshLink`` puts the collective's header (op, dtype, reduce op, root, sequence number, sizes;
-see ``_wire/mesh.py``) in front of every payload and checks the header of every frame it
-receives, so mismatched collectives are detected wherever an algorithm receives. A
-shared-memory transport plugs in by implementing ``Link``.
+A socket algorithm (ring.py, tree.py, recursive_doubling.py, direct.py) sees a ``Link``: its
+rank, the group size, blocking ``send``/``recv`` of a byte buffer to/from one peer, and
+``exchange`` (several sends and receives at once, which never deadlocks on full buffers).
+Frames are stamped and checked by the link, not the algorithm: ``MeshLink`` puts the
+collective's header (built from its CollectiveCall by call.py; layout in ``_wire/mesh.py``)
+in front of every payload and checks the header of every frame it receives, so mismatched
+collectives are detected wherever an algorithm receives. ``SubLink`` (hierarchical.py) runs an
+algorithm among a subset of the ranks; ``SoloLink`` is a group of one.
+
+The shared-memory algorithms (``algorithms/shm/``) are not written against a Link: they work
+in the slot space of the group's shared memory (shm/space.py), rounds rather than messages.
 """
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
 
-from ringtorch._wire.mesh import COLL_HEADER, COLL_TAG, PeerMesh
-
-_PREFIX = struct.Struct("<BBBBIQQ")
-_PAYLOAD = struct.Struct("<Q")
-assert _PREFIX.size + _PAYLOAD.size == COLL_HEADER.size
+from ringtorch._wire.mesh import PeerMesh
 
 
 class Link(Protocol):
@@ -51,20 +50,21 @@ class Link(Protocol):
 
 
 class MeshLink:
-    """``Link`` over a PeerMesh for one collective call (cheap to build per call)."""
+    """``Link`` over a PeerMesh for one collective call (cheap to build per call).
+
+    ``prefix`` is the call's frame header without its payload size (call.frame_prefix)."""
 
     __slots__ = ("rank", "size", "_mesh", "_prefix", "_scratch")
 
-    def __init__(self, mesh: PeerMesh, scratch: ScratchPool, op: int, dtype: int, redop: int,
-                 root: int, seq: int, total_nbytes: int) -> None:
+    def __init__(self, mesh: PeerMesh, scratch: ScratchPool, prefix: bytes) -> None:
         self.rank = mesh.rank
         self.size = mesh.size
         self._mesh = mesh
         self._scratch = scratch
-        self._prefix = _PREFIX.pack(COLL_TAG, op, dtype, redop, root, seq, total_nbytes)
+        self._prefix = prefix
 
     def _header(self, nbytes: int) -> bytes:
-        return self._prefix + _PAYLOAD.pack(nbytes)
+        return self._prefix + nbytes.to_bytes(8, "little")
 
     def send(self, peer: int, data: np.ndarray) -> None:
         """See base class."""
@@ -86,8 +86,35 @@ class MeshLink:
         return self._scratch.get(nbytes)
 
 
+class SoloLink:
+    """The Link of a group of one: nothing to exchange."""
+
+    rank = 0
+    size = 1
+
+    def __init__(self, scratch: ScratchPool) -> None:
+        self._scratch = scratch
+
+    def send(self, peer: int, data: np.ndarray) -> None:
+        """See base class."""
+        raise AssertionError("a group of one has no peers")
+
+    def recv(self, peer: int, into: np.ndarray) -> None:
+        """See base class."""
+        raise AssertionError("a group of one has no peers")
+
+    def exchange(self, sends: Sequence[tuple[int, np.ndarray]],
+                 recvs: Sequence[tuple[int, np.ndarray]]) -> None:
+        """See base class."""
+        assert not sends and not recvs
+
+    def scratch(self, nbytes: int) -> np.ndarray:
+        """See base class."""
+        return self._scratch.get(nbytes)
+
+
 class ScratchPool:
-    """One growing work buffer per backend: algorithms never allocate per call or per chunk."""
+    """One growing work buffer per transport: algorithms never allocate per call or chunk."""
 
     def __init__(self) -> None:
         self._buf = np.empty(0, dtype=np.uint8)
@@ -98,4 +125,4 @@ class ScratchPool:
         return self._buf[:nbytes]
 
 
-__all__ = ["Link", "MeshLink", "ScratchPool"]
+__all__ = ["Link", "MeshLink", "ScratchPool", "SoloLink"]
