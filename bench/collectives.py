@@ -5,7 +5,7 @@
     python bench/collectives.py --libs sockets,gloo --transport tcp   # the socket path over TCP
     python bench/collectives.py --backend mpi --install-mpi    # + MPI backend; pip-installs MPI
 
-Libraries (--libs): ``shm`` is ShmNativeBackend with RINGTORCH_SHM=1 (shared memory between
+Libraries (--libs): ``shm`` is NativeBackend with RINGTORCH_SHM=1 (shared memory between
 the ranks of a host), ``sockets`` with RINGTORCH_SHM=0 (its socket mesh: Unix sockets on one
 host unless --transport tcp; ``ringtorch``, its old name, still works), ``ringtorch-dist`` the
 calls through ringtorch.distributed (the facade's cost on top; RINGTORCH_SHM/_TRANSPORT apply),
@@ -58,12 +58,12 @@ def iterations(nbytes: int) -> tuple[int, int]:
 
 
 class _Ringtorch:
-    """ShmNativeBackend driven directly (shm: shared memory on; sockets: off)."""
+    """NativeBackend driven directly (shm: shared memory on; sockets: off)."""
 
     def __init__(self, rank: int, world_size: int, port: int, shm: bool, transport: str) -> None:
         from ringtorch import _config
         from ringtorch.collectives.backends.base import BackendContext
-        from ringtorch.collectives.backends.native import NativeBackend as ShmNativeBackend
+        from ringtorch.collectives.backends.native import NativeBackend
         from ringtorch.store import TCPStore
 
         store = TCPStore("127.0.0.1", port, world_size, rank == 0, timeout=timedelta(seconds=120))
@@ -71,7 +71,7 @@ class _Ringtorch:
                              timeout=timedelta(seconds=120), group_name="bench",
                              global_ranks=tuple(range(world_size)))
         with _config.override(SHM=shm, TRANSPORT=transport):
-            self._start(ShmNativeBackend(ctx))
+            self._start(NativeBackend(ctx))
         if self.backend.uses_shm != (shm and world_size > 1):
             raise RuntimeError(f"shared memory {'not ' if shm else ''}in use: "
                                f"{self.backend.shm_reason}")

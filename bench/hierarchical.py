@@ -51,7 +51,7 @@ def rank_main(rank: int, world_size: int, hosts: str, shm: bool, ops: list[str],
     from ringtorch import _config
     from ringtorch.collectives.backends import shm_hierarchy
     from ringtorch.collectives.backends.base import BackendContext
-    from ringtorch.collectives.backends.native import NativeBackend as ShmNativeBackend
+    from ringtorch.collectives.backends.native import NativeBackend
     from ringtorch.collectives.reduce_op import ReduceOp
 
     for name, value in tweaks.items():
@@ -64,7 +64,7 @@ def rank_main(rank: int, world_size: int, hosts: str, shm: bool, ops: list[str],
                          timeout=timedelta(seconds=120), group_name="bench",
                          global_ranks=tuple(range(world_size)))
     with _config.override(SHM=shm, HOST_ID=f"host-{hosts[rank]}", SOCKET_ADDR="127.0.0.1"):
-        b = ShmNativeBackend(ctx)
+        b = NativeBackend(ctx)
     seq = 0
     ws, total = world_size, world_size * (world_size + 1) / 2
 

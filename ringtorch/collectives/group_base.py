@@ -109,6 +109,27 @@ class GroupBase:
     def _get_backend(self, device: Any = None) -> Backend | None:
         return self._backend
 
+    @property
+    def shares_memory(self) -> bool:
+        """Whether :meth:`shared_tensor` can place tensors in memory the group's ranks share
+        (ringtorch's backend on one host; not in torch)."""
+        return self._backend is not None and self._backend.shares_memory
+
+    def shared_tensor(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A zero-filled 1-D tensor for repeated all_reduces (a ringtorch extension, not in
+        torch): in the group's shared memory where it has some (:attr:`shares_memory`), whose
+        all_reduce of exactly this tensor then skips the copy in; an ordinary tensor
+        otherwise, so callers need no other path. DDP puts its large buckets there.
+
+        Collective: every rank of the group calls it with the same ``numel`` and ``dtype``
+        at the same place among the group's collectives. Allocate once, not per step: the
+        memory stays mapped until the group is destroyed.
+
+        Raises:
+            DistBackendError: the group has no backend, or a peer died, aborted or is late.
+        """
+        return self._backend_or_raise().shared_tensor(numel, dtype)
+
     def _get_sequence_number_for_group(self) -> int:
         """How many collectives this group has issued (the next one's sequence number)."""
         return self._collectives.next_seq

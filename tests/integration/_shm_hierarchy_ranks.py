@@ -2,7 +2,7 @@
 onto several hosts (RINGTORCH_HOST_ID per rank, given as a string of host letters: "aabb" puts
 ranks 0 and 1 on host a, ranks 2 and 3 on host b).
 
-The ranks build ShmNativeBackends (or a ProcessGroup) and send back what they saw; the
+The ranks build NativeBackends (or a ProcessGroup) and send back what they saw; the
 drivers compute expected values themselves with torch.
 """
 
@@ -16,7 +16,7 @@ import torch
 
 import ringtorch.distributed as dist
 from ringtorch._wire.channel import TcpChannel, UnixChannel
-from ringtorch.collectives.backends.native import NativeBackend as ShmNativeBackend
+from ringtorch.collectives.backends.native import NativeBackend
 from ringtorch.collectives.reduce_op import ReduceOp
 from ringtorch.collectives.transports import hierarchy as shm_hierarchy
 from tests.integration import _shm_ranks
@@ -29,11 +29,11 @@ def knobs(hosts: str, rank: int) -> dict[str, Any]:
 
 
 def backend(rank: int, world_size: int, name: str, hosts: str, timeout_s: float = 30.0,
-            **extra: Any) -> ShmNativeBackend:
+            **extra: Any) -> NativeBackend:
     return _shm_ranks.backend(rank, world_size, name, timeout_s, **knobs(hosts, rank), **extra)
 
 
-def what_it_uses(b: ShmNativeBackend) -> dict[str, Any]:
+def what_it_uses(b: NativeBackend) -> dict[str, Any]:
     """The decision, the topology, this rank's host domain and the transport to each peer."""
     h = b.transport if isinstance(b.transport, shm_hierarchy.HierarchyTransport) else None
     space = None if h is None else h.space

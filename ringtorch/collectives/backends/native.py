@@ -100,6 +100,11 @@ class NativeBackend(Backend):
         return self.transport.uses_shm
 
     @property
+    def shares_memory(self) -> bool:
+        """See base class: on one host's shared memory."""
+        return self.transport.shares_memory
+
+    @property
     def topology(self) -> str:
         """What the group uses, in words."""
         return self.transport.description
@@ -378,7 +383,7 @@ class NativeBackend(Backend):
             DistBackendError: a peer died, aborted, is in a collective or is late.
         """
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
-        if not self.transport.uses_shm or nbytes == 0:
+        if not self.transport.shares_memory or nbytes == 0:
             return torch.zeros(numel, dtype=dtype)
         self._check_usable("shared_tensor")
         call = self._calls.shared_tensor(len(self._shared_at), dtype, nbytes,

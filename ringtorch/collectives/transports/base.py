@@ -20,10 +20,12 @@ class Transport(Protocol):
 
     Attributes:
         uses_shm: whether collectives go through shared memory.
+        shares_memory: whether ``shared_buffer`` can allocate (one host's shared memory).
         description: what the group uses, in words (for tests and for performance work).
     """
 
     uses_shm: bool
+    shares_memory: bool
     description: str
 
     def socket_deadline(self, call: CollectiveCall) -> float:

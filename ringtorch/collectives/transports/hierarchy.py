@@ -131,6 +131,7 @@ class HierarchyTransport:
     """
 
     uses_shm = True
+    shares_memory = False
 
     def __init__(self, sockets: SocketTransport, topology: Topology,
                  space: ShmSpace | None) -> None:

@@ -48,6 +48,7 @@ class ShmTransport:
     """
 
     uses_shm = True
+    shares_memory = True
 
     def __init__(self, space: ShmSpace, sockets: SocketTransport) -> None:
         self.space = space

@@ -31,6 +31,7 @@ class SocketTransport:
     """
 
     uses_shm = False
+    shares_memory = False
 
     def __init__(self, mesh: PeerMesh | None, rank: int, size: int,
                  overrides: dict[str, str]) -> None:
