@@ -223,7 +223,7 @@ def byte_view(tensor: torch.Tensor) -> memoryview:
         raise ValueError("byte_view needs a contiguous tensor")
     if flat.stride(0) != 1:  # one element with a 0 stride (autograd's expanded gradients)
         flat = flat.as_strided((flat.numel(),), (1,))
-    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+    return memoryview(flat.view(torch.uint8).numpy()).cast("B")  # type: ignore[arg-type]
 
 
 def tensor_from_bytes(buf: Any, dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor:

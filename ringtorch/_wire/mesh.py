@@ -33,9 +33,11 @@ from ringtorch import _config
 from ringtorch._errors import DistNetworkError
 from ringtorch._wire.channel import WAIT_SLICE_S, Channel
 from ringtorch._wire.errors import PeerClosedError
-from ringtorch._wire.framing import BytesLike
 
 COLL_HEADER = struct.Struct("<BBBBIQQQ")
+# A frame's payload or destination: anything exposing its memory through the buffer protocol
+# (bytes, bytearray, memoryview, a NumPy array), as bytes or castable to them.
+Payload = Any
 _HEAD = COLL_HEADER.size
 # A send the kernel did not take at once is handed to the sender thread from this size on
 # (below it, the poll loop's few iterations cost less than a thread wake-up).
@@ -123,11 +125,11 @@ class PeerMesh:
 
     # -- collective frames -------------------------------------------------------------------
 
-    def send(self, peer: int, header: bytes, payload: BytesLike) -> None:
+    def send(self, peer: int, header: bytes, payload: Payload) -> None:
         """Send one collective frame; returns once the kernel has it all."""
         self.coll[peer].send((header, payload))  # type: ignore[union-attr]
 
-    def recv(self, peer: int, expected: bytes, into: BytesLike) -> None:
+    def recv(self, peer: int, expected: bytes, into: Payload) -> None:
         """Receive one collective frame from ``peer`` into ``into``, checking its header.
 
         Raises:
@@ -136,8 +138,8 @@ class PeerMesh:
         """
         self.exchange((), ((peer, expected, into),))
 
-    def exchange(self, sends: Sequence[tuple[int, bytes, BytesLike]],
-                 recvs: Sequence[tuple[int, bytes, BytesLike]]) -> None:
+    def exchange(self, sends: Sequence[tuple[int, bytes, Payload]],
+                 recvs: Sequence[tuple[int, bytes, Payload]]) -> None:
         """Send and receive several frames at once without deadlocking on full buffers.
 
         First every send is offered without waiting; if the kernel took them all, the
@@ -152,14 +154,14 @@ class PeerMesh:
         except PeerClosedError as exc:
             raise PeerLost(getattr(exc, "peer", -1), str(exc)) from exc
 
-    def _exchange(self, sends: Sequence[tuple[int, bytes, BytesLike]],
-                  recvs: Sequence[tuple[int, bytes, BytesLike]]) -> None:
+    def _exchange(self, sends: Sequence[tuple[int, bytes, Payload]],
+                  recvs: Sequence[tuple[int, bytes, Payload]]) -> None:
         pending = []
         for peer, header, payload in sends:
             ch = self.coll[peer]
             total = len(header) + memoryview(payload).nbytes
             try:
-                sent = ch.send_nowait((header, payload))  # type: ignore[union-attr]
+                sent = ch.send_nowait((header, payload))  # type: ignore[union-attr,arg-type]
             except PeerClosedError as exc:
                 raise PeerLost(peer, str(exc)) from exc
             if sent < total:
@@ -183,7 +185,7 @@ class PeerMesh:
         for peer, expected, into in recvs:
             self._recv_frame(peer, expected, into)
 
-    def _recv_frame(self, peer: int, expected: bytes, into: BytesLike) -> None:
+    def _recv_frame(self, peer: int, expected: bytes, into: Payload) -> None:
         """Receive one frame with all sends done: scatter-read header and payload (one system
         call when the frame is there), spinning briefly before blocking (a blocking wake-up
         costs tens of microseconds on these machines)."""
@@ -195,7 +197,7 @@ class PeerMesh:
         total = _HEAD + len(body)
         got = ch.recv_some((head, body), False)  # type: ignore[union-attr]
         if got == 0 and self._spin_now:
-            got = self._spin(ch, head, body)
+            got = self._spin(ch, head, body)  # type: ignore[arg-type]
         checked = False
         start = 0.0
         while True:
@@ -366,7 +368,7 @@ class _Outgoing:
 class _Incoming:
     """A frame being received: header first (checked), then payload into the destination."""
 
-    def __init__(self, ch: Channel, peer: int, expected: bytes, into: BytesLike) -> None:
+    def __init__(self, ch: Channel, peer: int, expected: bytes, into: Payload) -> None:
         self.ch = ch
         self.fd = ch.fileno()
         self.peer = peer

@@ -91,7 +91,7 @@ def open_domain(store: Any, rank: int, size: int, group: str, host: str, enabled
 def spread_out(records: list[dict[str, Any]]) -> bool:
     """Whether the ranks together may run on at least as many CPUs as there are ranks (so
     each can have one; world 3 on 2 cores cannot)."""
-    cpus = set()
+    cpus: set[int] = set()
     for rec in records:
         cpus.update(rec.get("cpus") or [])
     return len(cpus) >= len(records)

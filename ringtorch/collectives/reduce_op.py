@@ -43,7 +43,10 @@ class RedOpType(enum.IntEnum):
     def __str__(self) -> str:
         return f"RedOpType.{self.name}"
 
-    __format__ = object.__format__
+    __format__ = object.__format__  # type: ignore[assignment]
+
+
+_Kind = RedOpType  # the enum, for annotations inside ReduceOp (whose RedOpType is an attribute)
 
 
 class _ReduceOpMeta(type):
@@ -73,9 +76,9 @@ class ReduceOp(metaclass=_ReduceOpMeta):
     PREMUL_SUM = RedOpType.PREMUL_SUM
     UNUSED = RedOpType.UNUSED
 
-    def __init__(self, op: RedOpType | ReduceOp) -> None:
+    def __init__(self, op: _Kind | ReduceOp) -> None:
         if isinstance(op, ReduceOp) and not isinstance(op, RedOpType):
-            self.op: RedOpType = op.op
+            self.op: _Kind = op.op
             self.factor: float | torch.Tensor | None = op.factor
             return
         if not isinstance(op, RedOpType):

@@ -405,7 +405,7 @@ class NativeBackend(Backend):
         self._check_usable(what)
         assert self._mailbox is not None
         try:
-            self._mailbox.send(dst, tag, as_bytes(buf), deadline)
+            self._mailbox.send(dst, tag, as_bytes(buf), deadline)  # type: ignore[arg-type]
         except DeadlineExceeded:
             cause = f"{what} timed out: {self._words.who(dst)} does not read its messages"
             self._abort_local(cause, tell_peers=True)
@@ -423,7 +423,8 @@ class NativeBackend(Backend):
         if self._mailbox is None:
             raise ValueError(f"{what}: a group of one rank has nobody to receive from")
         try:
-            return self._mailbox.recv(as_bytes(buf), src, tag, deadline)
+            return self._mailbox.recv(as_bytes(buf), src, tag,  # type: ignore[arg-type]
+                                      deadline)
         except mb.RecvError as exc:
             error = exc.args[0]
             if isinstance(error, PeerClosedError) and src is not None:

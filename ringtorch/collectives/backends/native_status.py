@@ -121,21 +121,22 @@ class Scope:
     def __enter__(self) -> None:
         self._token = _ignore_fp_errors()
 
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         _restore_fp_errors(self._token)
         self._backend._collective_done()
         if exc is not None:
             error = self._backend._collective_failed(exc)
             if error is not None:
                 raise error from None
-        return False
 
 
 # Overflow wraps (ints) or goes to inf (floats) silently, as in torch: NumPy's warnings are
 # switched off around a collective through its error-state context variable (what
 # np.errstate does, minus the cost of building a context manager on every call).
 try:
-    from numpy._core._ufunc_config import _extobj_contextvar as _FP_STATE
+    from numpy._core._ufunc_config import (  # type: ignore[attr-defined]
+        _extobj_contextvar as _FP_STATE,
+    )
 
     with np.errstate(all="ignore"):
         _FP_IGNORE = _FP_STATE.get()
