@@ -102,7 +102,9 @@ class CollectiveCall(NamedTuple):
 
 
 _new = tuple.__new__
-_Signature = tuple[str, "torch.dtype | None", "RedOpType | None", int, str, int, int]
+# The per-(op, dtype, redop, root) part of a call, in field order: a call is
+# ``tuple.__new__(CollectiveCall, (*signature, seq, nbytes, deadline))``.
+Signature = tuple[str, "torch.dtype | None", "RedOpType | None", int, str, int, int]
 
 
 class CallMaker:
@@ -114,7 +116,7 @@ class CallMaker:
 
     def __init__(self, group: str) -> None:
         self.group = group
-        self._signatures: dict[tuple[Any, ...], _Signature] = {}
+        self._signatures: dict[tuple[Any, ...], Signature] = {}
 
     def __call__(self, op: str, seq: int, dtype: torch.dtype, redop: RedOpType | None,
                  root: int, nbytes: int, deadline: float) -> CollectiveCall:
@@ -122,16 +124,18 @@ class CallMaker:
         key = (op, dtype, redop, root)
         sig = self._signatures.get(key)
         if sig is None:
-            sig = self._signature(op, dtype, redop, root)
+            sig = self.signature(op, dtype, redop, root)
         return _new(CollectiveCall, (*sig, seq, nbytes, deadline))  # type: ignore[no-any-return]
 
-    def _signature(self, op: str, dtype: torch.dtype, redop: RedOpType | None,
-                   root: int) -> _Signature:
+    def signature(self, op: str, dtype: torch.dtype, redop: RedOpType | None,
+                  root: int) -> Signature:
+        """The per-(op, dtype, redop, root) part of a call (cached): a hot path may keep it
+        and build its calls as ``new_call(signature, seq, nbytes, deadline)``."""
         if len(self._signatures) > 4096:
             self._signatures.clear()
         red = NO_REDOP if redop is None else int(redop)
         detail = DTYPE_CODES.get(dtype, 0) | red << 8 | (root + 1) << 16
-        sig: _Signature = (op, dtype, redop, root, self.group, OP_CODES[op], detail)
+        sig: Signature = (op, dtype, redop, root, self.group, OP_CODES[op], detail)
         self._signatures[(op, dtype, redop, root)] = sig
         return sig
 
@@ -141,6 +145,11 @@ class CallMaker:
         return CollectiveCall("shared_tensor", dtype, None, -1, self.group, SHARED_TENSOR_KIND,
                               DTYPE_CODES.get(dtype, 0) | NO_REDOP << 8,
                               SHARED_SEQ_BASE + index, nbytes, deadline)
+
+
+def new_call(sig: Signature, seq: int, nbytes: int, deadline: float) -> CollectiveCall:
+    """A call from its signature (what CallMaker does; the hot path inlines it)."""
+    return _new(CollectiveCall, (*sig, seq, nbytes, deadline))  # type: ignore[no-any-return]
 
 
 # -- encodings ----------------------------------------------------------------------------------
@@ -207,5 +216,5 @@ def describe(call: CollectiveCall) -> str:
 
 __all__ = ["COLL_TAG", "DTYPES", "DTYPE_CODES", "FRAME_HEADER", "FRAME_PAYLOAD", "FRAME_PREFIX", "NO_REDOP",
            "NO_ROOT", "OP_CODES", "OP_NAMES", "SHARED_SEQ_BASE", "SHARED_TENSOR_KIND",
-           "CallMaker", "CollectiveCall", "describe", "frame_prefix", "from_descriptor",
-           "from_frame", "status_record"]
+           "CallMaker", "CollectiveCall", "Signature", "describe", "frame_prefix",
+           "from_descriptor", "from_frame", "new_call", "status_record"]

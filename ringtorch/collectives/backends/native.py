@@ -36,14 +36,13 @@ from ringtorch.collectives.abort import AbortState
 from ringtorch.collectives.algorithms.select import parse_overrides
 from ringtorch.collectives.backends.base import Backend, BackendContext
 from ringtorch.collectives.backends.native_status import (
-    Scope,
     StatusBoard,
     check_peer,
     check_rooted,
     check_sizes,
     check_splits,
 )
-from ringtorch.collectives.call import CallMaker, CollectiveCall
+from ringtorch.collectives.call import CallMaker, CollectiveCall, Signature
 from ringtorch.collectives.lowering import Lowering, lower, scale
 from ringtorch.collectives.reduce_op import RedOpType, op_type, premul_factor
 from ringtorch.collectives.reports import Words
@@ -51,6 +50,33 @@ from ringtorch.collectives.transports.base import Transport
 from ringtorch.collectives.transports.setup import open_transport
 
 log = logging.getLogger(__name__)
+_new_call = tuple.__new__  # CollectiveCall from (*signature, seq, nbytes, deadline): call.new_call
+
+# Overflow wraps (ints) or goes to inf (floats) silently, as in torch: NumPy's warnings are
+# switched off around a collective through its error-state context variable (what
+# np.errstate does, minus the cost of building a context manager on every call).
+try:
+    from numpy._core._ufunc_config import (  # type: ignore[attr-defined]
+        _extobj_contextvar as _FP_STATE,
+    )
+
+    with np.errstate(all="ignore"):
+        _FP_IGNORE = _FP_STATE.get()
+
+    def _ignore_fp_errors() -> Any:
+        return _FP_STATE.set(_FP_IGNORE)
+
+    def _restore_fp_errors(token: Any) -> None:
+        _FP_STATE.reset(token)
+except (ImportError, AttributeError):  # another NumPy layout: the public, slower way
+    def _ignore_fp_errors() -> Any:
+        state = np.errstate(all="ignore")
+        state.__enter__()
+        return state
+
+    def _restore_fp_errors(token: Any) -> None:
+        token.__exit__(None, None, None)
+
 
 class _Timeout(Exception):
     """Raised inside a wait when the collective's deadline passed; carries the message."""
@@ -77,8 +103,9 @@ class NativeBackend(Backend):
         self._words = Words(ctx.group_name, ctx.global_ranks)
         self._calls = CallMaker(ctx.group_name)
         self._lowered: dict[tuple[RedOpType, torch.dtype, str], Lowering] = {}
+        self._all_reduce_plans: dict[tuple[RedOpType, torch.dtype], tuple[Lowering, Signature]] = {}
         self._shared_at: dict[int, tuple[int, int]] = {}  # data_ptr -> (index, nbytes)
-        self._scope = Scope(self)
+        self._fp_token: Any = None
         self._mesh: PeerMesh | None = None
         self._mailbox: mb.Mailbox | None = None
         if ctx.size > 1:
@@ -92,22 +119,13 @@ class NativeBackend(Backend):
         self.transport, self.shm_reason = open_transport(
             ctx, self._mesh, parse_overrides(_config.ALGORITHMS.get()), self.abort_state,
             self._abort_local)
-
-    @property
-    def uses_shm(self) -> bool:
-        """Whether this group's collectives go through shared memory (on one host, or
-        within each host of a group spanning hosts)."""
-        return self.transport.uses_shm
+        self.uses_shm = self.transport.uses_shm
+        self.topology = self.transport.description
 
     @property
     def shares_memory(self) -> bool:
         """See base class: on one host's shared memory."""
         return self.transport.shares_memory
-
-    @property
-    def topology(self) -> str:
-        """What the group uses, in words."""
-        return self.transport.description
 
     # -- failure handling --------------------------------------------------------------------
 
@@ -169,10 +187,12 @@ class NativeBackend(Backend):
         if cause is not None:
             raise DistBackendError(self._words.aborted(what, cause))
 
-    def _enter(self, call: CollectiveCall) -> Scope:
-        """The scope of one collective: refuses to start on a failed group, records where
-        this rank is (for peers' status queries and for timeouts), turns transport failures
-        into DistBackendError and aborts the group on them."""
+    def _enter(self, call: CollectiveCall) -> NativeBackend:
+        """The scope of one collective (``with self._enter(call):``): refuses to start on a
+        failed group, records where this rank is (for peers' status queries and for
+        timeouts), turns transport failures into DistBackendError and aborts the group on
+        them. The backend is its own context manager: cheaper than a generator or an
+        object per call."""
         if self._closed or self.abort_state.cause is not None:
             self._check_usable(self._words.what(call))
         board = self._board
@@ -180,7 +200,18 @@ class NativeBackend(Backend):
         board.running = True
         board.start = time.monotonic()
         board.warned = False
-        return self._scope
+        return self
+
+    def __enter__(self) -> None:
+        self._fp_token = _ignore_fp_errors()
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        _restore_fp_errors(self._fp_token)
+        self._board.running = False
+        if exc is not None:
+            error = self._collective_failed(exc)
+            if error is not None:
+                raise error from None
 
     def _collective_failed(self, exc: BaseException) -> BaseException | None:
         """The DistBackendError for a failure inside a collective (None: not ours)."""
@@ -202,9 +233,6 @@ class NativeBackend(Backend):
         # through its frames: the streams are out of step, so the group cannot go on.
         self._abort_local(self._words.interrupted(call, self.rank, exc), tell_peers=True)
         return None
-
-    def _collective_done(self) -> None:
-        self._board.running = False
 
     def _peer_lost_cause(self, exc: PeerClosedError, peer: int) -> str:
         # A reader thread usually explains the loss first (EOF of the dead peer, an ABORT
@@ -265,10 +293,16 @@ class NativeBackend(Backend):
 
     def all_reduce(self, buf: torch.Tensor, op: Any, seq: int, deadline: float) -> None:
         """See base class."""
-        low = self._lower(op, buf.dtype, "all_reduce")
+        kind = op if type(op) is RedOpType else op_type(op)
+        hot = self._all_reduce_plans.get((kind, buf.dtype))
+        if hot is None:  # the lowering and the call's signature, once per (op, dtype)
+            low = self._lower(op, buf.dtype, "all_reduce")
+            hot = self._all_reduce_plans[(kind, buf.dtype)] = (low, self._calls.signature(
+                "all_reduce", buf.dtype, kind, -1))
+        low, sig = hot
         factor = premul_factor(op) if low.scales else None
         data = as_bytes(buf)
-        call = self._calls("all_reduce", seq, buf.dtype, low.kind, -1, data.nbytes, deadline)
+        call = _new_call(CollectiveCall, (*sig, seq, data.nbytes, deadline))
         if self._shared_at:
             at = self._shared_at.get(buf.data_ptr())
             if at is not None and at[1] == data.nbytes:
@@ -370,14 +404,9 @@ class NativeBackend(Backend):
     # -- tensors in shared memory ---------------------------------------------------------------
 
     def shared_tensor(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """A zero-filled 1-D tensor whose storage lives in this group's shared memory; an
-        all_reduce of exactly this tensor then skips the copy in (algorithms/shm/shared.py).
-
-        Collective: every rank of the group calls it with the same ``numel`` and ``dtype``, in
-        the same place among the group's collectives (like a collective). Allocate once (DDP
-        buckets), not per step: the memory stays mapped until the backend is closed. Without
-        shared memory (sockets, a group spanning hosts, one rank) or when some rank cannot get
-        the memory, it returns an ordinary tensor, so callers need no other path.
+        """See base class: on one host, in the group's shared memory (an all_reduce of exactly
+        this tensor then skips the copy in: algorithms/shm/shared.py); elsewhere, or when
+        some rank cannot get the memory, an ordinary tensor.
 
         Raises:
             DistBackendError: a peer died, aborted, is in a collective or is late.

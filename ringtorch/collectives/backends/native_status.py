@@ -1,5 +1,5 @@
-"""The native backend's answers to "where are you?", its input checks and its per-call scope
-(kept here so native.py reads as the operations).
+"""The native backend's answers to "where are you?" and its input checks (kept here so
+native.py reads as the operations).
 
 The StatusBoard holds this rank's current collective (its CollectiveCall, running or
 finished), answered to a peer's STATUS_REQ frame by the p2p reader thread, so a timeout message
@@ -13,7 +13,6 @@ import threading
 import time
 from typing import Any
 
-import numpy as np
 import torch
 
 from ringtorch._wire import mailbox as mb
@@ -106,54 +105,4 @@ def check_peer(rank: int, size: int, peer: int, what: str) -> None:
         raise ValueError(f"{what}: a rank cannot send to or receive from itself")
 
 
-# -- per-call scaffolding of NativeBackend ---------------------------------------------
-
-
-class Scope:
-    """Context manager of ``NativeBackend._collective`` (a class: cheaper than a generator)."""
-
-    __slots__ = ("_backend", "_token")
-
-    def __init__(self, backend: Any) -> None:
-        self._backend = backend
-        self._token: Any = None
-
-    def __enter__(self) -> None:
-        self._token = _ignore_fp_errors()
-
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
-        _restore_fp_errors(self._token)
-        self._backend._collective_done()
-        if exc is not None:
-            error = self._backend._collective_failed(exc)
-            if error is not None:
-                raise error from None
-
-
-# Overflow wraps (ints) or goes to inf (floats) silently, as in torch: NumPy's warnings are
-# switched off around a collective through its error-state context variable (what
-# np.errstate does, minus the cost of building a context manager on every call).
-try:
-    from numpy._core._ufunc_config import (  # type: ignore[attr-defined]
-        _extobj_contextvar as _FP_STATE,
-    )
-
-    with np.errstate(all="ignore"):
-        _FP_IGNORE = _FP_STATE.get()
-
-    def _ignore_fp_errors() -> Any:
-        return _FP_STATE.set(_FP_IGNORE)
-
-    def _restore_fp_errors(token: Any) -> None:
-        _FP_STATE.reset(token)
-except (ImportError, AttributeError):  # another NumPy layout: the public, slower way
-    def _ignore_fp_errors() -> Any:
-        state = np.errstate(all="ignore")
-        state.__enter__()
-        return state
-
-    def _restore_fp_errors(token: Any) -> None:
-        token.__exit__(None, None, None)
-
-
-__all__ = ["Scope", "StatusBoard", "check_peer", "check_rooted", "check_sizes", "check_splits"]
+__all__ = ["StatusBoard", "check_peer", "check_rooted", "check_sizes", "check_splits"]

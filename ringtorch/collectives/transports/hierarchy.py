@@ -48,13 +48,12 @@ from ringtorch.collectives.algorithms.shm import reduce as shm_reduce
 from ringtorch.collectives.algorithms.shm.space import ShmSpace, reduce_in_rank_order
 from ringtorch.collectives.algorithms.sockets import recursive_doubling
 from ringtorch.collectives.algorithms.sockets.hierarchical import SubLink, Topology
-from ringtorch.collectives.algorithms.sockets.link import ScratchPool
 from ringtorch.collectives.call import CollectiveCall
 from ringtorch.collectives.lowering import PostStep
 from ringtorch.collectives.reduce_op import ByteReducer
 from ringtorch.collectives.reports import ShmWords
 from ringtorch.collectives.transports.shm import attach
-from ringtorch.collectives.transports.sockets import SocketTransport
+from ringtorch.collectives.transports.sockets import ScratchPool, SocketTransport
 
 # how long past the caller's deadline the leaders' socket waits (CROSS_GRACE_S) and the host
 # phases after the cross-host step (AFTER_GRACE_S) run: the rank that waits for a late rank

@@ -1,13 +1,15 @@
 """The socket transport: every collective as one of the socket algorithms over the group's mesh.
 
 The algorithm comes from algorithms/select.py's table (a callable, chosen per (op, size) and
-cached); the link it runs over stamps every frame with the call's header (call.frame_prefix)
-and checks every frame it receives. Reductions arrive lowered (lowering.py): a base-op byte
+cached); the link it runs over, a MeshLink (this module's implementation of the algorithms'
+``Link``), stamps every frame with the call's header (call.frame_prefix) and checks every
+frame it receives. Reductions arrive lowered (lowering.py): a base-op byte
 reducer and, for all_reduce, a post step applied once to the whole result.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -15,7 +17,7 @@ import numpy as np
 from ringtorch._wire.mesh import PeerMesh
 from ringtorch.collectives.algorithms.select import ROOT_ONLY_REDUCTION, Choice, choose
 from ringtorch.collectives.algorithms.sockets import direct, recursive_doubling
-from ringtorch.collectives.algorithms.sockets.link import Link, MeshLink, ScratchPool, SoloLink
+from ringtorch.collectives.algorithms.sockets.link import Link
 from ringtorch.collectives.call import CollectiveCall, frame_prefix
 from ringtorch.collectives.lowering import PostStep
 from ringtorch.collectives.reduce_op import ByteReducer
@@ -138,4 +140,80 @@ class SocketTransport:
         return None
 
 
-__all__ = ["SocketTransport"]
+class MeshLink:
+    """``Link`` over a PeerMesh for one collective call (cheap to build per call).
+
+    ``prefix`` is the call's frame header without its payload size (call.frame_prefix)."""
+
+    __slots__ = ("rank", "size", "_mesh", "_prefix", "_scratch")
+
+    def __init__(self, mesh: PeerMesh, scratch: ScratchPool, prefix: bytes) -> None:
+        self.rank = mesh.rank
+        self.size = mesh.size
+        self._mesh = mesh
+        self._scratch = scratch
+        self._prefix = prefix
+
+    def _header(self, nbytes: int) -> bytes:
+        return self._prefix + nbytes.to_bytes(8, "little")
+
+    def send(self, peer: int, data: np.ndarray) -> None:
+        """See base class."""
+        self._mesh.exchange(((peer, self._header(data.nbytes), data),), ())
+
+    def recv(self, peer: int, into: np.ndarray) -> None:
+        """See base class."""
+        self._mesh.recv(peer, self._header(into.nbytes), into)
+
+    def exchange(self, sends: Sequence[tuple[int, np.ndarray]],
+                 recvs: Sequence[tuple[int, np.ndarray]]) -> None:
+        """See base class."""
+        header = self._header
+        self._mesh.exchange([(p, header(d.nbytes), d) for p, d in sends],
+                            [(p, header(d.nbytes), d) for p, d in recvs])
+
+    def scratch(self, nbytes: int) -> np.ndarray:
+        """See base class."""
+        return self._scratch.get(nbytes)
+
+
+class SoloLink:
+    """The Link of a group of one: nothing to exchange."""
+
+    rank = 0
+    size = 1
+
+    def __init__(self, scratch: ScratchPool) -> None:
+        self._scratch = scratch
+
+    def send(self, peer: int, data: np.ndarray) -> None:
+        """See base class."""
+        raise AssertionError("a group of one has no peers")
+
+    def recv(self, peer: int, into: np.ndarray) -> None:
+        """See base class."""
+        raise AssertionError("a group of one has no peers")
+
+    def exchange(self, sends: Sequence[tuple[int, np.ndarray]],
+                 recvs: Sequence[tuple[int, np.ndarray]]) -> None:
+        """See base class."""
+        assert not sends and not recvs
+
+    def scratch(self, nbytes: int) -> np.ndarray:
+        """See base class."""
+        return self._scratch.get(nbytes)
+
+
+class ScratchPool:
+    """One growing work buffer per transport: algorithms never allocate per call or chunk."""
+
+    def __init__(self) -> None:
+        self._buf = np.empty(0, dtype=np.uint8)
+
+    def get(self, nbytes: int) -> np.ndarray:
+        if self._buf.nbytes < nbytes:
+            self._buf = np.empty(nbytes, dtype=np.uint8)
+        return self._buf[:nbytes]
+
+
+__all__ = ["MeshLink", "ScratchPool", "SocketTransport", "SoloLink"]
