@@ -143,8 +143,8 @@ class CallMaker:
                       deadline: float) -> CollectiveCall:
         """The call of the allocation of shared buffer ``index`` (a collective too)."""
         return CollectiveCall("shared_tensor", dtype, None, -1, self.group, SHARED_TENSOR_KIND,
-                              DTYPE_CODES.get(dtype, 0) | NO_REDOP << 8,
-                              SHARED_SEQ_BASE + index, nbytes, deadline)
+                              DTYPE_CODES.get(dtype, 0), SHARED_SEQ_BASE + index, nbytes,
+                              deadline)
 
 
 def new_call(sig: Signature, seq: int, nbytes: int, deadline: float) -> CollectiveCall:

@@ -12,7 +12,7 @@ peers' segments.
   rank r reduces its piece from every slot straight into its output (no copy out).
 * reduce: per chunk, the non-roots copy in, one round, the root reduces into its buffer.
 
-Every reduction is computed left to right in rank order (shm_space.reduce_in_rank_order), once
+Every reduction is computed left to right in rank order (space.reduce_in_rank_order), once
 per element, so results are bitwise identical on every rank. Reductions arrive lowered
 (lowering.py): a base op, plus for all_reduce an optional post step (AVG's division) applied
 here to each reduced slice once, while it is still in cache.

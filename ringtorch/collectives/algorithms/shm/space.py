@@ -63,7 +63,7 @@ class ShmSpace:
 
     def next_area(self, steps: Plan) -> int:
         """Byte offset of where this rank writes in the next round: the next slot, at the
-        plan's rotating area when it has one (shm_plan.area_offset), else at its start."""
+        plan's rotating area when it has one (plan.area_offset), else at its start."""
         base = self.next_slot()
         if steps.area:
             base += area_offset(steps, self.domain.round + 1, self.domain.half)
