@@ -152,6 +152,13 @@ def new_call(sig: Signature, seq: int, nbytes: int, deadline: float) -> Collecti
     return _new(CollectiveCall, (*sig, seq, nbytes, deadline))  # type: ignore[no-any-return]
 
 
+def facade_call(op_name: str, seq: int, group: str, deadline: float) -> CollectiveCall:
+    """A collective as the ProcessGroup names it ("allreduce", "reduce_scatter_single", ...)
+    before its backend runs it: what the DETAIL fingerprint check and logs take. It has no
+    wire encoding (kind and detail 0)."""
+    return CollectiveCall(op_name, None, None, -1, group, 0, 0, seq, 0, deadline)
+
+
 # -- encodings ----------------------------------------------------------------------------------
 
 
@@ -216,5 +223,5 @@ def describe(call: CollectiveCall) -> str:
 
 __all__ = ["COLL_TAG", "DTYPES", "DTYPE_CODES", "FRAME_HEADER", "FRAME_PAYLOAD", "FRAME_PREFIX", "NO_REDOP",
            "NO_ROOT", "OP_CODES", "OP_NAMES", "SHARED_SEQ_BASE", "SHARED_TENSOR_KIND",
-           "CallMaker", "CollectiveCall", "Signature", "describe", "frame_prefix",
+           "CallMaker", "CollectiveCall", "Signature", "describe", "facade_call", "frame_prefix",
            "from_descriptor", "from_frame", "new_call", "status_record"]

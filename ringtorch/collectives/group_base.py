@@ -18,12 +18,14 @@ import torch
 
 from ringtorch._errors import DistBackendError
 from ringtorch.collectives.backends.base import Backend
+from ringtorch.collectives.call import CollectiveCall, facade_call
 from ringtorch.collectives.comm_thread import Lane, WorkerPool
 from ringtorch.collectives.work import Work
 
-# (group, seq, op name, [(shape, dtype), ...], deadline) -> raises if the ranks disagree
-# (installed by ringtorch.distributed when RINGTORCH_DEBUG=DETAIL).
-CollectiveCheck = Callable[[Any, int, str, list[tuple[tuple[int, ...], torch.dtype]], float],
+# (group, call, [(shape, dtype), ...]) -> raises if the ranks disagree (installed by
+# ringtorch.distributed when RINGTORCH_DEBUG=DETAIL); the call names the collective (its
+# facade op name, sequence number, group) and carries its deadline.
+CollectiveCheck = Callable[[Any, CollectiveCall, list[tuple[tuple[int, ...], torch.dtype]]],
                            None]
 RunFn = Callable[[int, float], Any]
 
@@ -167,7 +169,8 @@ class GroupBase:
         def run(work: Work) -> Any:
             deadline = time.monotonic() + seconds
             if check is not None:
-                check(self, work.seq, op_name, fingerprint, deadline)
+                check(self, facade_call(op_name, work.seq, self._group_name, deadline),
+                      fingerprint)
             return fn(work.seq, deadline)
 
         work = Work(op_name, -1, run, outputs, self._group_name)

@@ -98,17 +98,18 @@ def _differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return out
 
 
-def check_fingerprint(pg: Any, seq: int, op_name: str,
-                      tensors: list[tuple[tuple[int, ...], torch.dtype]],
-                      deadline: float) -> None:
-    """Compare this collective's fingerprint with every other rank's; raise on a mismatch.
+def check_fingerprint(pg: Any, call: Any, tensors: list[tuple[tuple[int, ...], torch.dtype]],
+                      ) -> None:
+    """Compare the fingerprint of ``call`` (a CollectiveCall named by the facade's op) with
+    every other rank's; raise on a mismatch.
 
     Raises:
         DistBackendError: ranks disagree (the message shows each rank's fingerprint and what
-            differs), or some rank did not reach this collective before ``deadline``.
+            differs), or some rank did not reach this collective before its deadline.
     """
     import time
 
+    seq, op_name, deadline = call.seq, call.op, call.deadline
     store = pg.get_group_store()
     rank, size = pg.rank(), pg.size()
     mine = {"seq": seq, "op": op_name.upper(), "shapes": [list(s) for s, _ in tensors],
@@ -122,7 +123,7 @@ def check_fingerprint(pg: Any, seq: int, op_name: str,
     except Exception as exc:
         missing = [r for r in range(size) if not store.check([keys[r]])]
         raise DistBackendError(
-            f"{op_name} #{seq} on group '{pg.group_name}': ranks {missing} did not reach this "
+            f"{op_name} #{seq} on group '{call.group}': ranks {missing} did not reach this "
             f"collective within {timedelta(seconds=round(remaining))} (collective fingerprint "
             f"check, RINGTORCH_DEBUG=DETAIL): {exc}") from None
     entries = [json.loads(store.get(k)) for k in keys]
