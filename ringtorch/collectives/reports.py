@@ -55,6 +55,11 @@ class Words:
         """The stall warning, logged while a collective waits long."""
         return f"{self.what(call)} has waited {waited_s:.0f} s: {report}"
 
+    def failed(self, what: str, why: str) -> str:
+        """An operation (``what``: a collective's ``what(call)``, or a send or receive) that
+        failed for ``why``."""
+        return f"{what} failed: {why}"
+
     def aborted(self, what: str, cause: str) -> str:
         """An operation that failed because the group is aborted."""
         return f"{what} failed: the group was aborted: {cause}"

@@ -227,8 +227,8 @@ class NativeBackend(Backend):
             return DistBackendError(str(exc))
         if isinstance(exc, PeerClosedError):
             peer = getattr(exc, "peer", -1)
-            return DistBackendError(f"{self._words.what(call)} failed: "
-                                    f"{self._peer_lost_cause(exc, peer)}")
+            return DistBackendError(self._words.failed(self._words.what(call),
+                                                       self._peer_lost_cause(exc, peer)))
         # Anything else (KeyboardInterrupt, MemoryError, a bug) stopped this rank half way
         # through its frames: the streams are out of step, so the group cannot go on.
         self._abort_local(self._words.interrupted(call, self.rank, exc), tell_peers=True)
