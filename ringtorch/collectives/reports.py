@@ -109,6 +109,35 @@ def missing_report(seq: int, statuses: dict[int, dict[str, Any]], peers: list[in
     return f"ranks {missing} did not arrive ({'; '.join(where)})"
 
 
+def fingerprint_mismatch(rank: int, mine: dict[str, Any], other: int,
+                         theirs: dict[str, Any]) -> str:
+    """The DETAIL check's mismatch, in torch's ProcessGroupWrapper words (fingerprints:
+    ``{"seq", "op", "shapes", "dtypes"}``)."""
+    differ = [f"{label}: {mine[key]} vs {theirs[key]}"
+              for key, label in (("seq", "sequence number"), ("op", "op type"),
+                                 ("shapes", "tensor shapes"), ("dtypes", "tensor dtypes"))
+              if mine[key] != theirs[key]]
+    return (f"Detected mismatch between collectives on ranks. Rank {rank} is running "
+            f"collective: {_fingerprint(mine)}, but Rank {other} is running collective: "
+            f"{_fingerprint(theirs)}. Collectives differ in the following aspects: "
+            + "; ".join(differ))
+
+
+def fingerprint_missing(call: CollectiveCall, missing: list[int], waited_s: float,
+                        exc: BaseException) -> str:
+    """The DETAIL check gave up waiting for the ranks ``missing`` at ``call``."""
+    return (f"{call.op} #{call.seq} on group '{call.group}': ranks {missing} did not reach "
+            f"this collective within {timedelta(seconds=round(waited_s))} (collective "
+            f"fingerprint check, RINGTORCH_DEBUG=DETAIL): {exc}")
+
+
+def _fingerprint(entry: dict[str, Any]) -> str:
+    shapes = ", ".join(str(list(s)) for s in entry["shapes"])
+    dtypes = ", ".join(entry["dtypes"])
+    return (f"CollectiveFingerPrint(SequenceNumber={entry['seq']}, OpType={entry['op']}, "
+            f"TensorShape=[{shapes}], TensorDtypes=[{dtypes}])")
+
+
 class ShmWords:
     """The messages of a shared-memory domain (the ``ShmReports`` of _wire/shm_domain.py):
     descriptors are decoded into calls and named like the socket path names them. Ranks are
@@ -150,4 +179,5 @@ class ShmWords:
         return f"{self.what(desc, me)} failed: {cause}"
 
 
-__all__ = ["ShmWords", "Words", "missing_report"]
+__all__ = ["ShmWords", "Words", "fingerprint_mismatch", "fingerprint_missing",
+           "missing_report"]
