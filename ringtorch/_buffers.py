@@ -12,7 +12,8 @@ layout, or NumPy arrays. This module bridges the two without copies where the me
 * tensors that lie back to back in one storage (the views of one buffer that object
   collectives and DDP buckets make) are used as one flat tensor (:func:`adjacent_flat`);
 * a flat tensor becomes its bytes, a uint8 NumPy array (:func:`as_bytes`, what the
-  collective algorithms move and reduce) or a memoryview (:func:`byte_view`).
+  collective algorithms move and reduce), a memoryview (:func:`byte_view`) or a raw address
+  (:func:`address`, for mpi4py); bytes become a typed tensor again (:func:`typed_view`).
 
 Nothing else in ringtorch reaches into a tensor's storage.
 """
@@ -214,6 +215,26 @@ def as_bytes(tensor: torch.Tensor) -> np.ndarray:
     return tensor.view(torch.uint8).numpy()
 
 
+def typed_view(data: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """Bytes (a uint8 NumPy array, e.g. from :func:`as_bytes` or a shared-memory slot) as a
+    1-D tensor of ``dtype`` sharing their memory (for torch's kernels on dtypes NumPy lacks)."""
+    return torch.from_numpy(data).view(dtype)
+
+
+def address(tensor: torch.Tensor) -> tuple[int, int]:
+    """(address, byte count) of a contiguous CPU tensor's memory, for libraries that take raw
+    buffers (mpi4py's ``buffer.fromaddress``: 0.2 µs where a NumPy view costs 1.5-3 µs). The
+    caller keeps the tensor alive while the address is in use.
+
+    Raises:
+        ValueError: the tensor is not contiguous.
+    """
+    if not tensor.is_contiguous():
+        raise ValueError("a raw address needs a contiguous tensor (the ProcessGroup stages "
+                         "non-contiguous ones)")
+    return tensor.data_ptr(), tensor.nbytes
+
+
 def byte_view(tensor: torch.Tensor) -> memoryview:
     """The bytes of a contiguous CPU tensor, shared with it (any dtype, bfloat16 included)."""
     if tensor.numel() == 0:
@@ -251,6 +272,7 @@ __all__ = [
     "DTYPE_CODES",
     "Staged",
     "adjacent_flat",
+    "address",
     "as_bytes",
     "as_tensor",
     "byte_view",
@@ -260,6 +282,7 @@ __all__ = [
     "pack",
     "real_view",
     "tensor_from_bytes",
+    "typed_view",
     "uint8_tensor",
     "unpack",
 ]

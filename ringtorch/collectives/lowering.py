@@ -25,6 +25,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from ringtorch._buffers import typed_view
 from ringtorch.collectives.reduce_op import (
     ByteReducer,
     RedOpType,
@@ -108,7 +109,7 @@ def _divider(dtype: torch.dtype, size: int) -> PostStep:
     def divide_torch(reduced: np.ndarray) -> None:
         if not reduced.nbytes:
             return
-        values = torch.from_numpy(reduced).view(dtype)
+        values = typed_view(reduced, dtype)
         if dtype is torch.complex32:  # no division kernel: through complex64
             values.copy_(values.to(torch.complex64).div_(size))
         else:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ringtorch._buffers import as_bytes
+from ringtorch._buffers import as_bytes, typed_view
 
 
 class RedOpType(enum.IntEnum):
@@ -263,8 +263,8 @@ def byte_reducer(op: Any, dtype: torch.dtype) -> ByteReducer:
     fn = _torch_kernel(kind, dtype)
 
     def reduce_torch(dst: np.ndarray, src: np.ndarray, src_first: bool) -> None:
-        d = torch.from_numpy(dst).view(dtype)
-        s = torch.from_numpy(src).view(dtype)
+        d = typed_view(dst, dtype)
+        s = typed_view(src, dtype)
         if src_first:
             fn(s, d, out=d)
         else:

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ringtorch._buffers import as_bytes
+from ringtorch._buffers import address, as_bytes
 from ringtorch._config import MPI_CHECK
 from ringtorch._errors import DistBackendError
 from ringtorch.collectives.backends import mpi_env
@@ -272,10 +272,7 @@ class MpiBackend(Backend):
         where ``tensor.view(torch.uint8).numpy()`` costs 1.5-3 µs). The caller keeps the
         tensor alive until MPI is done with it: every operation here completes before it
         returns."""
-        if not tensor.is_contiguous():
-            raise ValueError("the MPI backend needs contiguous tensors (the ProcessGroup stages "
-                             "non-contiguous ones)")
-        return self._mpi.buffer.fromaddress(tensor.data_ptr(), tensor.nbytes)
+        return self._mpi.buffer.fromaddress(*address(tensor))
 
     # -- collectives ----------------------------------------------------------------------
 

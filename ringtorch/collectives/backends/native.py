@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ringtorch import _config
-from ringtorch._buffers import as_bytes
+from ringtorch._buffers import as_bytes, typed_view
 from ringtorch._errors import DistBackendError
 from ringtorch._wire import mailbox as mb
 from ringtorch._wire.errors import DeadlineExceeded, PeerClosedError
@@ -421,7 +421,7 @@ class NativeBackend(Backend):
         if got is None:
             return torch.zeros(numel, dtype=dtype)
         index, data = got
-        tensor = torch.from_numpy(data).view(dtype)
+        tensor = typed_view(data, dtype)
         self._shared_at[tensor.data_ptr()] = (index, nbytes)
         return tensor
 
