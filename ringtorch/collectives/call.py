@@ -9,7 +9,9 @@ into it in this module only (byte layouts in docs/wire-protocol.md):
 * the socket frame header prefix (``_wire/mesh.py``'s COLL_HEADER without its payload size);
 * the shared-memory descriptor words (``_wire/shm_domain.py``: seq, kind, detail, nbytes; a
   CollectiveCall *is* a descriptor: the domain reads those four attributes);
-* the status record a rank answers to a peer's "where are you?" (op, seq, state).
+* the status record a rank answers to a peer's "where are you?" (op, seq, state);
+* the MPI backend's agreement record (six int64: seq, op, reduce op, dtype, bytes, root;
+  -1 where a field is not compared), gathered from every rank before a collective.
 
 The words a user reads (``describe``) come from the encoded codes, so a call decoded from a
 peer's bytes reads exactly as one built here. Messages are composed in reports.py.
@@ -118,7 +120,7 @@ class CallMaker:
         self.group = group
         self._signatures: dict[tuple[Any, ...], Signature] = {}
 
-    def __call__(self, op: str, seq: int, dtype: torch.dtype, redop: RedOpType | None,
+    def __call__(self, op: str, seq: int, dtype: torch.dtype | None, redop: RedOpType | None,
                  root: int, nbytes: int, deadline: float) -> CollectiveCall:
         """The call of ``op`` #``seq`` (``root`` -1 and ``redop`` None when they do not apply)."""
         key = (op, dtype, redop, root)
@@ -127,14 +129,14 @@ class CallMaker:
             sig = self.signature(op, dtype, redop, root)
         return _new(CollectiveCall, (*sig, seq, nbytes, deadline))  # type: ignore[no-any-return]
 
-    def signature(self, op: str, dtype: torch.dtype, redop: RedOpType | None,
+    def signature(self, op: str, dtype: torch.dtype | None, redop: RedOpType | None,
                   root: int) -> Signature:
         """The per-(op, dtype, redop, root) part of a call (cached): a hot path may keep it
         and build its calls as ``new_call(signature, seq, nbytes, deadline)``."""
         if len(self._signatures) > 4096:
             self._signatures.clear()
         red = NO_REDOP if redop is None else int(redop)
-        detail = DTYPE_CODES.get(dtype, 0) | red << 8 | (root + 1) << 16
+        detail = (0 if dtype is None else DTYPE_CODES.get(dtype, 0)) | red << 8 | (root + 1) << 16
         sig: Signature = (op, dtype, redop, root, self.group, OP_CODES[op], detail)
         self._signatures[(op, dtype, redop, root)] = sig
         return sig
@@ -190,6 +192,32 @@ def from_descriptor(seq: int, kind: int, detail: int, nbytes: int,
     return CollectiveCall(op, dtype, redop, root - 1, group, kind, detail, seq, nbytes, 0.0)
 
 
+AGREEMENT = struct.Struct("<6q")
+_NOT_COMPARED = 0xFF  # the dtype code of a decoded agreement record that did not compare it
+
+
+def agreement_record(call: CollectiveCall) -> bytes:
+    """The MPI backend's agreement record of ``call``: fields it leaves out (dtype None,
+    redop None, nbytes -1, root -1) are -1, so they are not compared."""
+    dtype = -1 if call.dtype is None else call.detail & 0xFF
+    return AGREEMENT.pack(call.seq, call.kind, -1 if call.redop is None else int(call.redop),
+                          dtype, call.nbytes, call.root)
+
+
+def from_agreement(raw: bytes, group: str = "") -> list[CollectiveCall]:
+    """Every rank's agreement record, gathered back to back, decoded into calls (a dtype
+    that was not compared has code 0xFF in ``detail``; an unknown one code 0)."""
+    calls = []
+    for seq, kind, red, code, nbytes, root in AGREEMENT.iter_unpack(raw):
+        dtype = DTYPES[code - 1] if 0 < code <= len(DTYPES) else None
+        redop = RedOpType(red) if red in RedOpType._value2member_map_ else None
+        detail = (_NOT_COMPARED if code < 0 else code) | (NO_REDOP if red < 0 else red) << 8 \
+            | (root + 1) << 16
+        calls.append(CollectiveCall(OP_NAMES.get(kind, f"op#{kind}"), dtype, redop, root, group,
+                                    kind, detail, seq, nbytes, 0.0))
+    return calls
+
+
 def status_record(call: CollectiveCall | None, running: bool) -> dict[str, Any]:
     """What this rank answers to a peer's status query: its current or last collective."""
     if call is None:
@@ -221,7 +249,8 @@ def describe(call: CollectiveCall) -> str:
     return f"{OP_NAMES.get(call.kind, f'op#{call.kind}')} #{call.seq} ({', '.join(parts)})"
 
 
-__all__ = ["COLL_TAG", "DTYPES", "DTYPE_CODES", "FRAME_HEADER", "FRAME_PAYLOAD", "FRAME_PREFIX", "NO_REDOP",
-           "NO_ROOT", "OP_CODES", "OP_NAMES", "SHARED_SEQ_BASE", "SHARED_TENSOR_KIND",
-           "CallMaker", "CollectiveCall", "Signature", "describe", "facade_call", "frame_prefix",
-           "from_descriptor", "from_frame", "new_call", "status_record"]
+__all__ = ["AGREEMENT", "COLL_TAG", "DTYPES", "DTYPE_CODES", "FRAME_HEADER", "FRAME_PAYLOAD",
+           "FRAME_PREFIX", "NO_REDOP", "NO_ROOT", "OP_CODES", "OP_NAMES", "SHARED_SEQ_BASE",
+           "SHARED_TENSOR_KIND", "CallMaker", "CollectiveCall", "Signature", "agreement_record",
+           "describe", "facade_call", "frame_prefix", "from_agreement", "from_descriptor",
+           "from_frame", "new_call", "status_record"]

@@ -109,6 +109,26 @@ def missing_report(seq: int, statuses: dict[int, dict[str, Any]], peers: list[in
     return f"ranks {missing} did not arrive ({'; '.join(where)})"
 
 
+def disagreement(call: CollectiveCall, calls: list[CollectiveCall]) -> str:
+    """The MPI backend's agreement check failed: ``calls`` are every rank's records
+    (call.from_agreement); only the fields that were compared are named."""
+    lines = []
+    for rank, theirs in enumerate(calls):
+        parts = []
+        if theirs.redop is not None:
+            parts.append(theirs.redop.name)
+        code = theirs.detail & 0xFF
+        if code != 0xFF:
+            parts.append(str(theirs.dtype) if theirs.dtype is not None else "another dtype")
+        if theirs.nbytes >= 0:
+            parts.append(f"{theirs.nbytes} bytes")
+        if theirs.root >= 0:
+            parts.append(f"root {theirs.root}")
+        lines.append(f"rank {rank} called {theirs.op} #{theirs.seq} ({', '.join(parts)})")
+    return (f"{call.op} #{call.seq} on group '{call.group}': the ranks called different "
+            f"collectives or disagree on their arguments: " + "; ".join(lines))
+
+
 def fingerprint_mismatch(rank: int, mine: dict[str, Any], other: int,
                          theirs: dict[str, Any]) -> str:
     """The DETAIL check's mismatch, in torch's ProcessGroupWrapper words (fingerprints:
@@ -179,5 +199,5 @@ class ShmWords:
         return f"{self.what(desc, me)} failed: {cause}"
 
 
-__all__ = ["ShmWords", "Words", "fingerprint_mismatch", "fingerprint_missing",
+__all__ = ["ShmWords", "Words", "disagreement", "fingerprint_mismatch", "fingerprint_missing",
            "missing_report"]

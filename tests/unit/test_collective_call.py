@@ -110,3 +110,20 @@ def test_missing_report_names_late_silent_and_idle_ranks():
         "answer; rank 4 is at no collective yet)")
     assert missing_report(5, {1: statuses[1]}, [1], [1], who) == (
         "every rank arrived; this rank was waiting for data from rank 1")
+
+
+def test_the_mpi_agreement_record_round_trips_and_names_only_what_it_compares():
+    from ringtorch.collectives.call import agreement_record, from_agreement
+    from ringtorch.collectives.reports import disagreement
+
+    make = CallMaker("default")
+    mine = make("all_reduce", 3, torch.float32, RedOpType.SUM, -1, 12, 0.0)
+    theirs = make("broadcast", 3, None, None, 0, 12, 0.0)
+    calls = from_agreement(agreement_record(mine) + agreement_record(theirs), "default")
+    assert [(c.op, c.seq, c.dtype, c.redop, c.root, c.nbytes) for c in calls] == [
+        ("all_reduce", 3, torch.float32, RedOpType.SUM, -1, 12),
+        ("broadcast", 3, None, None, 0, 12)]
+    assert disagreement(mine, calls) == (
+        "all_reduce #3 on group 'default': the ranks called different collectives or disagree "
+        "on their arguments: rank 0 called all_reduce #3 (SUM, torch.float32, 12 bytes); "
+        "rank 1 called broadcast #3 (12 bytes, root 0)")

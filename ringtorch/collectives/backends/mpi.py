@@ -29,7 +29,6 @@ Rules it keeps (docs/mpi.md numbers them):
 
 from __future__ import annotations
 
-import struct
 import sys
 import time
 from typing import Any
@@ -42,6 +41,7 @@ from ringtorch._config import MPI_CHECK
 from ringtorch._errors import DistBackendError
 from ringtorch.collectives.backends import mpi_env
 from ringtorch.collectives.backends.base import Backend, BackendContext
+from ringtorch.collectives.call import AGREEMENT, CallMaker, agreement_record, from_agreement
 from ringtorch.collectives.lowering import Lowering, lower, scale
 from ringtorch.collectives.reduce_op import (
     RedOpType,
@@ -49,6 +49,7 @@ from ringtorch.collectives.reduce_op import (
     check_reduce_op,
     premul_factor,
 )
+from ringtorch.collectives.reports import disagreement
 
 # torch dtype -> the MPI datatype (by name) of reductions MPI computes itself.
 _MPI_TYPES: dict[torch.dtype, str] = {
@@ -72,14 +73,6 @@ _BOOL_OPS = {
     RedOpType.MAX: "LOR", RedOpType.BAND: "LAND", RedOpType.BOR: "LOR", RedOpType.BXOR: "LXOR",
 }
 
-_COLLECTIVES = ("broadcast", "all_reduce", "reduce", "all_gather", "gather", "scatter",
-                "reduce_scatter", "all_to_all", "barrier")
-_DTYPE_CODES = {dtype: code for code, dtype in enumerate(
-    [*_MPI_TYPES, *_USER_OP_TYPES, torch.float8_e4m3fn, torch.float8_e5m2])}
-_COLLECTIVE_CODES = {name: code for code, name in enumerate(_COLLECTIVES)}
-# What each rank puts in the agreement check (rule 4), little-endian int64s; -1: not compared.
-#   seq | collective code | reduce op (RedOpType) | dtype code | nbytes | root
-_HEADER = struct.Struct("<6q")
 
 # Every subgroup is made with this tag: MPI matches Create_group calls on COMM_WORLD in the
 # order the members make them, which is new_group's order (every rank calls it in the same
@@ -118,7 +111,8 @@ class MpiBackend(Backend):
         with self._lock:
             self._comm = self._make_comm()
         self._check = MPI_CHECK.get() and ctx.size > 1
-        self._headers = bytearray(_HEADER.size * ctx.size)
+        self._records = bytearray(AGREEMENT.size * ctx.size)
+        self._calls = CallMaker(ctx.group_name)
         self._lowered: dict[tuple[RedOpType, torch.dtype, str], Lowering] = {}
 
     # -- set-up ---------------------------------------------------------------------------
@@ -214,36 +208,20 @@ class MpiBackend(Backend):
                         f"cannot be used any more")
         raise DistBackendError(self._failed)
 
-    def _agree(self, name: str, seq: int, deadline: float, kind: int = -1,
+    def _agree(self, name: str, seq: int, deadline: float, redop: RedOpType | None = None,
                dtype: torch.dtype | None = None, nbytes: int = -1, root: int = -1) -> None:
-        """Rule 4: every rank is at the same collective with the same arguments, or all raise."""
+        """Rule 4: every rank is at the same collective with the same arguments, or all raise
+        (the fields left out are not compared)."""
         self._enter(name)
         if not self._check:
             return
-        header = _HEADER.pack(seq, _COLLECTIVE_CODES[name], kind,
-                              -1 if dtype is None else _DTYPE_CODES.get(dtype, 99), nbytes, root)
-        self._collective(name, deadline, "Allgather", [header, self._mpi.BYTE],
-                         [self._headers, self._mpi.BYTE])
-        if self._headers != header * self.size:
-            raise DistBackendError(self._describe_mismatch(name, seq))
-
-    def _describe_mismatch(self, name: str, seq: int) -> str:
-        codes = {code: dtype for dtype, code in _DTYPE_CODES.items()}
-        lines = []
-        for rank, (r_seq, coll, kind, dt, nbytes, root) in enumerate(
-                _HEADER.iter_unpack(self._headers)):
-            parts = []
-            if kind >= 0:
-                parts.append(RedOpType(kind).name)
-            if dt >= 0:
-                parts.append(str(codes.get(dt, "another dtype")))
-            if nbytes >= 0:
-                parts.append(f"{nbytes} bytes")
-            if root >= 0:
-                parts.append(f"root {root}")
-            lines.append(f"rank {rank} called {_COLLECTIVES[coll]} #{r_seq} ({', '.join(parts)})")
-        return (f"{name} #{seq} on group '{self.ctx.group_name}': the ranks called different "
-                f"collectives or disagree on their arguments: " + "; ".join(lines))
+        call = self._calls(name, seq, dtype, redop, root, nbytes, deadline)
+        record = agreement_record(call)
+        self._collective(name, deadline, "Allgather", [record, self._mpi.BYTE],
+                         [self._records, self._mpi.BYTE])
+        if self._records != record * self.size:
+            raise DistBackendError(disagreement(call, from_agreement(bytes(self._records),
+                                                                     call.group)))
 
     def _reduction(self, name: str, op: Any, dtype: torch.dtype) -> tuple[Any, Any, Lowering]:
         """(MPI datatype, MPI op, lowering) for reducing ``dtype`` with ``op``: MPI applies
