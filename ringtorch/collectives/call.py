@@ -196,12 +196,20 @@ AGREEMENT = struct.Struct("<6q")
 _NOT_COMPARED = 0xFF  # the dtype code of a decoded agreement record that did not compare it
 
 
+def agreement_fields(sig: Signature) -> tuple[int, int, int, int]:
+    """(op code, reduce op, dtype code, root) of the agreement records of the calls with
+    signature ``sig`` (a hot path caches them and packs ``AGREEMENT.pack(seq, op, reduce op,
+    dtype, nbytes, root)`` itself, as :func:`agreement_record` does)."""
+    op, dtype, redop, root, _group, kind, detail = sig
+    return (kind, -1 if redop is None else int(redop), -1 if dtype is None else detail & 0xFF,
+            root)
+
+
 def agreement_record(call: CollectiveCall) -> bytes:
     """The MPI backend's agreement record of ``call``: fields it leaves out (dtype None,
     redop None, nbytes -1, root -1) are -1, so they are not compared."""
-    dtype = -1 if call.dtype is None else call.detail & 0xFF
-    return AGREEMENT.pack(call.seq, call.kind, -1 if call.redop is None else int(call.redop),
-                          dtype, call.nbytes, call.root)
+    kind, red, dtype, root = agreement_fields(call[:7])  # type: ignore[arg-type]
+    return AGREEMENT.pack(call.seq, kind, red, dtype, call.nbytes, root)
 
 
 def from_agreement(raw: bytes, group: str = "") -> list[CollectiveCall]:
@@ -251,6 +259,6 @@ def describe(call: CollectiveCall) -> str:
 
 __all__ = ["AGREEMENT", "COLL_TAG", "DTYPES", "DTYPE_CODES", "FRAME_HEADER", "FRAME_PAYLOAD",
            "FRAME_PREFIX", "NO_REDOP", "NO_ROOT", "OP_CODES", "OP_NAMES", "SHARED_SEQ_BASE",
-           "SHARED_TENSOR_KIND", "CallMaker", "CollectiveCall", "Signature", "agreement_record",
-           "describe", "facade_call", "frame_prefix", "from_agreement", "from_descriptor",
-           "from_frame", "new_call", "status_record"]
+           "SHARED_TENSOR_KIND", "CallMaker", "CollectiveCall", "Signature", "agreement_fields",
+           "agreement_record", "describe", "facade_call", "frame_prefix", "from_agreement",
+           "from_descriptor", "from_frame", "new_call", "status_record"]

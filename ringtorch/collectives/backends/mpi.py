@@ -41,7 +41,14 @@ from ringtorch._config import MPI_CHECK
 from ringtorch._errors import DistBackendError
 from ringtorch.collectives.backends import mpi_env
 from ringtorch.collectives.backends.base import Backend, BackendContext
-from ringtorch.collectives.call import AGREEMENT, CallMaker, agreement_record, from_agreement
+from ringtorch.collectives.call import (
+    AGREEMENT,
+    CallMaker,
+    Signature,
+    agreement_fields,
+    from_agreement,
+    new_call,
+)
 from ringtorch.collectives.lowering import Lowering, lower, scale
 from ringtorch.collectives.reduce_op import (
     RedOpType,
@@ -113,6 +120,7 @@ class MpiBackend(Backend):
         self._check = MPI_CHECK.get() and ctx.size > 1
         self._records = bytearray(AGREEMENT.size * ctx.size)
         self._calls = CallMaker(ctx.group_name)
+        self._agreements: dict[tuple[Any, ...], tuple[Signature, tuple[int, int, int, int]]] = {}
         self._lowered: dict[tuple[RedOpType, torch.dtype, str], Lowering] = {}
 
     # -- set-up ---------------------------------------------------------------------------
@@ -215,11 +223,17 @@ class MpiBackend(Backend):
         self._enter(name)
         if not self._check:
             return
-        call = self._calls(name, seq, dtype, redop, root, nbytes, deadline)
-        record = agreement_record(call)
+        key = (name, dtype, redop, root)
+        found = self._agreements.get(key)
+        if found is None:  # the call's signature and its record's fields, once per key
+            sig = self._calls.signature(name, dtype, redop, root)
+            found = self._agreements[key] = (sig, agreement_fields(sig))
+        sig, (kind, red, code, root) = found
+        record = AGREEMENT.pack(seq, kind, red, code, nbytes, root)  # call.agreement_record
         self._collective(name, deadline, "Allgather", [record, self._mpi.BYTE],
                          [self._records, self._mpi.BYTE])
         if self._records != record * self.size:
+            call = new_call(sig, seq, nbytes, deadline)
             raise DistBackendError(disagreement(call, from_agreement(bytes(self._records),
                                                                      call.group)))
 
