@@ -53,7 +53,7 @@ from ringtorch.collectives.lowering import Lowering, lower, scale
 from ringtorch.collectives.reduce_op import (
     RedOpType,
     byte_reducer,
-    check_reduce_op,
+    op_type,
     premul_factor,
 )
 from ringtorch.collectives.reports import disagreement
@@ -121,7 +121,7 @@ class MpiBackend(Backend):
         self._records = bytearray(AGREEMENT.size * ctx.size)
         self._calls = CallMaker(ctx.group_name)
         self._agreements: dict[tuple[Any, ...], tuple[Signature, tuple[int, int, int, int]]] = {}
-        self._lowered: dict[tuple[RedOpType, torch.dtype, str], Lowering] = {}
+        self._reductions: dict[tuple[RedOpType, torch.dtype, str], tuple[Any, Any, Lowering]] = {}
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -240,11 +240,16 @@ class MpiBackend(Backend):
     def _reduction(self, name: str, op: Any, dtype: torch.dtype) -> tuple[Any, Any, Lowering]:
         """(MPI datatype, MPI op, lowering) for reducing ``dtype`` with ``op``: MPI applies
         the base op; PREMUL_SUM's scaling and AVG's division are the lowering's."""
+        kind = op if type(op) is RedOpType else op_type(op)
+        found = self._reductions.get((kind, dtype, name))
+        if found is None:  # checked and lowered once per (op, dtype, collective)
+            found = self._reductions[(kind, dtype, name)] = self._reduction_of(name, kind, dtype)
+        return found
+
+    def _reduction_of(self, name: str, kind: RedOpType,
+                      dtype: torch.dtype) -> tuple[Any, Any, Lowering]:
         MPI = self._mpi
-        kind = check_reduce_op(op, dtype, name)
-        low = self._lowered.get((kind, dtype, name))
-        if low is None:
-            low = self._lowered[(kind, dtype, name)] = lower(kind, dtype, name, self.size)
+        low = lower(kind, dtype, name, self.size)
         if dtype in _MPI_TYPES:
             ops = _BOOL_OPS if dtype is torch.bool else _MPI_OPS
             return getattr(MPI, _MPI_TYPES[dtype]), getattr(MPI, ops[low.base]), low
@@ -277,10 +282,12 @@ class MpiBackend(Backend):
         """See base class."""
         types, mpi_op, low = self._reduction("all_reduce", op, buf.dtype)
         self._agree("all_reduce", seq, deadline, low.kind, buf.dtype, buf.nbytes)
-        _premultiply(buf, op, low)
+        if low.scales:
+            _premultiply(buf, op, low)
         self._collective("all_reduce", deadline, "Allreduce", self._mpi.IN_PLACE,
                          self._typed(buf, types), mpi_op)
-        _post(buf, low)
+        if low.post is not None:
+            _post(buf, low)
 
     def reduce(self, buf: torch.Tensor, op: Any, root: int, seq: int, deadline: float) -> None:
         """See base class."""
