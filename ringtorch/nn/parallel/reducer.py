@@ -111,7 +111,7 @@ class _Bucket:
         self.offsets = plan.offsets
         self.params = [params[i] for i in plan.indices]
         first = self.params[0]
-        # `allocate` (the backend's shared_tensor) puts the buffer in the group's shared memory,
+        # `allocate` (the group's shared_tensor) puts the buffer in the group's shared memory,
         # whose all_reduce needs no copy in; it gives an ordinary tensor where that is off
         self.shared = allocate is not None and first.device.type == "cpu"
         self.buffer = (allocate(plan.numel, first.dtype) if self.shared and allocate is not None
@@ -440,12 +440,11 @@ class Reducer:
             buffer.copy_(content)
 
 
-def _shared_allocator(group: Any) -> Callable[[int, torch.dtype], torch.Tensor] | None:
-    """The group's ``shared_tensor(numel, dtype)`` (the same-host shared-memory backend's), or
-    None for a backend without one (MPI, a custom backend)."""
-    get_backend = getattr(group, "_get_backend", None)
-    backend = get_backend(torch.device("cpu")) if get_backend is not None else None
-    return getattr(backend, "shared_tensor", None)
+def _shared_allocator(group: dist.ProcessGroup) -> Callable[[int, torch.dtype],
+                                                             torch.Tensor] | None:
+    """The group's ``shared_tensor(numel, dtype)`` where the group declares shared memory
+    (``ProcessGroup.shares_memory``), else None (sockets, MPI, a custom backend)."""
+    return group.shared_tensor if group.shares_memory else None
 
 
 class _Pending:
