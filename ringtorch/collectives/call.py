@@ -127,7 +127,7 @@ class CallMaker:
         sig = self._signatures.get(key)
         if sig is None:
             sig = self.signature(op, dtype, redop, root)
-        return _new(CollectiveCall, (*sig, seq, nbytes, deadline))  # type: ignore[no-any-return]
+        return _new(CollectiveCall, (*sig, seq, nbytes, deadline))
 
     def signature(self, op: str, dtype: torch.dtype | None, redop: RedOpType | None,
                   root: int) -> Signature:
@@ -151,7 +151,7 @@ class CallMaker:
 
 def new_call(sig: Signature, seq: int, nbytes: int, deadline: float) -> CollectiveCall:
     """A call from its signature (what CallMaker does; the hot path inlines it)."""
-    return _new(CollectiveCall, (*sig, seq, nbytes, deadline))  # type: ignore[no-any-return]
+    return _new(CollectiveCall, (*sig, seq, nbytes, deadline))
 
 
 def facade_call(op_name: str, seq: int, group: str, deadline: float) -> CollectiveCall:
@@ -208,7 +208,7 @@ def agreement_fields(sig: Signature) -> tuple[int, int, int, int]:
 def agreement_record(call: CollectiveCall) -> bytes:
     """The MPI backend's agreement record of ``call``: fields it leaves out (dtype None,
     redop None, nbytes -1, root -1) are -1, so they are not compared."""
-    kind, red, dtype, root = agreement_fields(call[:7])  # type: ignore[arg-type]
+    kind, red, dtype, root = agreement_fields(call[:7])
     return AGREEMENT.pack(call.seq, kind, red, dtype, call.nbytes, root)
 
 

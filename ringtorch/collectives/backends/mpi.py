@@ -405,14 +405,14 @@ def _post(buf: torch.Tensor, low: Lowering) -> None:
 
 def _premultiply(buf: torch.Tensor, op: Any, low: Lowering) -> None:
     if low.scales and buf.numel():
-        scale(buf, premul_factor(op), in_place=True)  # type: ignore[arg-type]
+        scale(buf, premul_factor(op), in_place=True)
 
 
 def _premultiplied_copy(buf: torch.Tensor, op: Any, low: Lowering) -> torch.Tensor:
     """``buf`` itself, or for PREMUL_SUM a scaled copy (the caller's input stays as it was)."""
     if not low.scales:
         return buf
-    return scale(buf, premul_factor(op), in_place=False)  # type: ignore[arg-type]
+    return scale(buf, premul_factor(op), in_place=False)
 
 
 def _counted(spec: list[Any], splits: list[int], itemsize: int) -> list[Any]:
