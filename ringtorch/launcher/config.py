@@ -218,6 +218,13 @@ def choose_job_secret(env_secret: str, multi_node: bool, allow_no_secret: bool) 
         "RINGTORCH_ALLOW_NO_SECRET=1 to run unauthenticated (not recommended)")
 
 
+def _is_registered(backend: str) -> bool:
+    """Whether a custom rendezvous backend of that name is registered (handlers.py)."""
+    from ringtorch.launcher.handlers import rendezvous_handler_registry
+
+    return rendezvous_handler_registry.is_registered(backend)
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
     """Everything the agent needs to run one job on this node.
@@ -264,10 +271,11 @@ class LaunchConfig:
         if self.monitor_interval <= 0:
             raise LaunchConfigError(
                 f"--monitor-interval must be > 0 seconds, got {self.monitor_interval}")
-        if self.rdzv_backend not in RDZV_BACKENDS:
+        if self.rdzv_backend not in RDZV_BACKENDS and not _is_registered(self.rdzv_backend):
             raise LaunchConfigError(
                 f"--rdzv-backend {self.rdzv_backend!r} is not supported; use one of "
-                f"{', '.join(RDZV_BACKENDS)}")
+                f"{', '.join(RDZV_BACKENDS)}, or register a custom backend under that name "
+                f"(rendezvous_handler_registry.register, or a torchrun.handlers entry point)")
         if self.rdzv_backend == "c10d" and not self.rdzv_endpoint:
             raise LaunchConfigError("--rdzv-backend c10d needs --rdzv-endpoint HOST[:PORT] "
                                     "(the address of the node that hosts the rendezvous)")

@@ -40,7 +40,9 @@ ALLOWED: dict[str, set[str]] = {
                                   "ringtorch.rendezvous", "ringtorch.store"},
     "ringtorch.distributed.launch": {"ringtorch.distributed.run", "ringtorch.launcher",
                                      "ringtorch._workers"},
-    "ringtorch.distributed.elastic": {"ringtorch._workers"},
+    "ringtorch.distributed.elastic": {"ringtorch._workers", "ringtorch.launcher"},
+    "ringtorch.distributed.launcher": {"ringtorch.launcher", "ringtorch._workers",
+                                       "ringtorch.distributed.elastic"},
     "ringtorch.launcher": {"ringtorch.rendezvous", "ringtorch.store", "ringtorch._workers",
                            "ringtorch._wire"},
     "ringtorch.multiprocessing": {"ringtorch._workers"},
@@ -50,7 +52,8 @@ ALLOWED: dict[str, set[str]] = {
 }
 
 NO_TORCH = ("ringtorch._wire", "ringtorch._workers", "ringtorch.store", "ringtorch.rendezvous",
-            "ringtorch.launcher", "ringtorch.distributed.run", "ringtorch.distributed.launch")
+            "ringtorch.launcher", "ringtorch.distributed.run", "ringtorch.distributed.launch",
+            "ringtorch.distributed.launcher", "ringtorch.distributed.elastic")
 
 
 def _module_name(path: Path) -> str:
