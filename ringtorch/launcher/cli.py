@@ -46,11 +46,11 @@ _RUN_PATH_BOOTSTRAP = ("import runpy, sys; sys.argv = sys.argv[1:]; "
 class env(argparse.Action):
     """A flag whose default comes from ``PET_<DEST>`` before the given default."""
 
-    def __init__(self, option_strings: list[str], dest: str, default: Any = None,
-                 required: bool = False, **kwargs: Any) -> None:
+    def __init__(self, dest: str, default: Any = None, required: bool = False,
+                 **kwargs: Any) -> None:
         default = os.environ.get(f"PET_{dest.upper()}", default)
-        super().__init__(option_strings, dest, default=default,
-                         required=required and not default, **kwargs)
+        super().__init__(dest=dest, default=default, required=required and not default,
+                         **kwargs)
 
     def __call__(self, parser: ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
@@ -60,11 +60,9 @@ class env(argparse.Action):
 class check_env(argparse.Action):
     """A boolean flag, also set by ``PET_<DEST>=1``."""
 
-    def __init__(self, option_strings: list[str], dest: str, default: bool = False,
-                 **kwargs: Any) -> None:
+    def __init__(self, dest: str, default: bool = False, **kwargs: Any) -> None:
         value = os.environ.get(f"PET_{dest.upper()}", "1" if default else "0")
-        super().__init__(option_strings, dest, const=True, default=bool(int(value)), nargs=0,
-                         **kwargs)
+        super().__init__(dest=dest, const=True, default=bool(int(value)), nargs=0, **kwargs)
 
     def __call__(self, parser: ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
