@@ -1,0 +1,171 @@
+"""``elastic_launch`` from a Python program: the same launches under torch's launcher and
+ringtorch's give the same results and fail with the same ``ChildFailedError``.
+
+Each test launches real workers (two per launch) with torch's
+``torch.distributed.launcher.api`` and with ``ringtorch.distributed.launcher.api``, from this
+process, as a notebook launcher does, and compares what comes back.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.distributed.launcher.api as torch_api
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError as TorchChildFailed
+
+import ringtorch.distributed.launcher.api as ring_api
+from ringtorch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from ringtorch.testing import free_port
+from tests.compat import _elastic_programs as P
+
+APIS = {"torch": torch_api, "ringtorch": ring_api}
+DIST = {"torch": "torch.distributed", "ringtorch": "ringtorch.distributed"}
+
+
+def _config(api: Any, **overrides: Any) -> Any:
+    fields = {"min_nodes": 1, "max_nodes": 1, "nproc_per_node": 2, "run_id": "compat",
+              "rdzv_backend": "c10d", "rdzv_endpoint": "localhost:0", "max_restarts": 0,
+              "monitor_interval": 0.05}
+    fields.update(overrides)
+    return api.LaunchConfig(**fields)
+
+
+def _both(fn: Any, *args: Any, **overrides: Any) -> dict[str, Any]:
+    return {name: api.elastic_launch(_config(api, **overrides), fn)(*args)
+            for name, api in APIS.items()}
+
+
+def test_launch_config_has_torchs_fields_and_defaults() -> None:
+    theirs = torch_api.LaunchConfig(min_nodes=1, max_nodes=2, nproc_per_node=3)
+    ours = ring_api.LaunchConfig(min_nodes=1, max_nodes=2, nproc_per_node=3)
+    names = list(torch_api.LaunchConfig.__dataclass_fields__)
+    assert list(ring_api.LaunchConfig.__dataclass_fields__) == names
+    for name in names:
+        if name in ("logs_specs", "numa_options"):
+            continue  # objects of each library's own classes
+        assert getattr(ours, name) == getattr(theirs, name), name
+    assert ours.rdzv_configs == {"timeout": 900}
+    assert ring_api.LaunchConfig(1, 1, 1, rdzv_timeout=60).rdzv_configs == {"timeout": 60}
+
+
+def test_negative_shutdown_timeout_is_rejected_as_torch() -> None:
+    for api in APIS.values():
+        with pytest.raises(ValueError, match=r"^shutdown_timeout must be non-negative, got -1$"):
+            api.LaunchConfig(1, 1, 1, shutdown_timeout=-1)
+
+
+def test_training_function_returns_each_ranks_result_as_under_torch() -> None:
+    results = {name: api.elastic_launch(_config(api), P.train)(DIST[name], 60)
+               for name, api in APIS.items()}
+    assert results["ringtorch"] == results["torch"]
+    assert sorted(results["ringtorch"]) == [0, 1]
+    for rank, value in results["ringtorch"].items():
+        assert (value["rank"], value["world"], value["local_rank"]) == (rank, 2, rank)
+    # the data-parallel training converged to the weights the data were made with
+    assert results["ringtorch"][0]["weights"] == pytest.approx([1.0, -2.0, 0.5], abs=0.05)
+
+
+def test_static_rendezvous_on_an_explicit_port_as_under_torch() -> None:
+    results = {name: api.elastic_launch(_config(
+        api, rdzv_backend="static", rdzv_endpoint=f"127.0.0.1:{free_port()}",
+        rdzv_configs={"rank": 0}), P.train)(DIST[name], 2) for name, api in APIS.items()}
+    assert results["ringtorch"] == results["torch"]
+
+
+def test_program_entrypoint_returns_none_per_rank_as_torch() -> None:
+    code = "import os, sys; sys.exit(0 if os.environ['WORLD_SIZE'] == '2' else 3)"
+    assert _both(sys.executable, "-c", code) == {"torch": {0: None, 1: None},
+                                                "ringtorch": {0: None, 1: None}}
+
+
+def test_a_restart_reruns_every_worker_as_torch() -> None:
+    results = _both(P.fail_first_attempt, max_restarts=1)
+    assert results["ringtorch"] == results["torch"] == {0: (0, 1), 1: (1, 1)}
+
+
+def _table(message: str) -> list[str]:
+    """The failure table with what differs between runs masked (times, pids, paths, hosts)."""
+    head, _, traceback = message.partition("  traceback : ")
+    lines = head.splitlines()
+    masks = [(r"^(  time      : )\S+$", r"\1<time>"), (r"\(pid: \d+\)", "(pid: <pid>)"),
+             (r"^(  error_file: ).*$", r"\1<path>"), (r"^(  host      : ).*$", r"\1<host>")]
+    for pattern, repl in masks:
+        lines = [re.sub(pattern, repl, line) for line in lines]
+    last = [line.strip() for line in traceback.strip().splitlines() if line.strip()]
+    return lines + [last[-2] if last[-1].startswith("=") else last[-1]]
+
+
+def test_failing_worker_raises_child_failed_error_with_torchs_table() -> None:
+    errors = {}
+    for name, api in APIS.items():
+        with pytest.raises((ChildFailedError, TorchChildFailed)) as info:
+            api.elastic_launch(_config(api), P.fail_on_rank)(1)
+        errors[name] = info.value
+    ours, theirs = errors["ringtorch"], errors["torch"]
+    assert isinstance(ours, ChildFailedError)
+    assert _table(str(ours)) == _table(str(theirs))
+    assert _table(str(ours))[:6] == ["", "=" * 60, "fail_on_rank FAILED", "-" * 60, "Failures:",
+                                     "  <NO_OTHER_FAILURES>"]
+    assert "  rank      : 1 (local_rank: 1)" in str(ours)
+    assert 'raise ValueError(f"bad batch on rank {rank}")' in str(ours)
+    assert _table(str(ours))[-1] == "ValueError: bad batch on rank 1"
+    rank, failure = ours.get_first_failure()
+    assert (rank, failure.local_rank, failure.exitcode) == (1, 1, 1)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"rdzv_backend": "static", "rdzv_endpoint": ""},
+     r"^Endpoint is missing in endpoint. Try to add --master-addr and --master-port$"),
+    ({"rdzv_backend": "static", "rdzv_endpoint": "127.0.0.1"},
+     r"^port is missing in endpoint: 127.0.0.1. Try to specify --master-port$"),
+])
+def test_bad_static_endpoint_is_rejected_with_torchs_message(overrides: dict[str, Any],
+                                                              message: str) -> None:
+    for api in APIS.values():
+        with pytest.raises(ValueError, match=message):
+            api.elastic_launch(_config(api, **overrides), P.fail_on_rank)(0)
+
+
+def test_static_rendezvous_without_a_node_rank_is_rejected_as_torch() -> None:
+    config = _config(ring_api, rdzv_backend="static", rdzv_endpoint="127.0.0.1:29512")
+    with pytest.raises(ValueError, match=r"^rank is absent in RendezvousParameters.Try add "
+                                         r"--node-rank to the cmd request$"):
+        ring_api.elastic_launch(config, P.fail_on_rank)(0)
+
+
+def test_a_backend_nobody_registered_is_refused_before_any_worker_starts() -> None:
+    with pytest.raises(ValueError, match=r"^--rdzv-backend 'etcd' is not supported; use one of "
+                                         r"static, c10d, or register a custom backend"):
+        ring_api.elastic_launch(_config(ring_api, rdzv_backend="etcd"), P.fail_on_rank)(0)
+
+
+def test_elastic_launch_tutorial_program_runs_its_main_defined_function(tmp_path: Path) -> None:
+    program = tmp_path / "launch_tutorial.py"
+    program.write_text(textwrap.dedent("""
+        import ringtorch.distributed as dist
+        from ringtorch.distributed.launcher.api import LaunchConfig, elastic_launch
+        import torch
+
+        def compute(scale):
+            dist.init_process_group("gloo")
+            t = torch.tensor([float(dist.get_rank() + 1)]) * scale
+            dist.all_reduce(t)
+            dist.destroy_process_group()
+            return t.item()
+
+        if __name__ == "__main__":
+            config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="tutorial",
+                                  rdzv_backend="c10d", rdzv_endpoint="localhost:0",
+                                  max_restarts=0)
+            print(sorted(elastic_launch(config, compute)(10.0).items()))
+    """))
+    out = subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[(0, 30.0), (1, 30.0)]"
