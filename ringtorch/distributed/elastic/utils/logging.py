@@ -9,7 +9,7 @@ import inspect
 import logging
 import os
 
-DEFAULT_LOG_LEVEL = "WARNING"
+from ringtorch.distributed.elastic.utils.log_level import get_log_level
 
 
 def get_logger(name: str | None = None) -> logging.Logger:
@@ -19,7 +19,7 @@ def get_logger(name: str | None = None) -> logging.Logger:
         caller = frame.f_back if frame is not None else None
         name = caller.f_globals.get("__name__") if caller is not None else None
     logger = logging.getLogger(name)
-    logger.setLevel(os.environ.get("LOGLEVEL", DEFAULT_LOG_LEVEL))
+    logger.setLevel(os.environ.get("LOGLEVEL", get_log_level()))
     return logger
 
 
