@@ -120,16 +120,21 @@ from ringtorch.distributed import (
 )
 from ringtorch.distributed._args import check_single_tensor, check_tensor_list
 from ringtorch.distributed._world import _world
-from ringtorch.distributed.groups import _get_default_group
+from ringtorch.distributed.groups import _get_default_group as _get_default_group
+from ringtorch.distributed.groups import _get_default_store as _get_default_store
 from ringtorch.distributed.groups import _store_based_barrier as _init_barrier
 
-default_pg_nccl_timeout = timedelta(minutes=10)
-"""NCCL's default timeout (torch's value); ringtorch has no NCCL backend."""
+default_pg_nccl_timeout: timedelta | None = None
+"""NCCL's default timeout; None, as in a torch built without NCCL (ringtorch has no NCCL)."""
 
 
 def _get_default_timeout(backend: Any) -> timedelta:
-    """The default timeout of a group of ``backend``: 10 minutes for NCCL, else 30."""
-    return default_pg_nccl_timeout if backend == Backend.NCCL else default_pg_timeout
+    """The default timeout of a group of ``backend`` (30 minutes; for NCCL, which this build
+    does not have, the same with torch's warning)."""
+    if backend == Backend.NCCL:
+        warnings.warn("Attempted to get default timeout for nccl backend, but NCCL support is "
+                      "not compiled", stacklevel=2)
+    return default_pg_timeout
 
 
 def _rank_not_in_group(group: ProcessGroup | None) -> bool:
@@ -151,8 +156,8 @@ def _check_tensor_list(param: Any, param_name: str) -> None:
 
 def _get_global_rank(group: ProcessGroup, rank: int) -> int:
     """Deprecated spelling of :func:`get_global_rank`."""
-    warnings.warn("torch.distributed.distributed_c10d._get_global_rank is deprecated please "
-                  "use torch.distributed.distributed_c10d.get_global_rank instead",
+    warnings.warn("`ringtorch.distributed.distributed_c10d._get_global_rank` is deprecated, "
+                  "please use `ringtorch.distributed.distributed_c10d.get_global_rank` instead",
                   stacklevel=2)
     return get_global_rank(group, rank)
 

@@ -51,27 +51,30 @@ __all__: list[str] = []
 def _verify_param_shape_across_processes(process_group: ProcessGroup | None,
                                          tensors: list[torch.Tensor],
                                          logger: Any = None) -> None:
-    """Check that every rank of ``process_group`` holds tensors of the same number, shapes
-    and dtypes as rank 0 (before their values are broadcast).
+    """Check, before their values are broadcast, that this rank holds as many tensors as
+    every other rank and that each has rank 0's sizes and strides (torch's checks).
 
     Raises:
-        RuntimeError: a rank differs; the message names it and the first differing tensor.
+        RuntimeError: torch's message; a count mismatch fails on every rank, a shape mismatch
+            on the rank whose tensor differs from rank 0's.
     """
-    mine = [(tuple(t.shape), str(t.dtype)) for t in tensors]
+    me = get_rank(process_group)
+    mine = [(list(t.shape), list(t.stride())) for t in tensors]
     everyone: list[Any] = [None] * get_world_size(process_group)
     all_gather_object(everyone, mine, group=process_group)
-    reference = everyone[0]
     for rank, theirs in enumerate(everyone):
-        if len(theirs) != len(reference):
-            raise RuntimeError(f"DDP expects same model across all ranks, but Rank {rank} has "
-                               f"{len(theirs)} params, while rank 0 has inconsistent "
-                               f"{len(reference)} params.")
-        for i, (got, want) in enumerate(zip(theirs, reference, strict=True)):
-            if got != want:
-                raise RuntimeError(
-                    f"DDP expects same model across all ranks, but Rank {rank}: {i}-th param "
-                    f"with shape {list(got[0])} and {got[1]} appears not to match the same "
-                    f"param in process 0 (shape {list(want[0])} and {want[1]}).")
+        if len(theirs) != len(mine):
+            raise RuntimeError(f"DDP expects same model across all ranks, but Rank {me} has "
+                               f"{len(mine)} params, while rank {rank} has inconsistent "
+                               f"{len(theirs)} params.")
+    for i, ((sizes, strides), (ref_sizes, ref_strides)) in enumerate(
+            zip(mine, everyone[0], strict=True)):
+        if sizes != ref_sizes:
+            raise RuntimeError(f"[{me}]: params[{i}] in this process with sizes {sizes} appears "
+                               f"not to match sizes of the same param in process 0.")
+        if strides != ref_strides:
+            raise RuntimeError(f"[{me}]: params[{i}] in this process with strides {strides} "
+                               f"appears not to match strides of the same param in process 0.")
 
 
 def _sync_module_states(module: nn.Module, process_group: ProcessGroup | None,
