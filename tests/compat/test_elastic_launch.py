@@ -8,6 +8,7 @@ process, as a notebook launcher does, and compares what comes back.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -169,3 +170,87 @@ def test_elastic_launch_tutorial_program_runs_its_main_defined_function(tmp_path
                          timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[(0, 30.0), (1, 30.0)]"
+
+
+def _failure_pair(tmp_path: Path, rank: int, exitcode: int, with_file: bool) -> tuple[Any, Any]:
+    """The same failed worker as torch's ProcessFailure and as ringtorch's."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure as TorchFailure
+
+    from ringtorch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    path = tmp_path / f"error{rank}.json"
+    if with_file:
+        path.write_text(json.dumps({"message": {
+            "message": "ValueError: boom",
+            "extraInfo": {"py_callstack": 'Traceback (most recent call last):\n  File "x.py", '
+                                          'line 1\nValueError: boom\n',
+                          "timestamp": str(1700000000 + rank)}}}))
+    return (TorchFailure(rank, 4000 + rank, exitcode, str(path)),
+            ProcessFailure(rank, 4000 + rank, exitcode, str(path)))
+
+
+def test_failure_table_with_several_failures_is_torchs(tmp_path: Path) -> None:
+    pairs = {0: _failure_pair(tmp_path, 0, 1, True), 2: _failure_pair(tmp_path, 2, 1, True),
+             3: _failure_pair(tmp_path, 3, -9, False)}
+    theirs = TorchChildFailed("train.py", {rank: pair[0] for rank, pair in pairs.items()})
+    ours = ChildFailedError("train.py", {rank: pair[1] for rank, pair in pairs.items()})
+    # the worker killed by a signal has no error file: its time is "now" in both; mask it
+    now = re.compile(r"time      : \S+")
+    assert now.sub("time", str(ours)) == now.sub("time", str(theirs))
+    assert ours.get_first_failure()[0] == theirs.get_first_failure()[0] == 0
+    assert "exitcode  : -9 (pid: 4003)  (SIGKILL)" in str(ours)
+
+
+def test_launch_agent_rejects_what_it_cannot_run() -> None:
+    config = _config(ring_api)
+    with pytest.raises(ValueError, match=r"^entrypoint must be a callable or a program's path, "
+                                         r"got None$"):
+        ring_api.launch_agent(config, None, [])
+    with pytest.raises(ValueError, match=r"^health_check_server is not supported by ringtorch's "
+                                         r"launcher$"):
+        ring_api.elastic_launch(config, P.fail_on_rank, health_check_server=object())(0)
+
+
+def test_a_signal_to_the_launching_program_raises_signal_exception_as_torch(
+        tmp_path: Path) -> None:
+    outputs = {}
+    for name in APIS:
+        program = tmp_path / f"{name}_signalled.py"
+        program.write_text(textwrap.dedent(f"""
+            import os, sys, time
+            from {name}.distributed.launcher.api import LaunchConfig, elastic_launch
+            from {name}.distributed.elastic.multiprocessing import SignalException
+
+            def wait_forever(marker):
+                open(marker + os.environ["RANK"], "w").close()
+                while True:
+                    time.sleep(1)
+
+            if __name__ == "__main__":
+                config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="sig",
+                                      rdzv_backend="c10d", rdzv_endpoint="localhost:0",
+                                      max_restarts=0)
+                try:
+                    elastic_launch(config, wait_forever)(sys.argv[1])
+                except SignalException as exc:
+                    print("SignalException", exc.sigval.name, flush=True)
+        """))
+        marker = str(tmp_path / f"{name}_started_")
+        proc = subprocess.Popen([sys.executable, str(program), marker], cwd=tmp_path,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _wait_for_files([marker + "0", marker + "1"], proc)
+        proc.terminate()
+        out, err = proc.communicate(timeout=60)
+        outputs[name] = (proc.returncode, out.strip().splitlines()[-1:])
+    assert outputs["ringtorch"] == outputs["torch"] == (0, ["SignalException SIGTERM"])
+
+
+def _wait_for_files(paths: list[str], proc: subprocess.Popen[str]) -> None:
+    import os
+    import time
+
+    deadline = time.monotonic() + 60
+    while not all(os.path.exists(p) for p in paths):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the workers did not start"
+        time.sleep(0.05)
