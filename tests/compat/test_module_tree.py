@@ -276,3 +276,16 @@ def test_provided_functions_and_classes_take_torchs_parameters(module: str) -> N
         if want is not None and got is not None and want != got:
             differ.append(f"{name}: torch {want} vs ringtorch {got}")
     assert differ == [], "\n".join(differ)
+
+
+def test_importing_the_submodules_shadows_no_name_of_the_package() -> None:
+    import ringtorch.distributed as rdist
+
+    for module in _provided():
+        _import(_ours(module))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        shadowed = [n for n in dir(torch.distributed) if not n.startswith("_")
+                    and not isinstance(getattr(torch.distributed, n), types.ModuleType)
+                    and isinstance(getattr(rdist, n, None), types.ModuleType)]
+    assert shadowed == []
