@@ -31,6 +31,7 @@ from ringtorch._wire.shm import sweep_stale_segments
 from ringtorch._workers import Guardian, WorkerStartError, become_subreaper, reap_adopted
 from ringtorch.launcher.config import LaunchConfig
 from ringtorch.launcher.decisions import Action, Observation, decide, group_state
+from ringtorch.launcher.handlers import RendezvousGracefulExitError
 from ringtorch.launcher.node_rendezvous import NodeRendezvous, RendezvousError, StaticRendezvous
 from ringtorch.launcher.summary import format_summary, one_line, root_cause
 from ringtorch.launcher.workers import Assignment, LocalWorkerGroup, WorkerFailure
@@ -58,6 +59,7 @@ class Agent:
         self.embedded = embedded
         self.failures: list[WorkerFailure] = []
         self.last_assignment: Assignment | None = None
+        self.left_gracefully = False
         self.remaining_restarts = config.max_restarts
         self._signal: int | None = None
         self._force = False
@@ -107,6 +109,10 @@ class Agent:
         try:
             with _config.override(SECRET=self.config.secret):
                 return self._run(run_dir)
+        except RendezvousGracefulExitError as exc:  # a custom backend left this node out
+            say(f"this node is not part of the job: {exc}")
+            self.left_gracefully = True
+            return 0
         except (RendezvousError, WorkerStartError) as exc:
             if self._signal is not None:
                 say(f"received {signal.Signals(self._signal).name} during the rendezvous")

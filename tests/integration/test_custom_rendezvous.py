@@ -59,6 +59,20 @@ def test_handler_that_fails_to_build_is_reported_with_the_backend_error(tmp_path
         elastic_launch(_config(Path("nowhere:1"), backend="broken"), F.all_reduce_ranks)()
 
 
+class _LeftOut(F.FileRendezvousHandler):
+    def get_backend(self) -> str:
+        return "leftout"
+
+    def next_rendezvous(self) -> rdzv.RendezvousInfo:
+        raise rdzv.RendezvousGracefulExitError("the job is full")
+
+
+def test_a_node_the_backend_leaves_out_runs_nothing_and_succeeds(tmp_path: Path) -> None:
+    rdzv.rendezvous_handler_registry.register("leftout", _LeftOut)
+    assert elastic_launch(_config(tmp_path / "meet", backend="leftout"),
+                          F.all_reduce_ranks)() == {}
+
+
 def _plugin_dir(tmp_path: Path) -> Path:
     """A directory holding an installed distribution's metadata that declares ``filerdzv``
     in torchrun's entry-point group."""

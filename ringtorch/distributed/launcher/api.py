@@ -39,8 +39,13 @@ from ringtorch.distributed.elastic.multiprocessing import (
 )
 from ringtorch.launcher import call
 from ringtorch.launcher.agent import Agent
+from ringtorch.launcher.config import (
+    DEFAULT_C10D_PORT,
+    choose_job_secret,
+    parse_endpoint,
+    parse_signals,
+)
 from ringtorch.launcher.config import LaunchConfig as AgentConfig
-from ringtorch.launcher.config import choose_job_secret, parse_endpoint, parse_signals
 
 DEFAULT_RDZV_TIMEOUT_S = 900
 
@@ -146,6 +151,9 @@ def _agent_config(config: LaunchConfig, argv: list[str]) -> AgentConfig:
     rdzv = {k: str(v) for k, v in config.rdzv_configs.items()}
     rdzv.setdefault("join_timeout", rdzv.get("timeout", str(DEFAULT_RDZV_TIMEOUT_S)))
     static: dict[str, Any] = {}
+    endpoint = config.rdzv_endpoint
+    if config.rdzv_backend == "c10d" and not endpoint.strip():
+        endpoint = f"localhost:{DEFAULT_C10D_PORT}"  # torch's default for the c10d backend
     if config.rdzv_backend == "static":
         host, port = _static_endpoint(config)
         static = {"master_addr": host, "master_port": port,
@@ -159,7 +167,7 @@ def _agent_config(config: LaunchConfig, argv: list[str]) -> AgentConfig:
     return AgentConfig(
         argv=tuple(argv), nproc_per_node=config.nproc_per_node, min_nodes=config.min_nodes,
         max_nodes=config.max_nodes, run_id=config.run_id, role=config.role,
-        rdzv_backend=config.rdzv_backend, rdzv_endpoint=config.rdzv_endpoint,
+        rdzv_backend=config.rdzv_backend, rdzv_endpoint=endpoint,
         rdzv_configs=rdzv, local_addr=config.local_addr, max_restarts=config.max_restarts,
         monitor_interval=config.monitor_interval,
         shutdown_timeout=float(config.shutdown_timeout),
@@ -209,6 +217,8 @@ def launch_agent(config: LaunchConfig, entrypoint: Callable[..., Any] | str | No
         if code > 128:
             sig = signal.Signals(code - 128)
             raise SignalException(f"Process {os.getpid()} got signal: {sig}", sigval=sig)
+        if agent.left_gracefully:
+            return {}  # the rendezvous left this node out: none of its workers ran
         if code != 0 or agent.last_assignment is None:
             raise RuntimeError(f"{name} did not finish: the job was stopped by another node "
                                f"(see the launcher's messages above)")
