@@ -81,7 +81,8 @@ def _both(name: str) -> list[str]:
 _VALUE_FLAGS: list[tuple[list[str], Any, Any, str]] = [
     (["--nnodes"], str, "1:1", "Number of nodes, or MIN:MAX for an elastic job."),
     (_both("--nproc-per-node"), str, "1", "Workers per node: an int, or auto, cpu, gpu."),
-    (_both("--rdzv-backend"), str, "static", "Rendezvous backend: static or c10d."),
+    (_both("--rdzv-backend"), str, "static", "Rendezvous backend: static, c10d, or a custom one "
+                                            "(a torchrun.handlers entry point)."),
     (_both("--rdzv-endpoint"), str, "", "Rendezvous endpoint HOST[:PORT] (c10d)."),
     (_both("--rdzv-id"), str, "none", "Job id shared by the nodes of one job."),
     (_both("--rdzv-conf"), str, "", "Rendezvous options KEY=VALUE,... (join_timeout, "
