@@ -28,7 +28,7 @@ class FileRendezvousHandler(RendezvousHandler):
 
     def __init__(self, params: RendezvousParameters) -> None:
         self.params = params
-        timeout = timedelta(seconds=params.get_as_int("join_timeout", 60) or 60)
+        timeout = timedelta(seconds=params.get_as_int("timeout", 60) or 60)
         self.store = FileStore(params.endpoint, -1, timeout=timeout)
         self.round = 0
 

@@ -44,7 +44,7 @@ def test_handler_timeout_reaches_the_caller_as_its_own_error(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RINGTORCH_SECRET", "s" * 64)  # a job of two nodes needs one
     rdzv.rendezvous_handler_registry.register(F.BACKEND, F.create_handler)
-    config = _config(tmp_path / "meet", max_nodes=2, rdzv_configs={"join_timeout": 1})
+    config = _config(tmp_path / "meet", max_nodes=2, rdzv_configs={"timeout": 1})
     with pytest.raises(rdzv.RendezvousTimeoutError, match=r"^round 1: only 1 node\(s\) came$"):
         elastic_launch(config, F.all_reduce_ranks)()
 

@@ -148,12 +148,14 @@ def _static_endpoint(config: LaunchConfig) -> tuple[str, int]:
 
 def _agent_config(config: LaunchConfig, argv: list[str]) -> AgentConfig:
     """The launcher's own config for ``config``."""
-    rdzv = {k: str(v) for k, v in config.rdzv_configs.items()}
-    rdzv.setdefault("join_timeout", rdzv.get("timeout", str(DEFAULT_RDZV_TIMEOUT_S)))
+    rdzv: dict[str, Any] = dict(config.rdzv_configs)  # a custom backend gets them as given
     static: dict[str, Any] = {}
     endpoint = config.rdzv_endpoint
-    if config.rdzv_backend == "c10d" and not endpoint.strip():
-        endpoint = f"localhost:{DEFAULT_C10D_PORT}"  # torch's default for the c10d backend
+    if config.rdzv_backend == "c10d":
+        rdzv = {k: str(v) for k, v in rdzv.items()}
+        rdzv.setdefault("join_timeout", rdzv.get("timeout", str(DEFAULT_RDZV_TIMEOUT_S)))
+        if not endpoint.strip():
+            endpoint = f"localhost:{DEFAULT_C10D_PORT}"  # torch's default for c10d
     if config.rdzv_backend == "static":
         host, port = _static_endpoint(config)
         static = {"master_addr": host, "master_port": port,
