@@ -91,17 +91,21 @@ def test_ringrun_nodes_rendezvous_through_an_entry_point_backend(tmp_path: Path)
                       "print('result', *all_reduce_ranks(), flush=True)\n")
     env = dict(os.environ, RINGTORCH_SECRET="s" * 64,
                PYTHONPATH=os.pathsep.join([str(_plugin_dir(tmp_path)), str(ROOT)]))
-    command = [sys.executable, "-m", "ringtorch.launcher", "--nnodes", "2", "--nproc-per-node",
-               "1", "--rdzv-backend", F.BACKEND, "--rdzv-endpoint", str(tmp_path / "meet"),
-               "--rdzv-id", "two-nodes", str(worker)]
-    nodes = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, cwd=tmp_path) for _ in range(2)]
+    def command(nproc: int) -> list[str]:
+        return [sys.executable, "-m", "ringtorch.launcher", "--nnodes", "2", "--nproc-per-node",
+                str(nproc), "--rdzv-backend", F.BACKEND, "--rdzv-endpoint",
+                str(tmp_path / "meet"), "--rdzv-id", "two-nodes", str(worker)]
+
+    # nodes of different sizes: the launchers agree on the global ranks through the store
+    nodes = [subprocess.Popen(command(nproc), env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+             for nproc in (1, 2)]
     outputs = [node.communicate(timeout=120) for node in nodes]
     for node, (_, err) in zip(nodes, outputs, strict=True):
         assert node.returncode == 0, err
     lines = sorted(line for out, _ in outputs for line in out.splitlines()
                    if line.startswith("result"))
-    assert lines == ["result 0 2 3.0", "result 1 2 3.0"]
+    assert lines == ["result 0 3 6.0", "result 1 3 6.0", "result 2 3 6.0"]
 
 
 def test_ringrun_refuses_a_backend_nobody_registered(tmp_path: Path) -> None:
