@@ -9,10 +9,12 @@ process, as a notebook launcher does, and compares what comes back.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -246,11 +248,42 @@ def test_a_signal_to_the_launching_program_raises_signal_exception_as_torch(
 
 
 def _wait_for_files(paths: list[str], proc: subprocess.Popen[str]) -> None:
-    import os
-    import time
-
+    """Wait (bounded) until the workers have written their markers."""
     deadline = time.monotonic() + 60
     while not all(os.path.exists(p) for p in paths):
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.monotonic() < deadline, "the workers did not start"
         time.sleep(0.05)
+
+
+def test_a_recorded_main_reports_the_workers_error_in_its_own_error_file_as_torch(
+        tmp_path: Path) -> None:
+    reported = {}
+    for name in APIS:
+        program = tmp_path / f"{name}_recorded.py"
+        program.write_text(textwrap.dedent(f"""
+            from {name}.distributed.elastic.multiprocessing.errors import record
+            from {name}.distributed.launcher.api import LaunchConfig, elastic_launch
+            from tests.compat._elastic_programs import fail_on_rank
+
+            @record
+            def main():
+                config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="rec",
+                                      rdzv_backend="c10d", rdzv_endpoint="localhost:0",
+                                      max_restarts=0)
+                elastic_launch(config, fail_on_rank)(1)
+
+            if __name__ == "__main__":
+                main()
+        """))
+        error_file = tmp_path / f"{name}_error.json"
+        env = dict(os.environ, TORCHELASTIC_ERROR_FILE=str(error_file),
+                   PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+        out = subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
+                             timeout=120, cwd=tmp_path, env=env)
+        assert out.returncode == 1, out.stderr[-3000:]
+        message = json.loads(error_file.read_text())["message"]
+        reported[name] = (message["message"], message["errorCode"],
+                          message["extraInfo"]["py_callstack"].strip().splitlines()[-1])
+    assert reported["ringtorch"] == reported["torch"] == (
+        "ValueError: bad batch on rank 1", 1, "ValueError: bad batch on rank 1")
