@@ -36,6 +36,12 @@ class FileRendezvousHandler(RendezvousHandler):
         return BACKEND
 
     def next_rendezvous(self) -> RendezvousInfo:
+        store, rank = self.meet()
+        return RendezvousInfo(store, rank, self.params.max_nodes,
+                              RendezvousStoreInfo.build(rank, store, "127.0.0.1"))
+
+    def meet(self) -> tuple[PrefixStore, int]:
+        """Wait for the round's nodes; this round's store and this node's rank."""
         self.round += 1
         prefix = f"{self.params.run_id}/round{self.round}/"
         arrival = self.store.add(prefix + "arrived", 1)
@@ -46,10 +52,7 @@ class FileRendezvousHandler(RendezvousHandler):
         except Exception as exc:
             raise RendezvousTimeoutError(f"round {self.round}: only {arrival} node(s) came") \
                 from exc
-        store = PrefixStore(prefix, self.store)
-        rank = arrival - 1
-        return RendezvousInfo(store, rank, self.params.max_nodes,
-                              RendezvousStoreInfo.build(rank, store, "127.0.0.1"))
+        return PrefixStore(prefix, self.store), arrival - 1
 
     def is_closed(self) -> bool:
         return self.store.check([f"{self.params.run_id}/closed"])

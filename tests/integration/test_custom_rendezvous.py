@@ -73,6 +73,24 @@ def test_a_node_the_backend_leaves_out_runs_nothing_and_succeeds(tmp_path: Path)
                           F.all_reduce_ranks)() == {}
 
 
+class _NoBootstrap(F.FileRendezvousHandler):
+    """A handler that leaves the workers' store to the launchers (no bootstrap_store_info)."""
+
+    def get_backend(self) -> str:
+        return "nobootstrap"
+
+    def next_rendezvous(self) -> rdzv.RendezvousInfo:
+        store, rank = self.meet()
+        return rdzv.RendezvousInfo(store, rank, self.params.max_nodes, None)  # type: ignore[arg-type]
+
+
+def test_without_bootstrap_info_node_zero_publishes_the_workers_store(tmp_path: Path) -> None:
+    rdzv.rendezvous_handler_registry.register("nobootstrap", _NoBootstrap)
+    results = elastic_launch(_config(tmp_path / "meet", backend="nobootstrap"),
+                             F.all_reduce_ranks)()
+    assert results == {0: (0, 2, 3.0), 1: (1, 2, 3.0)}
+
+
 def _plugin_dir(tmp_path: Path) -> Path:
     """A directory holding an installed distribution's metadata that declares ``filerdzv``
     in torchrun's entry-point group."""
