@@ -73,8 +73,6 @@ LEFT_OUT = {
     "torch.distributed.optim.functional_": "TorchScript-ready functional optimizers that "
         "torch's DistributedOptimizer compiles; ringtorch's steps torch.optim's own",
     "torch.distributed.optim.named_optimizer": "FSDP's keyed optimizer: " + _LATER,
-    "torch.distributed.optim.optimizer": "DistributedOptimizer is in ringtorch.distributed.optim "
-                                         "itself",
     "torch.distributed.optim.utils": "the functional-optimizer table (same reason)",
     "torch.distributed.rpc.backend_registry": "RPC backend plug-ins: ringtorch has one agent",
     "torch.distributed.rpc.internal": "torch RPC's serialization internals",
