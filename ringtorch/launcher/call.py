@@ -12,6 +12,7 @@ arrives from the network: both files are written and read by the same user's pro
 
 from __future__ import annotations
 
+import multiprocessing.process
 import multiprocessing.spawn
 import os
 import pickle
@@ -23,13 +24,41 @@ from ringtorch.launcher.config import LOCAL_RANK_MACRO
 
 
 def write_payload(path: str, fn: Any, args: tuple[Any, ...]) -> None:
-    """Write what a worker needs to call ``fn(*args)`` as this process would (mode 0600)."""
+    """Write what a worker needs to call ``fn(*args)`` as this process would (mode 0600).
+
+    Raises:
+        ValueError: ``fn`` or an argument cannot be pickled (a function typed into an
+            interactive session, a lambda, an open socket...); the message says which.
+    """
     prep = multiprocessing.spawn.get_preparation_data("elastic_launch worker")
     prep.pop("authkey", None)  # the workers need none: they talk to no multiprocessing manager
+    try:
+        call = pickle.dumps((fn, args))
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise ValueError(
+            f"elastic_launch cannot send {name} and its arguments to the workers: {exc}. The "
+            f"function must be importable by name (defined in a module, or at the top level "
+            f"of the script that calls elastic_launch); a function typed into an interactive "
+            f"session or a lambda is not: put it in a module") from exc
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
         pickle.dump(prep, f)
-        pickle.dump((fn, args), f)
+        f.write(call)
+
+
+def check_not_preparing() -> None:
+    """Refuse to launch from a worker that is still importing the caller's main module.
+
+    Raises:
+        RuntimeError: the launching script calls elastic_launch at import time (no
+            ``if __name__ == "__main__":``), which would make every worker launch again.
+    """
+    if getattr(multiprocessing.process.current_process(), "_inheriting", False):
+        raise RuntimeError(
+            "elastic_launch was called while a worker imported the launching script: the "
+            "workers import that script again to find the function, so the launch must run "
+            "only under 'if __name__ == \"__main__\":'")
 
 
 def read_result(results_dir: str, rank: int) -> Any:
@@ -43,7 +72,12 @@ def read_result(results_dir: str, rank: int) -> Any:
 
 def _call(payload: str, results_dir: str) -> None:
     with open(payload, "rb") as f:
-        multiprocessing.spawn.prepare(pickle.load(f))
+        process = multiprocessing.process.current_process()
+        process._inheriting = True  # type: ignore[attr-defined]  # as spawn's children do
+        try:
+            multiprocessing.spawn.prepare(pickle.load(f))
+        finally:
+            process._inheriting = False  # type: ignore[attr-defined]
         fn, args = pickle.load(f)
     local_rank = os.environ.get("LOCAL_RANK", "0")
     args = tuple(a.replace(LOCAL_RANK_MACRO, local_rank) if isinstance(a, str) else a

@@ -287,3 +287,34 @@ def test_a_recorded_main_reports_the_workers_error_in_its_own_error_file_as_torc
                           message["extraInfo"]["py_callstack"].strip().splitlines()[-1])
     assert reported["ringtorch"] == reported["torch"] == (
         "ValueError: bad batch on rank 1", 1, "ValueError: bad batch on rank 1")
+
+
+def test_a_function_that_cannot_be_sent_is_refused_before_anything_starts() -> None:
+    with pytest.raises(ValueError, match=r"^elastic_launch cannot send test_a_function_that_"
+                                         r"cannot_be_sent_is_refused_before_anything_starts."
+                                         r"<locals>.<lambda> and its arguments to the workers: "
+                                         r"Can't pickle local object .* a function typed into an "
+                                         r"interactive session or a lambda is not: put it in a "
+                                         r"module$"):
+        ring_api.elastic_launch(_config(ring_api), lambda: 1)()
+
+
+def test_a_script_that_launches_at_import_time_fails_with_the_reason(tmp_path: Path) -> None:
+    program = tmp_path / "unguarded.py"
+    program.write_text(textwrap.dedent("""
+        from ringtorch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+        def work():
+            return 1
+
+        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="unguarded",
+                              rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0)
+        print(elastic_launch(config, work)())   # no `if __name__ == "__main__":`
+    """))
+    out = subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert out.returncode == 1
+    assert "work FAILED" in out.stderr
+    assert ("RuntimeError: elastic_launch was called while a worker imported the launching "
+            "script: the workers import that script again to find the function, so the launch "
+            "must run only under 'if __name__ == \"__main__\":'") in out.stderr

@@ -195,6 +195,7 @@ def launch_agent(config: LaunchConfig, entrypoint: Callable[..., Any] | str | No
         RendezvousError: the nodes could not agree on a round (its subclasses as torch's).
         ValueError: the config cannot describe a job (the message says which field).
     """
+    call.check_not_preparing()
     if health_check_server is not None:
         raise ValueError("health_check_server is not supported by ringtorch's launcher")
     if entrypoint is None or not (callable(entrypoint) or isinstance(entrypoint, str)):
