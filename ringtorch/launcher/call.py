@@ -1,4 +1,6 @@
-"""A worker that runs a Python callable: ``python -m ringtorch.launcher.call PAYLOAD RESULTS``.
+"""A worker that runs a Python callable: ``python -m ringtorch.launcher.call PAYLOAD RESULTS``
+(``start_method="spawn"``; with ``"fork"`` the forked worker calls :func:`call_and_store`
+directly).
 
 ``elastic_launch(config, fn)(*args)`` starts one of these per rank. PAYLOAD, written by the
 calling program in a private (0700) directory, holds two pickles: the standard library's
@@ -79,6 +81,12 @@ def _call(payload: str, results_dir: str) -> None:
         finally:
             process._inheriting = False  # type: ignore[attr-defined]
         fn, args = pickle.load(f)
+    call_and_store(fn, args, results_dir)
+
+
+def call_and_store(fn: Any, args: tuple[Any, ...], results_dir: str) -> None:
+    """In a worker: ``fn(*args)`` (``${local_rank}`` substituted in string arguments), its
+    return value pickled to ``results_dir/<RANK>``."""
     local_rank = os.environ.get("LOCAL_RANK", "0")
     args = tuple(a.replace(LOCAL_RANK_MACRO, local_rank) if isinstance(a, str) else a
                  for a in args)

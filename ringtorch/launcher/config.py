@@ -11,7 +11,9 @@ import enum
 import os
 import secrets
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 DEFAULT_C10D_PORT = 29400
 LOCAL_RANK_MACRO = "${local_rank}"
@@ -257,6 +259,9 @@ class LaunchConfig:
                                           signal.SIGQUIT)
     virtual_local_rank: bool = False
     secret: str = field(default="", repr=False)
+    fork_target: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
+    """When set, each worker is forked from the agent's process to run it (``argv`` only names
+    the job); ``elastic_launch`` with ``start_method="fork"``."""
 
     @property
     def is_single_node(self) -> bool:

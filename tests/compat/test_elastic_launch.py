@@ -318,3 +318,46 @@ def test_a_script_that_launches_at_import_time_fails_with_the_reason(tmp_path: P
     assert ("RuntimeError: elastic_launch was called while a worker imported the launching "
             "script: the workers import that script again to find the function, so the launch "
             "must run only under 'if __name__ == \"__main__\":'") in out.stderr
+
+
+def test_fork_start_runs_a_function_that_cannot_be_pickled_as_torch(tmp_path: Path) -> None:
+    outputs = {}
+    for name in APIS:
+        # what a notebook cell does: a closure over a local, launched at top level
+        program = tmp_path / f"{name}_notebook.py"
+        program.write_text(textwrap.dedent(f"""
+            import torch
+            import {name}.distributed as dist
+            from {name}.distributed.launcher.api import LaunchConfig, elastic_launch
+
+            def make(scale):
+                def compute(x):
+                    dist.init_process_group("gloo")
+                    t = torch.tensor([float(dist.get_rank() + 1)]) * x * scale
+                    dist.all_reduce(t)
+                    dist.destroy_process_group()
+                    return t.item()
+                return compute
+
+            config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="cell",
+                                  rdzv_backend="c10d", rdzv_endpoint="localhost:0",
+                                  max_restarts=0, start_method="fork")
+            print(sorted(elastic_launch(config, make(3.0))(2.0).items()))
+            print(sorted(elastic_launch(config, lambda: "lambda ran")().items()))
+        """))
+        out = subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
+                             timeout=120, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-3000:]
+        outputs[name] = out.stdout.strip().splitlines()
+    assert outputs["ringtorch"] == outputs["torch"] == [
+        "[(0, 18.0), (1, 18.0)]", "[(0, 'lambda ran'), (1, 'lambda ran')]"]
+
+
+def test_fork_start_failure_raises_torchs_table() -> None:
+    errors = {}
+    for name, api in APIS.items():
+        with pytest.raises((ChildFailedError, TorchChildFailed)) as info:
+            api.elastic_launch(_config(api, start_method="fork"), P.fail_on_rank)(0)
+        errors[name] = _table(str(info.value))
+    assert errors["ringtorch"] == errors["torch"]
+    assert errors["ringtorch"][-1] == "ValueError: bad batch on rank 0"

@@ -9,15 +9,18 @@ error file, the worker's traceback) when a worker fails.
 
 The agent is ringtorch's launcher (``ringtorch.launcher``: rendezvous, supervision, restarts),
 run in the calling process in its embedded mode: the caller's other children are left alone
-and the caller does not become a subreaper. A Python callable reaches the workers as spawn
-does it (``ringtorch.launcher.call``): it must be importable, from a module or from the
-calling script's ``__main__`` (which the workers import again, so keep the launch under
-``if __name__ == "__main__":``). ``start_method`` is accepted for torch's signature; every
-worker is a fresh interpreter whatever it says.
+and the caller does not become a subreaper. With ``start_method="fork"`` (what notebook
+launchers pass) each worker is forked from the calling process and calls the function it
+already holds, so a function typed into a notebook works, as under torch. Otherwise
+(``"spawn"``, torch's default, or ``"forkserver"``) a callable reaches fresh interpreters as
+spawn sends it (``ringtorch.launcher.call``): it must be importable, from a module or from
+the calling script's ``__main__`` (which the workers import again, so keep the launch under
+``if __name__ == "__main__":``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -30,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ringtorch import _config
-from ringtorch._workers import ChildFailedError
+from ringtorch._workers import ChildFailedError, record
 from ringtorch.distributed.elastic.multiprocessing import (
     DefaultLogsSpecs,
     LogsSpecs,
@@ -146,7 +149,8 @@ def _static_endpoint(config: LaunchConfig) -> tuple[str, int]:
     return host, port
 
 
-def _agent_config(config: LaunchConfig, argv: list[str]) -> AgentConfig:
+def _agent_config(config: LaunchConfig, argv: list[str],
+                  fork_target: Callable[[], Any] | None = None) -> AgentConfig:
     """The launcher's own config for ``config``."""
     rdzv: dict[str, Any] = dict(config.rdzv_configs)  # a custom backend gets them as given
     static: dict[str, Any] = {}
@@ -178,7 +182,8 @@ def _agent_config(config: LaunchConfig, argv: list[str]) -> AgentConfig:
         local_ranks_filter=_ranks(getattr(specs, "_local_ranks_filter", None)),
         log_line_prefix_template=config.log_line_prefix_template,
         signals_to_handle=parse_signals(config.signals_to_handle),
-        virtual_local_rank=config.virtual_local_rank, secret=secret.secret, **static)
+        virtual_local_rank=config.virtual_local_rank, secret=secret.secret,
+        fork_target=fork_target, **static)
 
 
 def _ranks(ranks: Any) -> frozenset[int] | None:
@@ -206,13 +211,18 @@ def launch_agent(config: LaunchConfig, entrypoint: Callable[..., Any] | str | No
     name = _entrypoint_name(entrypoint, args)
     work_dir = tempfile.mkdtemp(prefix="ringtorch_launch_")  # mode 0700
     try:
-        if callable(entrypoint):
+        fork_target = None
+        if callable(entrypoint) and config.start_method == "fork":
+            argv = [name]  # each worker is forked from here and calls the function itself
+            fork_target = functools.partial(record(call.call_and_store), entrypoint,
+                                            tuple(args), work_dir)
+        elif callable(entrypoint):
             payload = os.path.join(work_dir, "payload")
             call.write_payload(payload, entrypoint, tuple(args))
             argv = [sys.executable, "-u", "-m", call.__name__, payload, work_dir]
         else:
             argv = [entrypoint, *(str(a) for a in args)]
-        agent = Agent(_agent_config(config, argv), title=name, embedded=True)
+        agent = Agent(_agent_config(config, argv, fork_target), title=name, embedded=True)
         code = agent.run()
         if agent.failures:
             raise ChildFailedError(name=name, failures={
