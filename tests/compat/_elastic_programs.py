@@ -46,3 +46,17 @@ def fail_first_attempt() -> tuple[int, int]:
     if restart == 0 and os.environ["RANK"] == "1":
         raise RuntimeError("first attempt fails")
     return int(os.environ["RANK"]), restart
+
+
+def fail_while_peer_runs(marker_dir: str) -> None:
+    """Rank 1 starts and never returns; rank 0 raises once rank 1 is running."""
+    import time
+
+    marker = os.path.join(marker_dir, "rank1-started")
+    if os.environ["RANK"] == "1":
+        open(marker, "w").close()
+        while True:
+            time.sleep(1)
+    while not os.path.exists(marker):
+        time.sleep(0.02)
+    raise RuntimeError("rank 0 gives up")

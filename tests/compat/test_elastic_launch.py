@@ -361,3 +361,21 @@ def test_fork_start_failure_raises_torchs_table() -> None:
         errors[name] = _table(str(info.value))
     assert errors["ringtorch"] == errors["torch"]
     assert errors["ringtorch"][-1] == "ValueError: bad batch on rank 0"
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "fork"])
+def test_a_failure_stops_the_worker_still_running_as_torch(start_method: str,
+                                                           tmp_path: Path) -> None:
+    tables = {}
+    for name, api in APIS.items():
+        markers = tmp_path / name
+        markers.mkdir()
+        started = time.monotonic()
+        with pytest.raises((ChildFailedError, TorchChildFailed)) as info:
+            api.elastic_launch(_config(api, start_method=start_method),
+                               P.fail_while_peer_runs)(str(markers))
+        assert time.monotonic() - started < 60, name  # rank 1 was stopped, not waited for
+        tables[name] = _table(str(info.value))
+    assert tables["ringtorch"] == tables["torch"]
+    assert "  rank      : 0 (local_rank: 0)" in tables["ringtorch"]
+    assert tables["ringtorch"][-1] == "RuntimeError: rank 0 gives up"
