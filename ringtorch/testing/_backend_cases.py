@@ -1,0 +1,444 @@
+"""The rank side of the backend conformance suite: every collective, run once per case.
+
+Each rank of an initialised default group runs the same cases in the same order, through the
+public ``ringtorch.distributed`` functions (so the ProcessGroup above the backend is exercised
+as users reach it), and checks each result against ``_oracle`` (NumPy). A case that fails is
+recorded with its name, the world size and the rank, and the run goes on: one run reports
+every failing case. What a rank cannot check alone (that every rank computed the same bits)
+it reports as digests, which the driver compares across ranks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import traceback
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+import ringtorch.distributed as dist
+from ringtorch.collectives.reduce_op import make_premul_sum
+from ringtorch.testing import _oracle as o
+
+N = 7  # elements per rank and per part: odd, so no algorithm's chunks come out even
+LARGE = 100_003  # past the small-message thresholds: the bandwidth paths run too
+
+
+@dataclass
+class CaseReport:
+    """What one rank saw: how many cases ran, the failures, and digests to compare."""
+
+    rank: int
+    world_size: int
+    cases: int = 0
+    failures: list[str] = field(default_factory=list)
+    digests: dict[str, str] = field(default_factory=dict)
+
+
+class _Cases:
+    def __init__(self, marker_dir: str) -> None:
+        self.rank = dist.get_rank()
+        self.ws = dist.get_world_size()
+        self.marker_dir = marker_dir
+        self.report = CaseReport(self.rank, self.ws)
+
+    # -- bookkeeping ---------------------------------------------------------------------
+
+    def where(self, case: str) -> str:
+        return f"{case} (world {self.ws}, rank {self.rank})"
+
+    def fail(self, case: str, why: str) -> None:
+        self.report.failures.append(f"{self.where(case)}: {why}")
+
+    def run(self, case: str, fn: Callable[[], None]) -> None:
+        self.report.cases += 1
+        try:
+            fn()
+        except Exception as exc:
+            tb = traceback.format_exc(limit=-3)
+            self.fail(case, f"raised {type(exc).__name__}: {exc}\n{tb}")
+
+    def check(self, case: str, got: torch.Tensor, expected: np.ndarray, dtype: torch.dtype,
+              reduction: str = "SUM") -> None:
+        why = o.mismatch(got, expected, dtype, reduction)
+        if why is not None:
+            self.fail(case, why)
+
+    def digest(self, case: str, t: torch.Tensor) -> None:
+        raw = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+        self.report.digests[case] = hashlib.sha1(raw.tobytes()).hexdigest()
+
+    def inputs(self, case: str, dtype: torch.dtype, numel: int = N) -> list[np.ndarray]:
+        """Every rank's input of ``case`` (this rank's is ``[self.rank]``)."""
+        return [o.make_input(case, r, dtype, numel) for r in range(self.ws)]
+
+    def mine(self, case: str, dtype: torch.dtype, numel: int = N) -> torch.Tensor:
+        return o.to_tensor(o.make_input(case, self.rank, dtype, numel), dtype)
+
+    def root(self, case: str) -> int:
+        """A root that varies from case to case, the same on every rank."""
+        return zlib.crc32(case.encode()) % self.ws
+
+    # -- reductions ----------------------------------------------------------------------
+
+    def reductions(self) -> None:
+        forms = (("all_reduce", self._all_reduce), ("reduce", self._reduce),
+                 ("reduce_scatter", self._reduce_scatter_list),
+                 ("reduce_scatter_single", self._reduce_scatter_single))
+        for dtype in (*o.DTYPES, *o.NO_REDUCTION):
+            for reduction in o.REDUCTIONS:
+                op = (make_premul_sum(o.PREMUL_FACTOR) if reduction == "PREMUL_SUM"
+                      else getattr(dist.ReduceOp, reduction))
+                refusal = o.refusal(reduction, dtype)
+                for form, body in forms:
+                    case = f"{form}/{reduction}/{o.dtype_name(dtype)}"
+                    if refusal is None:
+                        self.run(case, lambda c=case, b=body, d=dtype, r=reduction, p=op:
+                                 b(c, d, r, p))
+                    else:
+                        self.run(case, lambda c=case, b=body, d=dtype, r=reduction, p=op,
+                                 f=refusal: self._refused(c, f, lambda: b(c, d, r, p)))
+
+    def _refused(self, case: str, refusal: o.Refusal, call: Callable[[], None]) -> None:
+        try:
+            call()
+        except Exception as exc:
+            if not isinstance(exc, refusal.exc_type):
+                self.fail(case, f"must raise {refusal.exc_type.__name__}, raised "
+                                f"{type(exc).__name__}: {exc}")
+            elif not any(name in str(exc) for name in refusal.names):
+                self.fail(case, f"the error must name one of {list(refusal.names)}: {exc}")
+            return
+        self.fail(case, f"must raise {refusal.exc_type.__name__} (torch refuses it), returned")
+
+    def _all_reduce(self, case: str, dtype: torch.dtype, reduction: str, op: Any,
+                    numel: int = N) -> None:
+        t = self.mine(case, dtype, numel)
+        dist.all_reduce(t, op=op)
+        self.check(case, t, o.reduce(self.inputs(case, dtype, numel), reduction, dtype), dtype,
+                   reduction)
+        self.digest(case, t)
+
+    def _reduce(self, case: str, dtype: torch.dtype, reduction: str, op: Any) -> None:
+        t, root = self.mine(case, dtype), self.root(case)
+        dist.reduce(t, dst=root, op=op)
+        if self.rank == root:
+            self.check(case, t, o.reduce(self.inputs(case, dtype), reduction, dtype), dtype,
+                       reduction)
+
+    def _reduce_scatter_list(self, case: str, dtype: torch.dtype, reduction: str,
+                             op: Any) -> None:
+        parts = [self.mine(f"{case}/{j}", dtype) for j in range(self.ws)]
+        kept = [p.clone() for p in parts]
+        out = torch.zeros(N, dtype=dtype)
+        dist.reduce_scatter(out, parts, op=op)
+        mine = self.inputs(f"{case}/{self.rank}", dtype)
+        self.check(case, out, o.reduce(mine, reduction, dtype), dtype, reduction)
+        if not all(torch.equal(a, b) for a, b in zip(parts, kept, strict=True)):
+            self.fail(case, "the input list was modified")
+
+    def _reduce_scatter_single(self, case: str, dtype: torch.dtype, reduction: str,
+                               op: Any) -> None:
+        inp = self.mine(case, dtype, N * self.ws)
+        kept = inp.clone()
+        out = torch.zeros(N, dtype=dtype)
+        dist.reduce_scatter_single(out, inp, op=op)
+        full = o.reduce(self.inputs(case, dtype, N * self.ws), reduction, dtype)
+        self.check(case, out, full[self.rank * N:(self.rank + 1) * N], dtype, reduction)
+        if not torch.equal(inp, kept):
+            self.fail(case, "the input tensor was modified")
+
+    # -- data movement -------------------------------------------------------------------
+
+    def movements(self) -> None:
+        for dtype in (*o.DTYPES, *o.NO_REDUCTION):
+            name = o.dtype_name(dtype)
+            for form, body in (("broadcast", self._broadcast), ("all_gather", self._all_gather),
+                               ("all_gather_single", self._all_gather_single),
+                               ("all_gather_uneven", self._all_gather_uneven),
+                               ("gather", self._gather), ("scatter", self._scatter),
+                               ("all_to_all", self._all_to_all),
+                               ("all_to_all_single", self._all_to_all_single),
+                               ("all_to_all_single_uneven", self._all_to_all_uneven),
+                               ("send_recv", self._send_recv)):
+                case = f"{form}/{name}"
+                self.run(case, lambda c=case, b=body, d=dtype: b(c, d))
+
+    def _broadcast(self, case: str, dtype: torch.dtype, numel: int = N) -> None:
+        t, src = self.mine(case, dtype, numel), self.root(case)
+        dist.broadcast(t, src=src)
+        self.check(case, t, self.inputs(case, dtype, numel)[src], dtype)
+
+    def _all_gather(self, case: str, dtype: torch.dtype) -> None:
+        parts = [torch.zeros(N, dtype=dtype) for _ in range(self.ws)]
+        dist.all_gather(parts, self.mine(case, dtype))
+        for r, (got, want) in enumerate(zip(parts, self.inputs(case, dtype), strict=True)):
+            self.check(f"{case} part {r}", got, want, dtype)
+
+    def _all_gather_single(self, case: str, dtype: torch.dtype, numel: int = N) -> None:
+        flat = torch.zeros(self.ws * numel, dtype=dtype)
+        dist.all_gather_single(flat, self.mine(case, dtype, numel))
+        self.check(case, flat, np.concatenate(self.inputs(case, dtype, numel)), dtype)
+        stacked = torch.zeros(self.ws, numel, dtype=dtype)
+        dist.all_gather_single(stacked, self.mine(case, dtype, numel))
+        self.check(f"{case} stacked", stacked, np.stack(self.inputs(case, dtype, numel)), dtype)
+
+    def _all_gather_uneven(self, case: str, dtype: torch.dtype) -> None:
+        parts = [torch.zeros(r + 1, dtype=dtype) for r in range(self.ws)]
+        dist.all_gather(parts, self.mine(case, dtype, self.rank + 1))
+        for r, got in enumerate(parts):
+            self.check(f"{case} part {r}", got, o.make_input(case, r, dtype, r + 1), dtype)
+
+    def _gather(self, case: str, dtype: torch.dtype) -> None:
+        dst = self.root(case)
+        parts = [torch.zeros(N, dtype=dtype) for _ in range(self.ws)] if self.rank == dst else None
+        dist.gather(self.mine(case, dtype), parts, dst=dst)
+        for r, got in enumerate(parts or []):
+            self.check(f"{case} part {r}", got, o.make_input(case, r, dtype, N), dtype)
+
+    def _scatter(self, case: str, dtype: torch.dtype) -> None:
+        src = self.root(case)
+        parts = ([self.mine(f"{case}/{j}", dtype) for j in range(self.ws)]
+                 if self.rank == src else None)
+        out = torch.zeros(N, dtype=dtype)
+        dist.scatter(out, parts, src=src)
+        self.check(case, out, o.make_input(f"{case}/{self.rank}", src, dtype, N), dtype)
+
+    def _all_to_all(self, case: str, dtype: torch.dtype) -> None:
+        outs = [torch.zeros(N, dtype=dtype) for _ in range(self.ws)]
+        dist.all_to_all(outs, [self.mine(f"{case}/{j}", dtype) for j in range(self.ws)])
+        for j, got in enumerate(outs):
+            self.check(f"{case} from {j}", got,
+                       o.make_input(f"{case}/{self.rank}", j, dtype, N), dtype)
+
+    def _all_to_all_single(self, case: str, dtype: torch.dtype) -> None:
+        out = torch.zeros(self.ws * N, dtype=dtype)
+        dist.all_to_all_single(out, self.mine(case, dtype, self.ws * N))
+        expected = [o.make_input(case, j, dtype, self.ws * N)[self.rank * N:(self.rank + 1) * N]
+                    for j in range(self.ws)]
+        self.check(case, out, np.concatenate(expected), dtype)
+
+    def _all_to_all_uneven(self, case: str, dtype: torch.dtype) -> None:
+        # rank r sends (r + 2j) % 3 rows of 2 to rank j: some parts are empty
+        def splits(r: int) -> list[int]:
+            return [(r + 2 * j) % 3 for j in range(self.ws)]
+
+        def rows(r: int) -> np.ndarray:
+            return o.make_input(case, r, dtype, 2 * sum(splits(r))).reshape(-1, 2)
+
+        recv = [splits(j)[self.rank] for j in range(self.ws)]
+        out = torch.zeros(sum(recv), 2, dtype=dtype)
+        inp = o.to_tensor(rows(self.rank), dtype)
+        dist.all_to_all_single(out, inp, output_split_sizes=recv,
+                               input_split_sizes=splits(self.rank))
+        expected = [rows(j)[sum(splits(j)[:self.rank]):][:recv[j]] for j in range(self.ws)]
+        self.check(case, out, np.concatenate(expected).reshape(-1, 2), dtype)
+
+    def _send_recv(self, case: str, dtype: torch.dtype, numel: int = N) -> None:
+        if self.ws == 1:
+            return
+        # around the ring; even ranks send first, odd ranks receive first
+        right, left = (self.rank + 1) % self.ws, (self.rank - 1) % self.ws
+        got = torch.zeros(numel, dtype=dtype)
+        if self.rank % 2 == 0:
+            dist.send(self.mine(case, dtype, numel), dst=right)
+            sender = dist.recv(got, src=left)
+        else:
+            sender = dist.recv(got, src=left)
+            dist.send(self.mine(case, dtype, numel), dst=right)
+        if sender != left:
+            self.fail(case, f"recv returned sender {sender}, expected {left}")
+        self.check(case, got, o.make_input(case, left, dtype, numel), dtype)
+
+    # -- point to point beyond the ring ----------------------------------------------------
+
+    def point_to_point(self) -> None:
+        if self.ws == 1:
+            return
+        self.run("send_recv/large_float64", lambda: self._send_recv(
+            "send_recv/large_float64", torch.float64, LARGE))
+        self.run("isend_irecv/tags_out_of_order", self._tags)
+        self.run("recv/any_source", self._any_source)
+        self.run("isend_irecv/ring", lambda: self._async_ring("isend_irecv/ring", batch=False))
+        self.run("batch_isend_irecv/ring", lambda: self._async_ring("batch_isend_irecv/ring",
+                                                                    batch=True))
+
+    def _tags(self) -> None:
+        """Messages are matched by tag, not by arrival: rank 1 asks for tag 3 first."""
+        case = "isend_irecv/tags_out_of_order"
+        if self.rank == 0:
+            works = [dist.isend(torch.tensor([5.0]), dst=1, tag=5),
+                     dist.isend(torch.tensor([3.0]), dst=1, tag=3)]
+            for work in works:
+                work.wait()
+        elif self.rank == 1:
+            three, five = torch.zeros(1), torch.zeros(1)
+            dist.recv(three, src=0, tag=3)
+            dist.recv(five, src=0, tag=5)
+            if (three.item(), five.item()) != (3.0, 5.0):
+                self.fail(case, f"tag 3 got {three.item()}, tag 5 got {five.item()}")
+
+    def _any_source(self) -> None:
+        case = "recv/any_source"
+        if self.rank != 0:
+            dist.send(torch.tensor([self.rank], dtype=torch.int64), dst=0, tag=11)
+            return
+        seen = set()
+        for _ in range(self.ws - 1):
+            buf = torch.zeros(1, dtype=torch.int64)
+            sender = dist.recv(buf, tag=11)
+            if sender != buf.item():
+                self.fail(case, f"recv returned sender {sender} for rank {buf.item()}'s message")
+            seen.add(sender)
+        if seen != set(range(1, self.ws)):
+            self.fail(case, f"received from {sorted(seen)}, expected every other rank")
+
+    def _async_ring(self, case: str, batch: bool) -> None:
+        right, left = (self.rank + 1) % self.ws, (self.rank - 1) % self.ws
+        got = torch.zeros(N, dtype=torch.int32)
+        mine = self.mine(case, torch.int32)
+        if batch:
+            works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, got, left),
+                                            dist.P2POp(dist.isend, mine, right)])
+        else:
+            works = [dist.irecv(got, src=left), dist.isend(mine, dst=right)]
+        for work in works:
+            work.wait()
+        self.check(case, got, o.make_input(case, left, torch.int32, N), torch.int32)
+
+    # -- async Work, barrier, sizes --------------------------------------------------------
+
+    def async_forms(self) -> None:
+        f32 = torch.float32
+        for name, body in (("all_reduce", self._async_all_reduce),
+                           ("broadcast", self._async_broadcast),
+                           ("all_gather", self._async_all_gather),
+                           ("reduce_scatter_single", self._async_reduce_scatter),
+                           ("all_to_all_single", self._async_all_to_all),
+                           ("in_order", self._async_in_order)):
+            case = f"async/{name}"
+            self.run(case, lambda c=case, b=body: b(c, f32))
+
+    def _wait(self, case: str, work: Any) -> None:
+        if work is None:
+            self.fail(case, "async_op=True returned None instead of a Work")
+            return
+        work.wait()
+        if not work.is_completed() or not work.is_success():
+            self.fail(case, "wait() returned but the Work is not completed successfully")
+
+    def _async_all_reduce(self, case: str, dtype: torch.dtype) -> None:
+        t = self.mine(case, dtype)
+        work = dist.all_reduce(t, async_op=True)
+        self._wait(case, work)
+        expected = o.reduce(self.inputs(case, dtype), "SUM", dtype)
+        self.check(case, t, expected, dtype)
+        self.check(f"{case} future", work.get_future().value()[0], expected, dtype)
+
+    def _async_broadcast(self, case: str, dtype: torch.dtype) -> None:
+        t, src = self.mine(case, dtype), self.root(case)
+        self._wait(case, dist.broadcast(t, src=src, async_op=True))
+        self.check(case, t, self.inputs(case, dtype)[src], dtype)
+
+    def _async_all_gather(self, case: str, dtype: torch.dtype) -> None:
+        parts = [torch.zeros(N, dtype=dtype) for _ in range(self.ws)]
+        self._wait(case, dist.all_gather(parts, self.mine(case, dtype), async_op=True))
+        self.check(case, torch.cat(parts), np.concatenate(self.inputs(case, dtype)), dtype)
+
+    def _async_reduce_scatter(self, case: str, dtype: torch.dtype) -> None:
+        out = torch.zeros(N, dtype=dtype)
+        work = dist.reduce_scatter_single(out, self.mine(case, dtype, N * self.ws),
+                                          async_op=True)
+        self._wait(case, work)
+        full = o.reduce(self.inputs(case, dtype, N * self.ws), "SUM", dtype)
+        self.check(case, out, full[self.rank * N:(self.rank + 1) * N], dtype)
+
+    def _async_all_to_all(self, case: str, dtype: torch.dtype) -> None:
+        out = torch.zeros(self.ws * N, dtype=dtype)
+        work = dist.all_to_all_single(out, self.mine(case, dtype, self.ws * N), async_op=True)
+        self._wait(case, work)
+        expected = [o.make_input(case, j, dtype, self.ws * N)[self.rank * N:(self.rank + 1) * N]
+                    for j in range(self.ws)]
+        self.check(case, out, np.concatenate(expected), dtype)
+
+    def _async_in_order(self, case: str, dtype: torch.dtype) -> None:
+        """Works complete in the order they were issued: once the last is done, all are."""
+        ts = [self.mine(f"{case}/{i}", dtype) for i in range(8)]
+        works = [dist.all_reduce(t, async_op=True) for t in ts]
+        works[-1].wait()
+        early = [i for i, w in enumerate(works) if not w.is_completed()]
+        if early:
+            self.fail(case, f"works {early} were not completed when the last one was")
+        for i, (t, work) in enumerate(zip(ts, works, strict=True)):
+            work.wait()
+            self.check(f"{case} #{i}", t, o.reduce(self.inputs(f"{case}/{i}", dtype), "SUM",
+                                                   dtype), dtype)
+
+    def barriers(self) -> None:
+        for k in range(3):
+            self.run(f"barrier/{k}", lambda k=k: self._barrier(k, async_op=k == 2))
+
+    def _barrier(self, k: int, async_op: bool) -> None:
+        """No rank leaves a barrier before every rank has entered it (marker files)."""
+        case = f"barrier/{k}"
+        with open(os.path.join(self.marker_dir, f"barrier{k}-rank{self.rank}"), "w"):
+            pass
+        work = dist.barrier(async_op=async_op)
+        if async_op:
+            self._wait(case, work)
+        missing = [r for r in range(self.ws) if not os.path.exists(
+            os.path.join(self.marker_dir, f"barrier{k}-rank{r}"))]
+        if missing:
+            self.fail(case, f"left the barrier before ranks {missing} entered it")
+
+    def sizes(self) -> None:
+        """Empty tensors, large ones, and random floats whose sum depends on the order."""
+        for dtype in (torch.float32, torch.int64):
+            name = o.dtype_name(dtype)
+            self.run(f"empty/{name}", lambda d=dtype: self._empty(d))
+            case = f"large/all_reduce/{name}"
+            self.run(case, lambda c=case, d=dtype: self._all_reduce(c, d, "SUM", dist.ReduceOp.SUM,
+                                                                   LARGE))
+            case = f"large/broadcast/{name}"
+            self.run(case, lambda c=case, d=dtype: self._broadcast(c, d, LARGE))
+            case = f"large/all_gather_single/{name}"
+            self.run(case, lambda c=case, d=dtype: self._all_gather_single(c, d, LARGE // 4))
+        self.run("bits/all_reduce", self._random_floats)
+
+    def _empty(self, dtype: torch.dtype) -> None:
+        t = torch.zeros(0, dtype=dtype)
+        dist.all_reduce(t)
+        dist.broadcast(t, src=0)
+        out = torch.zeros(0, dtype=dtype)
+        dist.all_gather_single(out, t)
+        if t.numel() or out.numel():
+            self.fail(f"empty/{o.dtype_name(dtype)}", "an empty tensor came back non-empty")
+
+    def _random_floats(self) -> None:
+        case = "bits/all_reduce"
+        data = [np.random.default_rng([4099, r]).standard_normal(4099).astype(np.float32)
+                for r in range(self.ws)]
+        t = torch.from_numpy(data[self.rank].copy())
+        dist.all_reduce(t)
+        expected = np.sum(np.stack(data).astype(np.float64), axis=0)
+        if not np.allclose(t.numpy(), expected, rtol=1e-5, atol=1e-5):
+            self.fail(case, "the sum of random float32 data is off by more than rounding")
+        self.digest(case, t)
+
+
+def run_backend_cases(marker_dir: str) -> CaseReport:
+    """Run every case on the default group (already initialised) and report this rank's view.
+
+    ``marker_dir`` is a directory every rank can write (the barrier cases leave files there).
+    Every rank of the group must call this at the same time; see ``check_backend``.
+    """
+    cases = _Cases(marker_dir)
+    for part in (cases.reductions, cases.movements, cases.point_to_point, cases.async_forms,
+                 cases.barriers, cases.sizes):
+        part()
+    return cases.report
