@@ -10,7 +10,6 @@ every case (about 800) in one set of processes.
 
 from __future__ import annotations
 
-import pickle
 import re
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import pytest
 from ringtorch.testing import check_backend
 from ringtorch.testing._backend_cases import CaseReport
 from ringtorch.testing.backend_check import assert_conforms
-from tests.integration._mpi_jobs import ROOT, SCRIPTS, mpirun, run
+from tests.integration._mpi_jobs import ROOT, launch
 
 _RING = "all_reduce=ring,reduce=ring,all_gather=ring,reduce_scatter=ring"
 # A small segment makes the pipelined algorithms cut even the small cases into several frames.
@@ -112,11 +111,13 @@ def test_the_suite_names_every_case_a_broken_backend_fails_with_its_world_and_ra
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_the_mpi_backend_conforms_under_mpirun(world_size: int, tmp_path) -> None:
-    done = run([*mpirun(), "-n", str(world_size), sys.executable,
-                str(SCRIPTS / "conformance.py"), str(tmp_path)], timeout=120)
-    assert done.returncode == 0, f"mpirun -n {world_size} failed:\n{done.stdout[-4000:]}"
-    reports: list[CaseReport] = [pickle.loads((tmp_path / f"rank{r}.pkl").read_bytes())
-                                 for r in range(world_size)]
+def test_the_mpi_backend_conforms_under_mpirun(
+        world_size: int, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """World 2 runs at MPI_THREAD_SERIALIZED, world 3 at MPI_THREAD_MULTIPLE (the run that
+    tests/integration/test_mpi_backend.py reads too: tests/mpi/backend_ops.py)."""
+    books = launch(world_size, tmp_path_factory)
+    for book in books:
+        assert "traceback" not in book["facade/conformance"], book["facade/conformance"]["traceback"]
+    reports: list[CaseReport] = [book["facade/conformance"]["report"] for book in books]
     assert [r.rank for r in reports] == list(range(world_size))
     assert_conforms(reports)

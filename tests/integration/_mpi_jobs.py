@@ -9,6 +9,7 @@ left in /dev/shm.
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -58,3 +59,23 @@ def run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
         end_session(proc.pid)
         shm.clean()
     return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+
+
+THREAD_LEVEL = {2: "serialized"}  # the other worlds keep mpi4py's default, "multiple"
+_worlds: dict[int, list[dict]] = {}
+
+
+def launch(n: int, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """Every rank's results of one run of tests/mpi/backend_ops.py at world size n, once per
+    session (test_mpi_backend.py and the conformance tests read the same run). World 2 runs
+    at MPI_THREAD_SERIALIZED (one process-wide lock, torch's way), the others at
+    MPI_THREAD_MULTIPLE."""
+    if n not in _worlds:
+        out = tmp_path_factory.mktemp(f"mpi_world{n}")
+        cmd = [*mpirun(), "-n", str(n), sys.executable, str(SCRIPTS / "backend_ops.py"), str(out)]
+        if n in THREAD_LEVEL:
+            cmd.append(THREAD_LEVEL[n])
+        done = run(cmd, timeout=100)
+        assert done.returncode == 0, f"mpirun -n {n} failed:\n{done.stdout[-4000:]}"
+        _worlds[n] = [pickle.loads((out / f"rank{r}.pkl").read_bytes()) for r in range(n)]
+    return _worlds[n]
