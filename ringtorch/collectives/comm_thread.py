@@ -20,6 +20,7 @@ import collections
 import queue
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ringtorch._errors import DistBackendError
 from ringtorch.collectives.work import Work
@@ -67,6 +68,28 @@ class WorkerPool:
                         return
 
 
+@dataclass(frozen=True)
+class LaneStatistics:
+    """A snapshot of a Lane, for tests and diagnostics (trio's ``statistics()``).
+
+    Attributes:
+        queued: Works waiting in the queue.
+        running: a Work of the lane runs now (on the caller's thread or the lane's), or a
+            pooled lane's drain is about to run.
+        submitted: Works submitted since the lane was made.
+        completed: Works that finished running (successfully or not).
+        ran_inline: Works that ran on the submitting thread (the lane was idle).
+        closed: the lane refuses new Work.
+    """
+
+    queued: int
+    running: bool
+    submitted: int
+    completed: int
+    ran_inline: int
+    closed: bool
+
+
 class Lane:
     """A FIFO of Work run one at a time (see the module docstring).
 
@@ -86,6 +109,15 @@ class Lane:
         self._closed: BaseException | None = None
         self._thread: threading.Thread | None = None
         self.next_seq = 0
+        self._submitted = 0
+        self._completed = 0
+        self._ran_inline = 0
+
+    def statistics(self) -> LaneStatistics:
+        """A consistent snapshot of the lane (see LaneStatistics)."""
+        with self._lock:
+            return LaneStatistics(len(self._queue), self._busy, self._submitted,
+                                  self._completed, self._ran_inline, self._closed is not None)
 
     def submit(self, work: Work, *, inline: bool, collective: bool = False) -> None:
         """Queue ``work``, or run it now on this thread if ``inline`` and the lane is idle.
@@ -103,9 +135,11 @@ class Lane:
             if collective:
                 work.seq = self.next_seq
                 self.next_seq += 1
+            self._submitted += 1
             run_here = inline and not self._busy and not self._queue
             if run_here:
                 self._busy = True
+                self._ran_inline += 1
             else:
                 self._queue.append(work)
                 self._start_locked()
@@ -115,6 +149,7 @@ class Lane:
             finally:
                 with self._lock:
                     self._busy = False
+                    self._completed += 1
                     if self._queue:
                         self._start_locked()
 
@@ -144,6 +179,7 @@ class Lane:
             finally:
                 with self._lock:
                     self._busy = False
+                    self._completed += 1
 
     def _drain(self) -> None:
         while True:
@@ -152,7 +188,11 @@ class Lane:
                     self._busy = False
                     return
                 work = self._queue.popleft()
-            work.run()
+            try:
+                work.run()
+            finally:
+                with self._lock:
+                    self._completed += 1
 
     def pending(self) -> int:
         """How many Works wait in the queue (not counting one that runs)."""
@@ -172,4 +212,4 @@ class Lane:
             work.fail(reason)
 
 
-__all__ = ["Lane", "WorkerPool"]
+__all__ = ["Lane", "LaneStatistics", "WorkerPool"]

@@ -397,7 +397,21 @@ class _Cases:
             self.fail(case, f"left the barrier before ranks {missing} entered it")
 
     def sizes(self) -> None:
-        """Empty tensors, large ones, and random floats whose sum depends on the order."""
+        """Empty tensors, 1 to 5 elements (fewer than ranks: empty chunks), large ones, the
+        in-place forms, and random floats whose sum depends on the order."""
+        for numel in (1, 2, 5):
+            for op, body in (("all_reduce", lambda c, n: self._all_reduce(
+                                 c, torch.int16, "SUM", dist.ReduceOp.SUM, n)),
+                             ("broadcast", lambda c, n: self._broadcast(c, torch.int16, n)),
+                             ("all_gather_single", lambda c, n: self._all_gather_single(
+                                 c, torch.int16, n))):
+                case = f"small/{op}/{numel}"
+                self.run(case, lambda c=case, b=body, n=numel: b(c, n))
+        for dtype in (torch.float32, torch.uint8):
+            case = f"in_place/all_gather_single/{o.dtype_name(dtype)}"
+            self.run(case, lambda c=case, d=dtype: self._all_gather_in_place(c, d))
+            case = f"in_place/reduce_scatter_single/{o.dtype_name(dtype)}"
+            self.run(case, lambda c=case, d=dtype: self._reduce_scatter_in_place(c, d))
         for dtype in (torch.float32, torch.int64):
             name = o.dtype_name(dtype)
             self.run(f"empty/{name}", lambda d=dtype: self._empty(d))
@@ -409,6 +423,22 @@ class _Cases:
             case = f"large/all_gather_single/{name}"
             self.run(case, lambda c=case, d=dtype: self._all_gather_single(c, d, LARGE // 4))
         self.run("bits/all_reduce", self._random_floats)
+
+    def _all_gather_in_place(self, case: str, dtype: torch.dtype) -> None:
+        """The input is this rank's block of the output (FSDP gathers its shards so)."""
+        out = torch.zeros(self.ws * N, dtype=dtype)
+        block = out[self.rank * N:(self.rank + 1) * N]
+        block.copy_(self.mine(case, dtype))
+        dist.all_gather_single(out, block)
+        self.check(case, out, np.concatenate(self.inputs(case, dtype)), dtype)
+
+    def _reduce_scatter_in_place(self, case: str, dtype: torch.dtype) -> None:
+        """The output is this rank's block of the input."""
+        inp = self.mine(case, dtype, self.ws * N)
+        out = inp[self.rank * N:(self.rank + 1) * N]
+        dist.reduce_scatter_single(out, inp)
+        full = o.reduce(self.inputs(case, dtype, self.ws * N), "SUM", dtype)
+        self.check(case, out, full[self.rank * N:(self.rank + 1) * N], dtype)
 
     def _empty(self, dtype: torch.dtype) -> None:
         t = torch.zeros(0, dtype=dtype)

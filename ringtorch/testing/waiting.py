@@ -8,6 +8,8 @@ never does, the failure says what was awaited.
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -33,4 +35,25 @@ def wait_for(predicate: Callable[[], T], timeout: float = 10.0, what: str = "") 
         time.sleep(0.001)
 
 
-__all__ = ["wait_for"]
+def wait_for_thread_in(thread: threading.Thread, *functions: str, timeout: float = 10.0) -> None:
+    """Return once ``thread`` runs inside one of ``functions`` (Python function names on its
+    stack), e.g. a store client's reply reader: the request went out and the thread waits.
+
+    The threads' equivalent of trio's ``wait_all_tasks_blocked``, for a blocking call whose
+    object keeps no record of its waiters.
+
+    Raises:
+        TimeoutError: the thread was not seen there within ``timeout`` seconds.
+    """
+    def inside() -> bool:
+        frame = sys._current_frames().get(thread.ident or -1)
+        while frame is not None:
+            if frame.f_code.co_name in functions:
+                return True
+            frame = frame.f_back
+        return False
+
+    wait_for(inside, timeout, f"thread {thread.name} to be inside {list(functions)}")
+
+
+__all__ = ["wait_for", "wait_for_thread_in"]
