@@ -46,6 +46,13 @@ def test_the_native_backend_over_shared_memory_conforms(world_size: int) -> None
     check_backend("gloo", world_size, env={"RINGTORCH_SHM": "1"})
 
 
+@pytest.mark.parametrize("world_size", [3, 4])
+def test_shared_memory_in_tiny_chunks_without_one_shot_rounds_conforms(world_size: int) -> None:
+    """Every collective takes many rounds of 256 bytes, and all_reduce the staged plan."""
+    check_backend("gloo", world_size, env={"RINGTORCH_SHM": "1", "RINGTORCH_SHM_CHUNK_BYTES": "256",
+                                           "RINGTORCH_SHM_ONESHOT_BYTES": "0"})
+
+
 @pytest.mark.parametrize("hosts", ["aab", "aabb"])
 def test_the_hierarchy_across_hosts_conforms(hosts: str) -> None:
     """Ranks on fake hosts ("aab": ranks 0 and 1 on host a, rank 2 on host b)."""
