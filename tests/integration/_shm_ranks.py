@@ -128,6 +128,11 @@ def run_cases(rank: int, world_size: int, cases: list[dict[str, Any]],
         for seq, case in enumerate(cases):  # the ProcessGroup numbers from 0
             results[f"{cname}/{case['key']}"] = run_case(b, case, seq)
         b.close()
+    # rank 0 hosts the store: it leaves last, or a slower rank loses the store mid-setup
+    if rank == 0:
+        store(rank, world_size).wait([f"run_cases-left/{r}" for r in range(1, world_size)])
+    else:
+        store(rank, world_size).set(f"run_cases-left/{rank}", "1")
     return results
 
 
