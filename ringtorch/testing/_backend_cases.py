@@ -10,250 +10,22 @@ it reports as digests, which the driver compares across ranks.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import traceback
-import zlib
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
 import ringtorch.distributed as dist
-from ringtorch.collectives.reduce_op import make_premul_sum
 from ringtorch.testing import _oracle as o
+from ringtorch.testing._case_base import LARGE, CaseReport, N
+from ringtorch.testing._collective_cases import CollectiveCases
 
-N = 7  # elements per rank and per part: odd, so no algorithm's chunks come out even
-LARGE = 100_003  # past the small-message thresholds: the bandwidth paths run too
-
-
-@dataclass
-class CaseReport:
-    """What one rank saw: how many cases ran, the failures, and digests to compare."""
-
-    rank: int
-    world_size: int
-    cases: int = 0
-    failures: list[str] = field(default_factory=list)
-    digests: dict[str, str] = field(default_factory=dict)
+__all__ = ["CaseReport", "run_backend_cases"]
 
 
-class _Cases:
-    def __init__(self, marker_dir: str) -> None:
-        self.rank = dist.get_rank()
-        self.ws = dist.get_world_size()
-        self.marker_dir = marker_dir
-        self.report = CaseReport(self.rank, self.ws)
-
-    # -- bookkeeping ---------------------------------------------------------------------
-
-    def where(self, case: str) -> str:
-        return f"{case} (world {self.ws}, rank {self.rank})"
-
-    def fail(self, case: str, why: str) -> None:
-        self.report.failures.append(f"{self.where(case)}: {why}")
-
-    def run(self, case: str, fn: Callable[[], None]) -> None:
-        self.report.cases += 1
-        try:
-            fn()
-        except Exception as exc:
-            tb = traceback.format_exc(limit=-3)
-            self.fail(case, f"raised {type(exc).__name__}: {exc}\n{tb}")
-
-    def check(self, case: str, got: torch.Tensor, expected: np.ndarray, dtype: torch.dtype,
-              reduction: str = "SUM") -> None:
-        why = o.mismatch(got, expected, dtype, reduction)
-        if why is not None:
-            self.fail(case, why)
-
-    def digest(self, case: str, t: torch.Tensor) -> None:
-        raw = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
-        self.report.digests[case] = hashlib.sha1(raw.tobytes()).hexdigest()
-
-    def inputs(self, case: str, dtype: torch.dtype, numel: int = N) -> list[np.ndarray]:
-        """Every rank's input of ``case`` (this rank's is ``[self.rank]``)."""
-        return [o.make_input(case, r, dtype, numel) for r in range(self.ws)]
-
-    def mine(self, case: str, dtype: torch.dtype, numel: int = N) -> torch.Tensor:
-        return o.to_tensor(o.make_input(case, self.rank, dtype, numel), dtype)
-
-    def root(self, case: str) -> int:
-        """A root that varies from case to case, the same on every rank."""
-        return zlib.crc32(case.encode()) % self.ws
-
-    # -- reductions ----------------------------------------------------------------------
-
-    def reductions(self) -> None:
-        forms = (("all_reduce", self._all_reduce), ("reduce", self._reduce),
-                 ("reduce_scatter", self._reduce_scatter_list),
-                 ("reduce_scatter_single", self._reduce_scatter_single))
-        for dtype in (*o.DTYPES, *o.NO_REDUCTION):
-            for reduction in o.REDUCTIONS:
-                op = (make_premul_sum(o.PREMUL_FACTOR) if reduction == "PREMUL_SUM"
-                      else getattr(dist.ReduceOp, reduction))
-                refusal = o.refusal(reduction, dtype)
-                for form, body in forms:
-                    case = f"{form}/{reduction}/{o.dtype_name(dtype)}"
-                    if refusal is None:
-                        self.run(case, lambda c=case, b=body, d=dtype, r=reduction, p=op:
-                                 b(c, d, r, p))
-                    else:
-                        self.run(case, lambda c=case, b=body, d=dtype, r=reduction, p=op,
-                                 f=refusal: self._refused(c, f, lambda: b(c, d, r, p)))
-
-    def _refused(self, case: str, refusal: o.Refusal, call: Callable[[], None]) -> None:
-        try:
-            call()
-        except Exception as exc:
-            if not isinstance(exc, refusal.exc_type):
-                self.fail(case, f"must raise {refusal.exc_type.__name__}, raised "
-                                f"{type(exc).__name__}: {exc}")
-            elif not any(name in str(exc) for name in refusal.names):
-                self.fail(case, f"the error must name one of {list(refusal.names)}: {exc}")
-            return
-        self.fail(case, f"must raise {refusal.exc_type.__name__} (torch refuses it), returned")
-
-    def _all_reduce(self, case: str, dtype: torch.dtype, reduction: str, op: Any,
-                    numel: int = N) -> None:
-        t = self.mine(case, dtype, numel)
-        dist.all_reduce(t, op=op)
-        self.check(case, t, o.reduce(self.inputs(case, dtype, numel), reduction, dtype), dtype,
-                   reduction)
-        self.digest(case, t)
-
-    def _reduce(self, case: str, dtype: torch.dtype, reduction: str, op: Any) -> None:
-        t, root = self.mine(case, dtype), self.root(case)
-        dist.reduce(t, dst=root, op=op)
-        if self.rank == root:
-            self.check(case, t, o.reduce(self.inputs(case, dtype), reduction, dtype), dtype,
-                       reduction)
-
-    def _reduce_scatter_list(self, case: str, dtype: torch.dtype, reduction: str,
-                             op: Any) -> None:
-        parts = [self.mine(f"{case}/{j}", dtype) for j in range(self.ws)]
-        kept = [p.clone() for p in parts]
-        out = torch.zeros(N, dtype=dtype)
-        dist.reduce_scatter(out, parts, op=op)
-        mine = self.inputs(f"{case}/{self.rank}", dtype)
-        self.check(case, out, o.reduce(mine, reduction, dtype), dtype, reduction)
-        if not all(torch.equal(a, b) for a, b in zip(parts, kept, strict=True)):
-            self.fail(case, "the input list was modified")
-
-    def _reduce_scatter_single(self, case: str, dtype: torch.dtype, reduction: str,
-                               op: Any) -> None:
-        inp = self.mine(case, dtype, N * self.ws)
-        kept = inp.clone()
-        out = torch.zeros(N, dtype=dtype)
-        dist.reduce_scatter_single(out, inp, op=op)
-        full = o.reduce(self.inputs(case, dtype, N * self.ws), reduction, dtype)
-        self.check(case, out, full[self.rank * N:(self.rank + 1) * N], dtype, reduction)
-        if not torch.equal(inp, kept):
-            self.fail(case, "the input tensor was modified")
-
-    # -- data movement -------------------------------------------------------------------
-
-    def movements(self) -> None:
-        for dtype in (*o.DTYPES, *o.NO_REDUCTION):
-            name = o.dtype_name(dtype)
-            for form, body in (("broadcast", self._broadcast), ("all_gather", self._all_gather),
-                               ("all_gather_single", self._all_gather_single),
-                               ("all_gather_uneven", self._all_gather_uneven),
-                               ("gather", self._gather), ("scatter", self._scatter),
-                               ("all_to_all", self._all_to_all),
-                               ("all_to_all_single", self._all_to_all_single),
-                               ("all_to_all_single_uneven", self._all_to_all_uneven),
-                               ("send_recv", self._send_recv)):
-                case = f"{form}/{name}"
-                self.run(case, lambda c=case, b=body, d=dtype: b(c, d))
-
-    def _broadcast(self, case: str, dtype: torch.dtype, numel: int = N) -> None:
-        t, src = self.mine(case, dtype, numel), self.root(case)
-        dist.broadcast(t, src=src)
-        self.check(case, t, self.inputs(case, dtype, numel)[src], dtype)
-
-    def _all_gather(self, case: str, dtype: torch.dtype) -> None:
-        parts = [torch.zeros(N, dtype=dtype) for _ in range(self.ws)]
-        dist.all_gather(parts, self.mine(case, dtype))
-        for r, (got, want) in enumerate(zip(parts, self.inputs(case, dtype), strict=True)):
-            self.check(f"{case} part {r}", got, want, dtype)
-
-    def _all_gather_single(self, case: str, dtype: torch.dtype, numel: int = N) -> None:
-        flat = torch.zeros(self.ws * numel, dtype=dtype)
-        dist.all_gather_single(flat, self.mine(case, dtype, numel))
-        self.check(case, flat, np.concatenate(self.inputs(case, dtype, numel)), dtype)
-        stacked = torch.zeros(self.ws, numel, dtype=dtype)
-        dist.all_gather_single(stacked, self.mine(case, dtype, numel))
-        self.check(f"{case} stacked", stacked, np.stack(self.inputs(case, dtype, numel)), dtype)
-
-    def _all_gather_uneven(self, case: str, dtype: torch.dtype) -> None:
-        parts = [torch.zeros(r + 1, dtype=dtype) for r in range(self.ws)]
-        dist.all_gather(parts, self.mine(case, dtype, self.rank + 1))
-        for r, got in enumerate(parts):
-            self.check(f"{case} part {r}", got, o.make_input(case, r, dtype, r + 1), dtype)
-
-    def _gather(self, case: str, dtype: torch.dtype) -> None:
-        dst = self.root(case)
-        parts = [torch.zeros(N, dtype=dtype) for _ in range(self.ws)] if self.rank == dst else None
-        dist.gather(self.mine(case, dtype), parts, dst=dst)
-        for r, got in enumerate(parts or []):
-            self.check(f"{case} part {r}", got, o.make_input(case, r, dtype, N), dtype)
-
-    def _scatter(self, case: str, dtype: torch.dtype) -> None:
-        src = self.root(case)
-        parts = ([self.mine(f"{case}/{j}", dtype) for j in range(self.ws)]
-                 if self.rank == src else None)
-        out = torch.zeros(N, dtype=dtype)
-        dist.scatter(out, parts, src=src)
-        self.check(case, out, o.make_input(f"{case}/{self.rank}", src, dtype, N), dtype)
-
-    def _all_to_all(self, case: str, dtype: torch.dtype) -> None:
-        outs = [torch.zeros(N, dtype=dtype) for _ in range(self.ws)]
-        dist.all_to_all(outs, [self.mine(f"{case}/{j}", dtype) for j in range(self.ws)])
-        for j, got in enumerate(outs):
-            self.check(f"{case} from {j}", got,
-                       o.make_input(f"{case}/{self.rank}", j, dtype, N), dtype)
-
-    def _all_to_all_single(self, case: str, dtype: torch.dtype) -> None:
-        out = torch.zeros(self.ws * N, dtype=dtype)
-        dist.all_to_all_single(out, self.mine(case, dtype, self.ws * N))
-        expected = [o.make_input(case, j, dtype, self.ws * N)[self.rank * N:(self.rank + 1) * N]
-                    for j in range(self.ws)]
-        self.check(case, out, np.concatenate(expected), dtype)
-
-    def _all_to_all_uneven(self, case: str, dtype: torch.dtype) -> None:
-        # rank r sends (r + 2j) % 3 rows of 2 to rank j: some parts are empty
-        def splits(r: int) -> list[int]:
-            return [(r + 2 * j) % 3 for j in range(self.ws)]
-
-        def rows(r: int) -> np.ndarray:
-            return o.make_input(case, r, dtype, 2 * sum(splits(r))).reshape(-1, 2)
-
-        recv = [splits(j)[self.rank] for j in range(self.ws)]
-        out = torch.zeros(sum(recv), 2, dtype=dtype)
-        inp = o.to_tensor(rows(self.rank), dtype)
-        dist.all_to_all_single(out, inp, output_split_sizes=recv,
-                               input_split_sizes=splits(self.rank))
-        expected = [rows(j)[sum(splits(j)[:self.rank]):][:recv[j]] for j in range(self.ws)]
-        self.check(case, out, np.concatenate(expected).reshape(-1, 2), dtype)
-
-    def _send_recv(self, case: str, dtype: torch.dtype, numel: int = N) -> None:
-        if self.ws == 1:
-            return
-        # around the ring; even ranks send first, odd ranks receive first
-        right, left = (self.rank + 1) % self.ws, (self.rank - 1) % self.ws
-        got = torch.zeros(numel, dtype=dtype)
-        if self.rank % 2 == 0:
-            dist.send(self.mine(case, dtype, numel), dst=right)
-            sender = dist.recv(got, src=left)
-        else:
-            sender = dist.recv(got, src=left)
-            dist.send(self.mine(case, dtype, numel), dst=right)
-        if sender != left:
-            self.fail(case, f"recv returned sender {sender}, expected {left}")
-        self.check(case, got, o.make_input(case, left, dtype, numel), dtype)
+class _Cases(CollectiveCases):
+    """Point to point beyond the ring, the async forms, barriers and sizes."""
 
     # -- point to point beyond the ring ----------------------------------------------------
 
@@ -320,6 +92,8 @@ class _Cases:
                            ("all_gather", self._async_all_gather),
                            ("reduce_scatter_single", self._async_reduce_scatter),
                            ("all_to_all_single", self._async_all_to_all),
+                           ("reduce", self._async_reduce), ("gather", self._async_gather),
+                           ("scatter", self._async_scatter),
                            ("in_order", self._async_in_order)):
             case = f"async/{name}"
             self.run(case, lambda c=case, b=body: b(c, f32))
@@ -365,6 +139,28 @@ class _Cases:
         expected = [o.make_input(case, j, dtype, self.ws * N)[self.rank * N:(self.rank + 1) * N]
                     for j in range(self.ws)]
         self.check(case, out, np.concatenate(expected), dtype)
+
+    def _async_reduce(self, case: str, dtype: torch.dtype) -> None:
+        t, root = self.mine(case, dtype), self.root(case)
+        self._wait(case, dist.reduce(t, dst=root, async_op=True))
+        if self.rank == root:
+            self.check(case, t, o.reduce(self.inputs(case, dtype), "SUM", dtype), dtype)
+
+    def _async_gather(self, case: str, dtype: torch.dtype) -> None:
+        dst = self.root(case)
+        parts = [torch.zeros(N, dtype=dtype) for _ in range(self.ws)] if self.rank == dst else None
+        self._wait(case, dist.gather(self.mine(case, dtype), parts, dst=dst, async_op=True))
+        if parts is not None:
+            self.check(case, torch.cat(parts), np.concatenate(self.inputs(case, dtype)), dtype)
+
+    def _async_scatter(self, case: str, dtype: torch.dtype) -> None:
+        src = self.root(case)
+        full = self.mine(case, dtype, self.ws * N) if self.rank == src else None
+        out = torch.zeros(N, dtype=dtype)
+        self._wait(case, dist.scatter(out, None if full is None else list(full.split(N)),
+                                      src=src, async_op=True))
+        mine = o.make_input(case, src, dtype, self.ws * N)[self.rank * N:(self.rank + 1) * N]
+        self.check(case, out, mine, dtype)
 
     def _async_in_order(self, case: str, dtype: torch.dtype) -> None:
         """Works complete in the order they were issued: once the last is done, all are."""
