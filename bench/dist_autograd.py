@@ -11,6 +11,7 @@ shows the median steps/s of each system over the rounds and the ratio ringtorch 
 
     .venv/bin/python bench/dist_autograd.py
     .venv/bin/python bench/dist_autograd.py --rounds 5 --steps 300
+    .venv/bin/python bench/dist_autograd.py --json bench/out/autograd.json   # bench/_report.py's
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from _report import Recorder  # bench/ is sys.path[0]
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "seed004_parameter_server.py"
@@ -42,7 +45,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--json", help="also write the results here (bench/_report.py's format)")
     args = parser.parse_args()
+    recorder = Recorder("autograd")
     rates: dict[str, list[float]] = {"ringtorch": [], "torch": []}
     losses: dict[str, tuple[float, float]] = {}
     for r in range(args.rounds):
@@ -63,6 +68,11 @@ def main() -> None:
                                                   strict=True))
     print(f"\nlosses (first 5 mean, last 5 mean): ringtorch {losses['ringtorch']}, "
           f"torch {losses['torch']}: {'same' if same else 'DIFFERENT'}")
+    # results: {"rounds", "steps", "torch_steps_s", "ringtorch_steps_s" (medians),
+    # "per_round": {system: [steps/s]}, "losses": {system: [first, last]}, "same_losses"}
+    recorder.write(args.json, {"rounds": args.rounds, "steps": args.steps,
+                               "torch_steps_s": torch_, "ringtorch_steps_s": ring,
+                               "per_round": rates, "losses": losses, "same_losses": same})
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ socket path, on fake hosts (RINGTORCH_HOST_ID per rank; TCP between them over lo
     python bench/hierarchical.py --ops broadcast,all_gather,reduce_scatter,barrier
     python bench/hierarchical.py --ops all_gather,reduce_scatter --sizes 64K..16M --forced
     python bench/hierarchical.py --sliced          # all_reduce through leaders vs sliced
+    python bench/hierarchical.py --json bench/out/hier.json   # also bench/_report.py's JSON
 
 Modes, each in its own world of processes, interleaved, --repeat times: ``hier`` is
 ShmNativeBackend with RINGTORCH_SHM=1 (shared memory within each fake host, the hosts'
@@ -32,17 +33,18 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from _sizes import busbw_factor, human, parse_sizes  # bench/ is sys.path[0]
+from _report import Recorder  # bench/ is sys.path[0]
+from _sizes import busbw_factor, human, parse_sizes
 
 
-def iterations(nbytes: int) -> tuple[int, int]:
-    """(warm-up, timed) iterations: many for small sizes, at least 5."""
-    iters = max(5, min(500, int(1e8 / max(nbytes, 1))))
+def iterations(nbytes: int, most: int = 500) -> tuple[int, int]:
+    """(warm-up, timed) iterations: many for small sizes (at most ``most``), at least 5."""
+    iters = max(5, min(most, int(1e8 / max(nbytes, 1))))
     return max(2, iters // 10), iters
 
 
 def rank_main(rank: int, world_size: int, hosts: str, shm: bool, ops: list[str],
-              sizes: list[int], tweaks: dict[str, int]) -> Any:
+              sizes: list[int], tweaks: dict[str, int], most: int = 500) -> Any:
     """One rank: build the backend on its fake host, time every op at every size
     (``tweaks``: shm_hierarchy's thresholds to set first)."""
     import torch
@@ -101,7 +103,7 @@ def rank_main(rank: int, world_size: int, hosts: str, shm: bool, ops: list[str],
             got, want = call(op, nbytes)
             if not bool((got == want).all()):
                 raise RuntimeError(f"wrong {op} result at {human(nbytes)}")
-            warm, iters = iterations(nbytes)
+            warm, iters = iterations(nbytes, most)
             spent = []
             for i in range(warm + iters):
                 seq += 1
@@ -117,11 +119,11 @@ def rank_main(rank: int, world_size: int, hosts: str, shm: bool, ops: list[str],
 
 
 def run_mode(hosts: str, shm: bool, ops: list[str], sizes: list[int],
-             tweaks: dict[str, int]) -> tuple[dict[str, float], str]:
+             tweaks: dict[str, int], most: int = 500) -> tuple[dict[str, float], str]:
     """Median over iterations of the slowest rank's time, per op and size."""
     from ringtorch.testing import run_ranks
 
-    results = run_ranks(rank_main, len(hosts), args=(hosts, shm, ops, sizes, tweaks),
+    results = run_ranks(rank_main, len(hosts), args=(hosts, shm, ops, sizes, tweaks, most),
                         timeout=600)
     medians = {}
     for key in results[0]["times"]:
@@ -148,7 +150,11 @@ def main() -> None:
     parser.add_argument("--sliced", action="store_true",
                         help="also run all_reduce sliced at every size (hier-sliced: every "
                              "rank talks across; needs as many ranks on every host)")
+    parser.add_argument("--max-iters", type=int, default=500,
+                        help="timed iterations per size at most (small sizes run this many)")
+    parser.add_argument("--json", help="also write the results here (bench/_report.py's format)")
     args = parser.parse_args()
+    recorder = Recorder("hierarchy")
     ops, sizes = args.ops.split(","), parse_sizes(args.sizes)
     ws = len(args.hosts)
     modes: dict[str, tuple[str, bool, dict[str, int]]] = {
@@ -163,7 +169,7 @@ def main() -> None:
     topologies = {}
     for _ in range(args.repeat):
         for mode, (hosts, shm, tweaks) in modes.items():
-            medians, topologies[mode] = run_mode(hosts, shm, ops, sizes, tweaks)
+            medians, topologies[mode] = run_mode(hosts, shm, ops, sizes, tweaks, args.max_iters)
             runs[mode].append(medians)
     load = os.getloadavg()
     print(f"world {ws}, hosts {args.hosts}, float32 (SUM), median of {args.repeat} runs; "
@@ -174,6 +180,7 @@ def main() -> None:
     heads = [f"{m} µs" for m in modes] + ["hier busbw GB/s", "sockets/hier"]
     print("| op | size | " + " | ".join(heads) + " |")
     print("|---" * (len(heads) + 2) + "|")
+    found: list[dict[str, Any]] = []
     for key in runs["hier"][0]:
         op, nbytes = key.split("/")[0], int(key.split("/")[1])
         us = {m: statistics.median(r[key] for r in runs[m]) * 1e6 for m in modes}
@@ -182,7 +189,14 @@ def main() -> None:
         cells += ["" if op == "barrier" else f"{busbw:.2f}", f"{us['sockets'] / us['hier']:.2f}x"]
         size = "-" if op == "barrier" else human(nbytes)
         print(f"| {op} | {size} | " + " | ".join(cells) + " |")
+        found += [{"op": op, "bytes": None if op == "barrier" else nbytes, "mode": m,
+                   "seconds": us[m] * 1e-6} for m in modes]
     sys.stdout.flush()
+    # results: {"hosts", "world", "repeat", "modes", "topologies": {mode: text},
+    # "cells": [{"op", "bytes" (None for barrier), "mode", "seconds"}]}
+    recorder.write(args.json, {"hosts": args.hosts, "world": ws, "repeat": args.repeat,
+                               "modes": list(modes), "cells": found,
+                               "topologies": {m: str(t) for m, t in topologies.items()}})
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     python bench/mpi_overhead.py                 # starts itself under `mpirun -n 2`
     python bench/mpi_overhead.py --world-size 4 --ops all_reduce --max-bytes 16M
     mpirun -n 2 python bench/mpi_overhead.py     # or start it yourself
+    python bench/mpi_overhead.py --json bench/out/mpi.json   # also bench/_report.py's JSON
 
 For each size, every variant runs the same operation on the same buffer, in turns (raw, ours,
 raw, ours, ...), with a barrier before each timed call, and rank 0 prints the medians:
@@ -27,6 +28,8 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+
+from _report import Recorder  # bench/ is sys.path[0]
 
 SIZES = ["1K", "16K", "256K", "1M", "4M", "16M", "64M"]
 
@@ -108,7 +111,10 @@ def main() -> int:
     parser.add_argument("--ops", default="all_reduce,broadcast,all_gather")
     parser.add_argument("--max-bytes", default="64M")
     parser.add_argument("--seconds", type=float, default=0.4, help="time per size and variant")
+    parser.add_argument("--json", help="also write the results here (bench/_report.py's format; "
+                        "rank 0 writes it)")
     args = parser.parse_args()
+    recorder = Recorder("mpi")
     from ringtorch.collectives.backends import mpi_env
 
     if not mpi_env.launched_by_mpi():
@@ -133,6 +139,7 @@ def main() -> int:
               f"({MPI.Get_library_version().splitlines()[0].strip()}, "
               f"{mpi_env.thread_level_name()})")
     limit = _nbytes(args.max_bytes)
+    cells = []
     for op in args.ops.split(","):
         names = None
         for label in SIZES:
@@ -159,11 +166,17 @@ def main() -> int:
                 print(f"| {label} | " + " | ".join(f"{med[v]:.1f}" for v in names) + " | "
                       + " | ".join(f"{med[v] / med['raw']:.2f}" for v in names[1:]) + " |",
                       flush=True)
+                cells += [{"op": op, "bytes": nbytes, "variant": v, "us": med[v]} for v in names]
     for b in backends.values():
         b.close()
     if facade is not None:
         facade.destroy_process_group()
     comm.Free()
+    if rank == 0:
+        # results: {"world", "library", "cells": [{"op", "bytes", "variant" (raw, backend,
+        # nocheck, facade), "us" (median per call)}]}
+        recorder.write(args.json, {"world": size, "cells": cells,
+                                   "library": MPI.Get_library_version().splitlines()[0].strip()})
     return 0
 
 

@@ -16,12 +16,13 @@ first reply of each size is checked against the argument.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import socket
 import statistics
 import sys
+
+from _report import Recorder  # bench/ is sys.path[0]
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -122,8 +123,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sizes", default=",".join(SIZES), help="comma-separated, of "
                         + ", ".join(SIZES))
-    parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--json", help="also write the results here (bench/_report.py's format)")
     ns = parser.parse_args()
+    recorder = Recorder("rpc")
     sizes = ns.sizes.split(",")
     systems = ["ringtorch", "torch"]
     results: dict[str, dict[str, list[float]]] = {s: {n: [] for n in systems} for s in sizes}
@@ -139,9 +141,9 @@ def main() -> None:
         ratio = f"{row['torch/ringtorch']:.2f}x" if row["system"] == "ringtorch" else ""
         print(f"{row['size']:>6} {row['system']:>10} {row['median_us']:>11.1f} "
               f"{row['p90_us']:>10.1f} {gbps:>6} {ratio:>16}")
-    if ns.json:
-        with open(ns.json, "w") as fh:
-            json.dump(rows, fh, indent=2)
+    # results: {"rounds", "rows": [{"size", "system", "median_us", "p90_us", "GB/s", "n",
+    # "torch/ringtorch"}]}
+    recorder.write(ns.json, {"rounds": ns.rounds, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ total operations per second over all clients, and the ratio ringtorch / torch.
 
     .venv/bin/python bench/store.py                 # 4 clients, 2 s per operation
     .venv/bin/python bench/store.py --clients 8 --seconds 3 --rounds 3
+    .venv/bin/python bench/store.py --json bench/out/store.json   # also bench/_report.py's JSON
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import statistics
 import sys
 import time
 from datetime import timedelta
+
+from _report import Recorder  # bench/ is sys.path[0]
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -117,7 +120,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--rounds", type=int, default=1,
                         help="alternate torch and ringtorch this many times; report medians")
+    parser.add_argument("--json", help="also write the results here (bench/_report.py's format)")
     args = parser.parse_args()
+    recorder = Recorder("store")
     samples: dict[str, dict[str, list[float]]] = {k: {op: [] for op in OPS}
                                                   for k in ("torch", "ringtorch")}
     cpu: dict[str, dict[str, list[tuple[float, float]]]] = {
@@ -133,6 +138,7 @@ def main() -> None:
     print("| op | torch ops/s | ringtorch ops/s | ringtorch / torch | CPU us/op torch "
           "(server + client) | CPU us/op ringtorch (server + client) |")
     print("|---|---|---|---|---|---|")
+    rows = []
     for op in OPS:
         t = statistics.median(samples["torch"][op])
         r = statistics.median(samples["ringtorch"][op])
@@ -140,7 +146,13 @@ def main() -> None:
         rc = [statistics.median(c[i] for c in cpu["ringtorch"][op]) * 1e6 for i in (0, 1)]
         print(f"| {op} | {t:,.0f} | {r:,.0f} | {r / t:.2f}x | {tc[0]:.1f} + {tc[1]:.1f} "
               f"| {rc[0]:.1f} + {rc[1]:.1f} |")
+        rows.append({"op": op, "torch_ops_s": t, "ringtorch_ops_s": r,
+                     "torch_cpu_us": tc, "ringtorch_cpu_us": rc})
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
+    # results: {"clients", "seconds", "rounds", "rows": [{"op", "torch_ops_s",
+    # "ringtorch_ops_s", "torch_cpu_us": [server, client], "ringtorch_cpu_us": [...]}]}
+    recorder.write(args.json, {"clients": args.clients, "seconds": args.seconds,
+                               "rounds": args.rounds, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -67,14 +67,23 @@ def _knob(name: str, default: T, parse: Callable[[str], T], doc: str) -> Knob[T]
 
 SECRET = _knob(
     "RINGTORCH_SECRET", "", str,
-    "the job secret; when set, every store, collective and RPC connection proves it with "
-    "HMAC-SHA256 before any other byte is read. The launcher sets a fresh random one per job.",
+    "the job secret; every store, collective and RPC connection proves it with HMAC-SHA256 "
+    "before any other byte is read. The single-node launcher sets a fresh random one per job; "
+    "a process without it uses the per-user secret file (RINGTORCH_SECRET_FILE)",
+)
+SECRET_FILE = _knob(
+    "RINGTORCH_SECRET_FILE", "~/.config/ringtorch/secret", str,
+    "the per-user secret file: the job secret of every process that has no RINGTORCH_SECRET "
+    "(launchers of a multi-node job, ranks started by hand, store servers); created with mode "
+    "0600 on first use and refused if other users can read it. Nodes sharing a home directory "
+    "share it; copy it to nodes that do not. Empty: no file (no secret unless RINGTORCH_SECRET)",
 )
 ALLOW_NO_SECRET = _knob(
     "RINGTORCH_ALLOW_NO_SECRET", False, _parse_bool,
-    "1 lets a multi-node ringrun job start without RINGTORCH_SECRET (unauthenticated, with a "
-    "loud warning); by default the launcher refuses, since its nodes cannot agree on a secret "
-    "over a channel the secret does not protect yet",
+    "1 lets a multi-node ringrun job start without any job secret (neither RINGTORCH_SECRET nor "
+    "a usable secret file; unauthenticated, with a loud warning); by default the launcher "
+    "refuses, since its nodes cannot agree on a secret over a channel the secret does not "
+    "protect yet",
 )
 HANDSHAKE_TIMEOUT = _knob(
     "RINGTORCH_HANDSHAKE_TIMEOUT", 10.0, float,

@@ -1,14 +1,23 @@
-"""Suite-wide rules: no test may be skipped silently.
+"""Suite-wide rules: no test may be skipped silently; the suite keeps its secret to itself.
 
 A skipped test is a test that did not run; on this project's machines every test can run, so
 a skip fails the session (set RINGTORCH_ALLOW_SKIPS=1 to look at a partial run locally).
+
+Processes without RINGTORCH_SECRET use the per-user secret file; the suite points it
+(RINGTORCH_SECRET_FILE, inherited by every process a test starts) at a file of its own, so it
+never creates or reads the user's ~/.config/ringtorch/secret.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import pytest
+
+_secret_dir = tempfile.mkdtemp(prefix="ringtorch-tests-")
+os.environ.setdefault("RINGTORCH_SECRET_FILE", os.path.join(_secret_dir, "secret"))
 
 _skipped: list[str] = []
 
@@ -19,6 +28,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(_secret_dir, ignore_errors=True)
     if _skipped and not os.environ.get("RINGTORCH_ALLOW_SKIPS"):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

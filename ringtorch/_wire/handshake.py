@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass
 
 from ringtorch import _config
+from ringtorch._wire import secret_file
 from ringtorch._wire.errors import DeadlineExceeded, HandshakeError, PeerClosedError
 from ringtorch._wire.framing import recv_exactly, send_all
 
@@ -82,9 +83,33 @@ class Hello:
 
 
 def job_secret() -> bytes | None:
-    """The job secret from RINGTORCH_SECRET, or None when the job runs without one."""
+    """The job secret: RINGTORCH_SECRET, else the per-user secret file (secret_file.py),
+    else None (no secret: the file is turned off or could not be created).
+
+    Raises:
+        SecretFileError: the secret file exists but other users could read it (or it is not
+            this user's, or it is empty).
+    """
     text = _config.SECRET.get()
-    return text.encode() if text else None
+    if text:
+        return text.encode()
+    path = secret_file.configured_path()
+    return secret_file.read_or_create(path) if path else None
+
+
+def _secret_source(from_file: bool) -> str:
+    if from_file:
+        return f"from the per-user secret file {secret_file.configured_path()}"
+    return "RINGTORCH_SECRET is set"
+
+
+def _file_hint() -> str:
+    """What to do when this process's secret, read from the per-user file, is not the other
+    side's."""
+    return (f"this process uses the per-user secret file {secret_file.configured_path()} (no "
+            f"RINGTORCH_SECRET is set) and the other side holds another secret: copy that file "
+            f"to every node of the job (mode 0600), or set RINGTORCH_SECRET to the same value "
+            f"on every process")
 
 
 def handshake_deadline() -> float:
@@ -151,6 +176,7 @@ def client_handshake(sock: socket.socket, service: int, deadline: float, peer: s
         HandshakeError: wrong magic/version/service, a secret missing on one side, a wrong
             secret, or the server refused; the message says which and what to do.
     """
+    from_file = secret is None and use_env_secret and not _config.SECRET.get()
     if secret is None and use_env_secret:
         secret = job_secret()
     try:
@@ -169,7 +195,8 @@ def client_handshake(sock: socket.socket, service: int, deadline: float, peer: s
             )
         if secret is not None and not theirs.has_secret:
             raise HandshakeError(
-                f"{peer} has no job secret but this process has one (RINGTORCH_SECRET is set): "
+                f"{peer} has no job secret but this process has one "
+                f"({_secret_source(from_file)}): "
                 f"it cannot prove it belongs to this job, so the connection was refused"
             )
         if secret is not None:
@@ -177,10 +204,9 @@ def client_handshake(sock: socket.socket, service: int, deadline: float, peer: s
             send_all(sock, [_mac(secret, b"client", mine, theirs.raw)], deadline, peer)
             expected = _mac(secret, b"server", mine, theirs.raw)
             if not hmac.compare_digest(server_mac, expected):
-                raise HandshakeError(
-                    f"{peer} failed to prove the job secret: RINGTORCH_SECRET differs between "
-                    f"this process and the server"
-                )
+                hint = (_file_hint() if from_file else
+                        "RINGTORCH_SECRET differs between this process and the server")
+                raise HandshakeError(f"{peer} failed to prove the job secret: {hint}")
         code, reason_nbytes = STATUS.unpack(recv_exactly(sock, STATUS.size, deadline, peer))
         reason = bytes(recv_exactly(sock, min(reason_nbytes, MAX_REASON_NBYTES), deadline, peer))
         if code != _ACCEPTED:
@@ -202,6 +228,7 @@ def server_handshake(sock: socket.socket, service: int, deadline: float, peer: s
         HandshakeError: the client is refused (the reason was sent to it when the stream
             still allowed it); the caller should log the message and close the socket.
     """
+    from_file = secret is None and use_env_secret and not _config.SECRET.get()
     if secret is None and use_env_secret:
         secret = job_secret()
     try:
@@ -226,8 +253,9 @@ def server_handshake(sock: socket.socket, service: int, deadline: float, peer: s
             client_mac = bytes(recv_exactly(sock, MAC_NBYTES, deadline, peer))
             if not hmac.compare_digest(client_mac, _mac(secret, b"client", theirs.raw, mine)):
                 _send_status(sock, _REFUSED, "wrong job secret", deadline, peer)
+                hint = _file_hint() if from_file else "wrong RINGTORCH_SECRET"
                 raise HandshakeError(f"refused {peer}: it failed to prove the job secret "
-                                     f"(wrong RINGTORCH_SECRET)")
+                                     f"({hint})")
         _send_status(sock, _ACCEPTED, "", deadline, peer)
         return theirs.info
     except (PeerClosedError, DeadlineExceeded) as exc:

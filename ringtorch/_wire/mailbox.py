@@ -180,11 +180,9 @@ class Mailbox:
         with self._cond:
             if self._error is not None:
                 raise RecvError(self._error)
-            # A message that arrived before its sender left (its goodbye came after it) is
-            # still delivered: the sender finished sending it.
             arrived = next((a for a in self._arrived if a.tag == tag
                             and (src is None or a.src == src)), None)
-            if arrived is not None:
+            if arrived is not None:  # sent before its sender left: still delivered
                 self._arrived.remove(arrived)
             else:
                 self._raise_if_failed(src)

@@ -5,9 +5,12 @@ and writes its signals and staged data into; its peers map it read-write and rea
 The rule this module keeps: **no segment outlives the job**. The creator holds an exclusive
 ``flock`` on the file for as long as it lives, and unlinks the name as soon as every peer has
 mapped it (the memory then lives only as long as the mappings; the kernel frees it when the
-last process holding one exits, however it exits). A name left behind by a rank killed in the
-few milliseconds between creating and unlinking is unlocked, and :func:`sweep_stale_segments`
-removes it the next time any rank on the host creates a segment.
+last process holding one exits, however it exits). The file is made under a temporary name
+(``TMP_PREFIX``, with the creator's pid), locked, reserved, and only then renamed to its
+segment name, so a segment name is locked for as long as its creator lives: an unlocked one is
+garbage, whatever its age. A name left behind by a rank killed between creating and
+unlinking is removed by :func:`sweep_stale_segments`, which the launcher runs when its job
+ends and every rank runs when it creates a segment.
 
 The same lock tells peers whether the owner is alive: a process's locks are released by the
 kernel when it dies (even by SIGKILL), so a peer whose non-blocking shared lock on the owner's
@@ -31,6 +34,7 @@ import weakref
 
 SHM_DIR = "/dev/shm"
 NAME_PREFIX = "ringtorch_"
+TMP_PREFIX = "ringtorch~"  # + creator pid + "_" + random: a segment not yet locked and renamed
 PAGE = mmap.PAGESIZE
 
 # Weak set of segments this process owns; a forked child closes its inherited copy of each
@@ -100,22 +104,25 @@ class Segment:
         """
         name = new_segment_name()
         path = os.path.join(SHM_DIR, name)
-        lock_fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        current = os.path.join(SHM_DIR, f"{TMP_PREFIX}{os.getpid()}_{secrets.token_hex(8)}")
+        lock_fd = os.open(current, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         fd = -1
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             # the mapping gets its own open file: mmap duplicates the descriptor it maps, and a
             # forked child holding a duplicate of the *locked* one would keep the lock alive
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            fd = os.open(current, os.O_RDWR | os.O_CLOEXEC)
             size = _round_up(nbytes, PAGE)
             os.posix_fallocate(fd, 0, size)
+            os.rename(current, path)  # the segment name appears locked, reserved, full size
+            current = path
             return cls(name, fd, size, owner=True, lock_fd=lock_fd)
         except BaseException:
             for each in (fd, lock_fd):
                 if each >= 0:
                     os.close(each)
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+                os.unlink(current)
             raise
 
     @classmethod
@@ -221,18 +228,32 @@ class Segment:
             self.close()
 
 
+def _still_being_made(name: str, ctime: float, min_age_s: float) -> bool:
+    """Whether a temporary name may belong to a creator that has not locked it yet: younger
+    than ``min_age_s`` and its creator's pid (in the name) not known to be gone."""
+    if time.time() - ctime >= min_age_s:
+        return False
+    try:
+        os.kill(int(name[len(TMP_PREFIX):].split("_", 1)[0]), 0)
+    except ProcessLookupError:
+        return False
+    except (ValueError, OverflowError, PermissionError):
+        pass  # no pid to go by, or another user's process: keep to the age
+    return True
+
+
 def sweep_stale_segments(min_age_s: float = 10.0) -> list[str]:
     """Remove this user's ringtorch segments whose creator is dead; return their names.
 
-    A live creator holds its segment's lock, so an unlocked ringtorch file is garbage; the age
-    floor leaves alone a file created a moment ago whose creator has not locked it yet.
+    A segment name is locked from the moment it exists until its creator dies, so an unlocked
+    one is garbage at any age. A temporary name is unlocked for a moment after its creation:
+    it is garbage once unlocked and its creator's pid is gone, or older than ``min_age_s``.
     """
     removed = []
     try:
-        names = [n for n in os.listdir(SHM_DIR) if n.startswith(NAME_PREFIX)]
+        names = [n for n in os.listdir(SHM_DIR) if n.startswith((NAME_PREFIX, TMP_PREFIX))]
     except OSError:
         return removed
-    now = time.time()
     for name in names:
         path = os.path.join(SHM_DIR, name)
         try:
@@ -241,7 +262,8 @@ def sweep_stale_segments(min_age_s: float = 10.0) -> list[str]:
             continue
         try:
             st = os.fstat(fd)
-            if st.st_uid != os.getuid() or now - st.st_ctime < min_age_s:
+            if st.st_uid != os.getuid() or (name.startswith(TMP_PREFIX) and _still_being_made(
+                    name, st.st_ctime, min_age_s)):
                 continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -259,5 +281,5 @@ def _round_up(n: int, multiple: int) -> int:
     return max(multiple, -(-n // multiple) * multiple)
 
 
-__all__ = ["NAME_PREFIX", "SHM_DIR", "Segment", "new_segment_name", "shm_supported",
+__all__ = ["NAME_PREFIX", "TMP_PREFIX", "SHM_DIR", "Segment", "new_segment_name", "shm_supported",
            "sweep_stale_segments"]

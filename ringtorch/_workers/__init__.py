@@ -17,7 +17,7 @@ from ringtorch._workers.errorfile import (
     record,
     write_error_file,
 )
-from ringtorch._workers.guardian import Guardian
+from ringtorch._workers.guardian import JOB_MARK_VAR, Guardian
 from ringtorch._workers.lifeline import (
     become_subreaper,
     death_signal_preexec,
@@ -41,6 +41,7 @@ __all__ = [
     "ChildFailedError",
     "ErrorHandler",
     "Guardian",
+    "JOB_MARK_VAR",
     "LineCopier",
     "ProcessFailure",
     "Stoppable",

@@ -12,6 +12,10 @@ never holds up a send or a receive on another lane. Their lanes borrow threads f
 pool instead of owning one, since a program may use many peers and tags.
 
 The rule: at most one Work of a lane runs at any time, and Works start in submission order.
+A Work's completion callbacks (``get_future().then(...)``) run on the thread that ran it, while
+the lane still counts it as running; a callback that queues another Work on the same lane and
+waits for it (torch's comm hooks do) would wait for itself, so that wait runs the lane's queued
+Works, in order, on the waiting thread instead (``help_until``).
 """
 
 from __future__ import annotations
@@ -108,6 +112,7 @@ class Lane:
         self._busy = False
         self._closed: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._owner: int | None = None  # ident of the thread running one of our Works
         self.next_seq = 0
         self._submitted = 0
         self._completed = 0
@@ -140,7 +145,9 @@ class Lane:
             if run_here:
                 self._busy = True
                 self._ran_inline += 1
+                self._owner = threading.get_ident()
             else:
+                work.lane = self
                 self._queue.append(work)
                 self._start_locked()
         if run_here:
@@ -150,8 +157,26 @@ class Lane:
                 with self._lock:
                     self._busy = False
                     self._completed += 1
+                    self._owner = None
                     if self._queue:
                         self._start_locked()
+
+    def help_until(self, work: Work) -> None:
+        """Called by a thread about to wait for ``work``: if that thread is the one running
+        this lane's current Work (a completion callback that waits), run the queued Works,
+        in order, here until ``work`` is done; otherwise do nothing (someone else runs them).
+        """
+        me = threading.get_ident()
+        while not work.is_completed():
+            with self._lock:
+                if self._owner != me or not self._queue:
+                    return
+                nxt = self._queue.popleft()
+            try:
+                nxt.run()  # still under our running Work: one at a time, in submission order
+            finally:
+                with self._lock:
+                    self._completed += 1
 
     def _start_locked(self) -> None:
         """Make sure something drains the queue (lock held)."""
@@ -174,20 +199,24 @@ class Lane:
                     return
                 work = self._queue.popleft()
                 self._busy = True
+                self._owner = threading.get_ident()
             try:
                 work.run()
             finally:
                 with self._lock:
                     self._busy = False
                     self._completed += 1
+                    self._owner = None
 
     def _drain(self) -> None:
         while True:
             with self._lock:
                 if not self._queue:
                     self._busy = False
+                    self._owner = None
                     return
                 work = self._queue.popleft()
+                self._owner = threading.get_ident()
             try:
                 work.run()
             finally:

@@ -10,6 +10,7 @@ anyone waiting is woken, so a woken waiter always sees its results in place.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from datetime import timedelta
@@ -44,6 +45,8 @@ class Work:
         self._lock = threading.Lock()
         self._future: Any = None
         self._on_finish: list[Callable[[], None]] | None = None
+        # The lane it is queued on (set by Lane.submit), whose help_until a wait calls first.
+        self.lane: Any = None
 
     # -- run by the group ---------------------------------------------------------------------
 
@@ -103,6 +106,8 @@ class Work:
             DistBackendError: the operation failed (the original error, re-raised), or it was
                 not done within ``timeout``.
         """
+        if not self._done and self.lane is not None:
+            self.lane.help_until(self)
         if not self._done:
             with self._lock:
                 if not self._done and self._event is None:
@@ -138,7 +143,7 @@ class Work:
         """A ``torch.futures.Future`` completed with ``result()`` (or the error)."""
         with self._lock:
             if self._future is None:
-                self._future = torch.futures.Future()
+                self._future = _WorkFuture(self)
                 if self._done:
                     _settle(self._future, self._outputs, self._exception)
             return self._future
@@ -172,6 +177,23 @@ class Work:
         state = ("pending" if not self._done
                  else "failed" if self._exception is not None else "done")
         return f"<Work {self._describe()} {state}>"
+
+
+class _WorkFuture(torch.futures.Future):
+    """The future of a Work: a ``torch.futures.Future`` whose ``wait`` waits through the
+    Work first, so that a completion callback waiting for a later Work of its own lane runs
+    that Work instead of waiting for itself (comm_thread.Lane.help_until)."""
+
+    def __init__(self, work: Work) -> None:
+        super().__init__()
+        self._work = work
+
+    def wait(self) -> Any:
+        if not self.done():
+            # the future holds the Work's error too: it is raised by super().wait() below
+            with contextlib.suppress(Exception):
+                self._work.wait()
+        return super().wait()
 
 
 def completed_work(op_name: str, outputs: list[torch.Tensor] | None = None) -> Work:

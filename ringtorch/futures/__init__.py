@@ -11,8 +11,8 @@ call and lose the interoperability, so we subclass.
 What we add over torch's class: ``then`` returns a ringtorch ``Future``; ``value()`` on a
 future that is not done raises a clear error instead of torch's internal assert; and
 ``wait()`` first gives up the RPC connection-reader role when it is called from inside an RPC
-being served inline (see ``_before_blocking_wait``), so a blocking wait there cannot stall the
-connection it arrived on.
+being served inline (the hook the RPC agent registers with :func:`register_blocking_wait_hook`),
+so a blocking wait there cannot stall the connection it arrived on.
 """
 
 from __future__ import annotations
@@ -31,6 +31,16 @@ S = TypeVar("S")
 # a hook here that hands the connection it is serving inline to another thread. The futures
 # layer may not import rpc (it sits below it), hence a hook.
 _before_blocking_wait: list[Callable[[], None]] = []
+
+
+def register_blocking_wait_hook(hook: Callable[[], None]) -> Callable[[], None]:
+    """Run ``hook()`` before every ``Future.wait()`` that would block (not on a done future).
+
+    Returns:
+        A function that removes the hook again.
+    """
+    _before_blocking_wait.append(hook)
+    return lambda: _before_blocking_wait.remove(hook)
 
 
 def _callback_error(exc: BaseException) -> RuntimeError:
@@ -152,4 +162,4 @@ def wait_all(futures: list[Any]) -> list[Any]:
     return [fut.wait() for fut in collect_all(futures).wait()]
 
 
-__all__ = ["Future", "collect_all", "wait_all"]
+__all__ = ["Future", "collect_all", "register_blocking_wait_hook", "wait_all"]

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ringtorch import _config
+from ringtorch._wire import secret_file
+from ringtorch._wire.handshake import job_secret
 from ringtorch.launcher.agent import launch, say
 from ringtorch.launcher.config import (
     LOCAL_RANK_MACRO,
@@ -227,8 +229,14 @@ def config_from_args(args: argparse.Namespace, use_env: bool = True,
     if args.max_restarts < 0:
         raise LaunchConfigError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     nproc = resolve_nproc_per_node(args.nproc_per_node)
-    secret = choose_job_secret(_config.SECRET.get(), multi_node=max_nodes > 1,
-                               allow_no_secret=_config.ALLOW_NO_SECRET.get())
+    multi_node = max_nodes > 1
+    try:
+        usable = multi_node and not _config.SECRET.get() and job_secret() is not None
+    except secret_file.SecretFileError as exc:
+        raise LaunchConfigError(str(exc)) from None
+    secret = choose_job_secret(_config.SECRET.get(), multi_node=multi_node,
+                               allow_no_secret=_config.ALLOW_NO_SECRET.get(),
+                               secret_file=secret_file.configured_path() if usable else None)
     if secret.warning:
         say(secret.warning)
     return LaunchConfig(

@@ -190,32 +190,40 @@ class SecretChoice:
     warning: str | None = None
 
 
-def choose_job_secret(env_secret: str, multi_node: bool, allow_no_secret: bool) -> SecretChoice:
+def choose_job_secret(env_secret: str, multi_node: bool, allow_no_secret: bool,
+                      secret_file: str | None = None) -> SecretChoice:
     """The job secret policy (docs/launching.md, "The job secret").
 
     A secret set in RINGTORCH_SECRET is used as is. A single-node job makes its own (32
     random bytes, hex), since nobody else needs to know it. The launchers of a multi-node job
-    cannot agree on one without an authenticated channel, which is what the secret is for: so
-    they require the user to give every node the same RINGTORCH_SECRET, unless the user opts
-    out explicitly with RINGTORCH_ALLOW_NO_SECRET=1 (unauthenticated, with a warning).
+    cannot agree on one over the network without an authenticated channel, which is what the
+    secret is for: they and their workers use the per-user secret file (``secret_file``: its
+    path when it holds a secret, None when it is turned off or could not be made), which nodes
+    sharing a home directory share; the choice is then "" (no secret passed on: every process
+    reads the file, and its errors name the file). Without the file they refuse, unless the
+    user opts out explicitly with RINGTORCH_ALLOW_NO_SECRET=1 (unauthenticated, with a warning).
 
     Raises:
-        LaunchConfigError: multi-node, no secret, no opt-out.
+        LaunchConfigError: multi-node, no secret at all, no opt-out.
     """
     if env_secret:
         return SecretChoice(env_secret)
     if not multi_node:
         return SecretChoice(secrets.token_hex(32))
+    if secret_file is not None:
+        return SecretChoice("")
     if allow_no_secret:
         return SecretChoice("", warning=(
             "WARNING: RINGTORCH_ALLOW_NO_SECRET=1: this multi-node job runs WITHOUT a job secret; "
             "anyone who can reach its ports can join it, read its data and (through RPC or "
             "object collectives) run code in it. Set RINGTORCH_SECRET on every node instead."))
     raise LaunchConfigError(
-        "a multi-node job needs a job secret shared by every node: set RINGTORCH_SECRET to the "
-        "same random value on each node, e.g. export RINGTORCH_SECRET=$(python -c 'import "
-        "secrets; print(secrets.token_hex(32))'), and pass it to each launcher; or set "
-        "RINGTORCH_ALLOW_NO_SECRET=1 to run unauthenticated (not recommended)")
+        "a multi-node job needs a job secret shared by every node, and there is no per-user "
+        "secret file (RINGTORCH_SECRET_FILE is empty, or the file could not be created): set "
+        "RINGTORCH_SECRET to the same random value on each node, e.g. export "
+        "RINGTORCH_SECRET=$(python -c 'import secrets; print(secrets.token_hex(32))'), and pass "
+        "it to each launcher; or set RINGTORCH_ALLOW_NO_SECRET=1 to run unauthenticated (not "
+        "recommended)")
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from typing import IO
 
 from ringtorch._workers import (
     ERROR_FILE_ENV,
+    JOB_MARK_VAR,
     Guardian,
     LineCopier,
     ProcessFailure,
@@ -136,6 +137,8 @@ class LocalWorkerGroup:
         error_file = os.path.join(rank_dir, "error.json")
         env = worker_env(os.environ, self.config, self.assignment, local_rank,
                          self.restart_count, error_file)
+        if self._guardian is not None:  # how the guardian finds what escaped the groups
+            env[JOB_MARK_VAR] = self._guardian.mark
         targets, copiers = [], []
         for stream, console, name in ((Std.OUT, self.consoles[0], "stdout"),
                                       (Std.ERR, self.consoles[1], "stderr")):

@@ -34,7 +34,7 @@ import weakref
 
 from ringtorch import _config
 from ringtorch._wire.errors import HandshakeError
-from ringtorch._wire.handshake import SERVICE_STORE, handshake_deadline, server_handshake
+from ringtorch._wire.handshake import SERVICE_STORE, handshake_deadline, job_secret, server_handshake
 from ringtorch._wire.sockets import listen_tcp, tune_tcp
 from ringtorch.store import _protocol as P
 from ringtorch.store._table import KeyValueTable
@@ -70,9 +70,11 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class StoreServer(StoreOps):
-    """A TCPStore server listening on ``host:port`` (``port=0`` picks one; read ``.port``)."""
+    """A TCPStore server listening on ``host:port`` (``port=0`` picks one; read ``.port``).
+    The secret clients must prove is fixed when it is made, whatever the environment does later."""
 
     def __init__(self, host: str, port: int, listen_fd: int | None = None) -> None:
+        self._secret = job_secret()
         if listen_fd is not None:  # a launcher's bound socket: ours is a copy, theirs stays
             self._listener = socket.socket(fileno=os.dup(listen_fd))
             tune_tcp(self._listener)
@@ -81,6 +83,7 @@ class StoreServer(StoreOps):
         self._listener.setblocking(False)
         self.host = host
         self.port = int(self._listener.getsockname()[1])
+        self.address = f"{host}:{self.port}"
         self._pid = os.getpid()
         self._table = KeyValueTable()
         self._waiters: dict[bytes, list[Waiter]] = {}
@@ -94,8 +97,8 @@ class StoreServer(StoreOps):
         self._shaking: set[socket.socket] = set()
         self._pending: queue.SimpleQueue[tuple[socket.socket, str]] = queue.SimpleQueue()
         self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
+        for end in (self._wake_r, self._wake_w):
+            end.setblocking(False)
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._listener, selectors.EVENT_READ, _LISTENER)
         self._sel.register(self._wake_r, selectors.EVENT_READ, _WAKE)
@@ -115,10 +118,6 @@ class StoreServer(StoreOps):
     def owner_pid(self) -> int:
         """The process whose thread serves (a forked child holds copies of the sockets)."""
         return self._pid
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
 
     def start(self) -> StoreServer:
         self._thread.start()
@@ -281,7 +280,8 @@ class StoreServer(StoreOps):
         try:
             sock.setblocking(True)
             tune_tcp(sock)
-            server_handshake(sock, SERVICE_STORE, handshake_deadline(), peer)
+            server_handshake(sock, SERVICE_STORE, handshake_deadline(), peer, secret=self._secret,
+                             use_env_secret=False)
             sock.settimeout(None)
             sock.setblocking(False)
             shaken = True

@@ -56,6 +56,9 @@ log = logging.getLogger("ringtorch.store")
 
 JOIN_KEY = INTERNAL_PREFIX + b"joined"
 GRACE_S = 1.0
+# after a connection broke, how long a client tries to connect again before it says the
+# server is gone (a refused connection answers at once; this bounds an unanswered one)
+RECONNECT_AFTER_LOSS_S = 1.0
 _RECV_BUFFER_NBYTES = 64 * 1024
 _TIMEVAL = struct.Struct("@ll")
 _ONE_KEY_HEAD = struct.Struct(P.REQUEST_HEAD.format + "I")  # the head and the key's length
@@ -177,6 +180,7 @@ class TCPStore(Store):
         self._pid = os.getpid()
         self._next_id = 0
         self._rcvtimeo = -1.0
+        self._lost: str | None = None  # why the last connection broke, until one works again
         self._plain_wait_s = max(self._timeout.total_seconds(), GRACE_S)
         self._buf = bytearray(_RECV_BUFFER_NBYTES)
         self._view = memoryview(self._buf)
@@ -307,12 +311,28 @@ class TCPStore(Store):
             return DistStoreError(
                 f"TCPStore {self._host}:{self._port} did not answer within "
                 f"{timedelta(seconds=wait_s)}: the server is hung or unreachable")
+        self._lost = str(exc)
         return DistNetworkError(
             f"lost the connection to TCPStore {self._host}:{self._port} ({exc}); did the server "
             f"process (the master, rank 0) exit or crash?")
 
     def _reconnect(self) -> socket.socket:
-        self._connect(time.monotonic() + self._timeout.total_seconds())
+        """Connect again: within the store timeout the first time (the server may still be
+        starting), but within RECONNECT_AFTER_LOSS_S after a connection broke, since a server
+        that closed on us and now refuses is gone: every later use then fails in a moment
+        instead of retrying for the whole timeout (up to 30 minutes)."""
+        if self._lost is None:
+            self._connect(time.monotonic() + self._timeout.total_seconds())
+        else:
+            seconds = min(self._timeout.total_seconds(), RECONNECT_AFTER_LOSS_S)
+            try:
+                self._connect(time.monotonic() + seconds)
+            except (DistNetworkError, HandshakeError):
+                raise DistNetworkError(
+                    f"lost the connection to TCPStore {self._host}:{self._port} ({self._lost}) "
+                    f"and could not connect again within {seconds:g} s: the server process "
+                    f"(the master, rank 0) exited or crashed") from None
+            self._lost = None
         assert self._sock is not None
         return self._sock
 
@@ -413,10 +433,7 @@ class TCPStore(Store):
             try:
                 sock.sendall(frame)
             except OSError as exc:
-                self._drop_connection()
-                raise DistNetworkError(
-                    f"lost the connection to TCPStore {self._host}:{self._port} ({exc}); "
-                    f"did the server process (the master, rank 0) exit or crash?") from None
+                raise self._failed(exc, self._plain_wait_s) from None
 
     def _get(self, key: bytes, timeout: timedelta) -> bytes | None:
         status, _, out = self._one_key(P.OP_GET, key, 0, timeout)

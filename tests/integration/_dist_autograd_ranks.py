@@ -7,7 +7,6 @@ modules compare with gradients they compute with plain torch in one process.
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import torch
@@ -15,7 +14,7 @@ import torch
 import ringtorch.distributed.autograd as dist_autograd
 import ringtorch.distributed.rpc as rpc
 from ringtorch.distributed.optim import DistributedOptimizer
-from tests.integration._rpc_ranks import error_of, start
+from tests.integration._rpc_common import error_of, start, wait_until
 
 # ---- functions called over RPC ----------------------------------------------------------
 
@@ -85,10 +84,8 @@ def _forward_backward(out: dict[str, Any]) -> None:
         out["x_grad_attr"] = x.grad
         out["ctx_id"] = cid
     out["released_here"] = cid not in dist_autograd.engine.container().contexts
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(
-            rpc.rpc_sync(f"worker{r}", has_context, args=(cid,)) for r in (1, 2)):
-        time.sleep(0.01)
+    wait_until(lambda: not any(rpc.rpc_sync(f"worker{r}", has_context, args=(cid,))
+                               for r in (1, 2)), 5.0)
     out["released_remote"] = [rpc.rpc_sync(f"worker{r}", has_context, args=(cid,))
                               for r in (1, 2)]
 

@@ -1,9 +1,10 @@
-"""DataParallel over CPU replicas: outputs and gradients equal one module on the whole batch."""
+"""DataParallel: without CUDA the module runs as it is (torch's behaviour); over CPU replicas,
+asked for with ``cpu_replicas``, outputs and gradients equal one module on the whole batch."""
 
 from __future__ import annotations
 
 import copy
-import os
+import re
 from collections import namedtuple
 
 import pytest
@@ -28,7 +29,7 @@ def _grads(module: nn.Module) -> list[torch.Tensor]:
 @pytest.mark.parametrize("replicas,batch", [(2, 8), (3, 8), (2, 5), (4, 3)])
 def test_output_and_gradients_equal_one_module_on_the_whole_batch(replicas, batch):
     reference = _mlp()
-    parallel = DataParallel(copy.deepcopy(reference), device_ids=list(range(replicas)))
+    parallel = DataParallel(copy.deepcopy(reference), cpu_replicas=replicas)
     x = torch.randn(batch, 6)
     target = torch.randn(batch, 3)
     expected = reference(x)
@@ -42,7 +43,7 @@ def test_output_and_gradients_equal_one_module_on_the_whole_batch(replicas, batc
 
 def test_several_sgd_steps_track_single_module_training():
     reference = _mlp(1)
-    parallel = DataParallel(copy.deepcopy(reference), device_ids=[0, 1, 2])
+    parallel = DataParallel(copy.deepcopy(reference), cpu_replicas=3)
     torch.manual_seed(5)
     for _ in range(5):
         x, y = torch.randn(12, 6), torch.randn(12, 3)
@@ -68,7 +69,7 @@ def test_nested_inputs_and_kwargs_are_scattered_and_other_objects_shared():
             seen.append((pair.a.shape[0], pair.b["x"].shape[0], tag))
             return pair.a * self.w * scale + pair.b["x"]
 
-    parallel = DataParallel(Probe(), device_ids=[0, 1])
+    parallel = DataParallel(Probe(), cpu_replicas=2)
     a, bx, scale = torch.arange(4.0), torch.full((4,), 10.0), torch.tensor([1.0, 1.0, 2.0, 2.0])
     out = parallel(Pair(a, {"x": bx}), scale=scale, tag="t")
     torch.testing.assert_close(out, a * scale + bx)
@@ -78,7 +79,7 @@ def test_nested_inputs_and_kwargs_are_scattered_and_other_objects_shared():
 def test_replica_zero_updates_the_original_buffers():
     torch.manual_seed(0)
     bn = nn.BatchNorm1d(3)
-    parallel = DataParallel(bn, device_ids=[0, 1])
+    parallel = DataParallel(bn, cpu_replicas=2)
     x = torch.randn(8, 3)
     parallel(x)
     expected = nn.BatchNorm1d(3)
@@ -96,7 +97,7 @@ def test_scalar_outputs_are_gathered_into_a_vector_with_torchs_warning():
         def forward(self, x):
             return (x * self.w).sum()
 
-    parallel = DataParallel(Loss(), device_ids=[0, 1])
+    parallel = DataParallel(Loss(), cpu_replicas=2)
     with pytest.warns(UserWarning, match=r"^Was asked to gather along dimension 0, but all input "
                                          r"tensors were scalars; will instead unsqueeze and "
                                          r"return a vector\.$"):
@@ -118,7 +119,7 @@ def test_an_exception_in_a_replica_is_raised_with_its_type_and_replica():
             return x * self.w
 
     with pytest.raises(KeyError, match=r"Caught KeyError in replica 1 on device cpu"):
-        DataParallel(Fails(), device_ids=[0, 1])(torch.arange(4.0))
+        DataParallel(Fails(), cpu_replicas=2)(torch.arange(4.0))
 
 
 def test_a_module_on_another_device_is_rejected():
@@ -126,17 +127,66 @@ def test_a_module_on_another_device_is_rejected():
     with pytest.raises(RuntimeError, match=r"^module must have its parameters and buffers on "
                                            r"device cpu \(device_ids\[0\]\) but found one of them "
                                            r"on device: meta$"):
-        DataParallel(module, device_ids=[0, 1])(torch.ones(2, 2))
+        DataParallel(module, cpu_replicas=2)(torch.ones(2, 2))
 
 
 def test_state_dict_keys_gain_the_module_prefix():
-    parallel = DataParallel(nn.Linear(2, 2), device_ids=[0, 1])
+    parallel = DataParallel(nn.Linear(2, 2), cpu_replicas=2)
     assert list(parallel.state_dict()) == ["module.weight", "module.bias"]
 
 
-def test_default_device_ids_are_one_replica_per_usable_core():
-    parallel = DataParallel(nn.Linear(2, 2))
-    assert parallel.device_ids == list(range(len(os.sched_getaffinity(0))))
+class _Counting(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(2, 2)
+        self.batches: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.batches.append(x.shape[0])
+        return self.linear(x)
+
+
+@pytest.mark.parametrize("device_ids", [None, [0, 1]])
+def test_without_cuda_the_module_runs_as_it_is_like_torch(device_ids):
+    ours, theirs = _Counting(), _Counting()
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(6, 2)
+    out = DataParallel(ours, device_ids=device_ids)(x)
+    expected = torch.nn.DataParallel(theirs, device_ids=device_ids)(x)
+    torch.testing.assert_close(out, expected)
+    assert ours.batches == theirs.batches == [6]  # one call on the whole batch: no split
+    assert DataParallel(ours, device_ids=device_ids).device_ids == \
+        torch.nn.DataParallel(theirs, device_ids=device_ids).device_ids == []
+
+
+def test_the_functional_form_without_cuda_raises_torchs_error():
+    module, x = _mlp(), torch.randn(4, 6)
+    for function in (data_parallel, torch.nn.parallel.data_parallel):
+        with pytest.raises(RuntimeError, match=r"^device type could not be determined$"):
+            function(module, x)
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.0, "2"])
+def test_cpu_replicas_must_be_a_positive_int(bad):
+    message = rf"^cpu_replicas must be a positive number of replicas, got {re.escape(repr(bad))}$"
+    with pytest.raises(ValueError, match=message):
+        DataParallel(_mlp(), cpu_replicas=bad)
+    with pytest.raises(ValueError, match=message):
+        data_parallel(_mlp(), torch.randn(4, 6), cpu_replicas=bad)
+
+
+def test_cpu_replicas_and_device_ids_cannot_be_combined():
+    with pytest.raises(ValueError, match=r"^pass either device_ids \(CUDA devices\) or "
+                                         r"cpu_replicas \(replicas on the CPU\), not both$"):
+        DataParallel(_mlp(), device_ids=[0, 1], cpu_replicas=2)
+
+
+def test_cpu_replicas_are_refused_where_cuda_is_available(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ValueError, match=r"^cpu_replicas splits the batch over CPU replicas on a "
+                                         r"machine without CUDA; here CUDA is available: pass "
+                                         r"device_ids to use the GPUs$"):
+        DataParallel(_mlp(), cpu_replicas=2)
 
 
 def test_empty_device_ids_run_the_module_itself():
@@ -146,7 +196,7 @@ def test_empty_device_ids_run_the_module_itself():
 
 
 def test_no_grad_forward_builds_no_graph():
-    parallel = DataParallel(_mlp(), device_ids=[0, 1])
+    parallel = DataParallel(_mlp(), cpu_replicas=2)
     with torch.no_grad():
         out = parallel(torch.randn(4, 6))
     assert out.grad_fn is None and not out.requires_grad
@@ -155,7 +205,7 @@ def test_no_grad_forward_builds_no_graph():
 def test_functional_form_and_helpers_match_the_module():
     module = _mlp()
     x = torch.randn(6, 6)
-    torch.testing.assert_close(data_parallel(module, x, device_ids=[0, 1, 2]), module(x))
+    torch.testing.assert_close(data_parallel(module, x, cpu_replicas=3), module(x))
     chunks = scatter(x, [0, 1, 2])
     assert [c.shape[0] for c in chunks] == [2, 2, 2]
     torch.testing.assert_close(gather(list(chunks), "cpu"), x)

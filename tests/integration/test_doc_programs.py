@@ -1,6 +1,6 @@
 """The programs in the docs run as written, under ringrun: docs/api.md's tour of the
-collectives (3 processes) and docs/rpc.md's tour of RPC, distributed autograd and the optimizer
-(2 processes)."""
+collectives (3 processes), docs/rpc.md's tour of RPC, distributed autograd and the optimizer
+(2 processes) and docs/comm-hooks.md's tour of DDP hooks and model averaging (4 processes)."""
 
 from __future__ import annotations
 
@@ -36,3 +36,9 @@ def test_the_api_tour_in_the_docs_runs_under_ringrun(tmp_path: Path) -> None:
 def test_the_rpc_api_tour_in_the_docs_runs_under_ringrun(tmp_path: Path) -> None:
     out = run_doc_program(tmp_path, "rpc.md", "The program below uses every public function", 2)
     assert "rpc tour: all checks passed" in out, out[-2000:]
+
+
+def test_the_comm_hooks_tour_in_the_docs_runs_under_ringrun(tmp_path: Path) -> None:
+    out = run_doc_program(tmp_path, "comm-hooks.md", "## A program that runs the examples", 4)
+    for rank in range(4):
+        assert f"rank {rank}: comm hooks tour passed" in out, out[-2000:]

@@ -194,13 +194,15 @@ def test_c10d_a_node_with_another_secret_is_refused(tmp_path: Path) -> None:
     assert "ringrun: received SIGINT during the rendezvous" in host_err
 
 
-def test_a_multi_node_launcher_without_a_secret_refuses_to_start(tmp_path: Path) -> None:
+def test_a_multi_node_launcher_without_any_secret_refuses_to_start(tmp_path: Path) -> None:
     script = tmp_path / "sleeper.py"
     script.write_text(SLEEPER)
     env = {k: v for k, v in os.environ.items() if k != "RINGTORCH_SECRET"}
+    env["RINGTORCH_SECRET_FILE"] = ""  # no per-user secret file either
     result = subprocess.run([sys.executable, "-m", "ringtorch.launcher", "--nnodes", "2",
                              "--node-rank", "1", str(script)], env=env, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.splitlines()[-1].startswith(
-        "ringrun: error: a multi-node job needs a job secret shared by every node")
+        "ringrun: error: a multi-node job needs a job secret shared by every node, and there is "
+        "no per-user secret file")

@@ -2,7 +2,8 @@
 
 Each worker starts a child in its own process group and one that escapes into a new session
 (``setsid``); the test records every descendant of the launcher from the process table before
-signalling it, and afterwards checks, in the process table again, that none is left.
+signalling it, and afterwards checks, in the process table again, that none is left, escapees
+included, even after a SIGKILL that gave the launcher no chance to clean up.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from ringtorch._workers.guardian import JOB_MARK_VAR, kill_marked, marked_processes
 
 WORKER = r"""
 import os, subprocess, sys, time
@@ -93,20 +96,62 @@ def test_a_signal_to_the_launcher_stops_every_process_of_the_job(tmp_path: Path,
     assert still_running(job) == set(), err
 
 
-def test_sigkill_to_the_launcher_kills_the_workers_and_their_children(tmp_path: Path) -> None:
+def test_sigkill_to_the_launcher_kills_the_workers_and_every_descendant(tmp_path: Path) -> None:
     launcher, job = start_job(tmp_path, nproc=2)
-    escapees = set()
-    for ready in tmp_path.glob("ready*"):
-        escapees.add(int(ready.read_text().split()[1]))
+    escapees = {int(ready.read_text().split()[1]) for ready in tmp_path.glob("ready*")}
+    assert escapees <= job
     launcher.kill()
-    launcher.wait(timeout=30)  # not communicate(): the escapees still hold its stderr pipe
+    launcher.wait(timeout=30)  # not communicate(): the escapees may hold its stderr pipe a while
     launcher.stderr.close()
     deadline = time.monotonic() + 30
-    while still_running(job - escapees) and time.monotonic() < deadline:
+    while still_running(job) and time.monotonic() < deadline:
         time.sleep(0.02)
     try:
-        # The workers die by their parent-death signal, their process groups by the guardian.
-        assert still_running(job - escapees) == set()
+        # The workers die by their parent-death signal, their process groups by the guardian,
+        # and the setsid escapees by the guardian's sweep of the job's mark.
+        assert still_running(job) == set()
     finally:
-        for pid in still_running(job):  # the setsid escapees are out of reach (documented)
+        for pid in still_running(job):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_the_guardians_sweep_kills_only_the_processes_carrying_the_jobs_mark() -> None:
+    sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+    marked = subprocess.Popen(sleeper, env={**os.environ, JOB_MARK_VAR: "job-1"},
+                              start_new_session=True)
+    other_job = subprocess.Popen(sleeper, env={**os.environ, JOB_MARK_VAR: "job-2"})
+    unmarked = subprocess.Popen(sleeper)
+    try:
+        deadline = time.monotonic() + 30
+        while marked.pid not in marked_processes("job-1"):  # its exec has completed
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert kill_marked("job-1") == 1
+        assert marked.wait(timeout=30) == -signal.SIGKILL
+        assert other_job.poll() is None and unmarked.poll() is None
+    finally:
+        for proc in (marked, other_job, unmarked):
+            proc.kill()
+            proc.wait()
+
+
+DIES_HOLDING_A_SEGMENT = r"""
+import os, sys
+from ringtorch._wire.shm import Segment
+if os.environ["RANK"] == "1":
+    segment = Segment.create(132 * 1024)  # as in shared-memory setup, before peers map it
+    with open(os.path.join(os.environ["OUT_DIR"], "segment"), "w") as f:
+        f.write(segment.name)
+    os._exit(3)  # dies without unlinking it
+"""
+
+
+def test_a_segment_left_by_a_dying_worker_is_gone_when_the_job_ends(tmp_path: Path) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(DIES_HOLDING_A_SEGMENT)
+    result = subprocess.run([sys.executable, "-m", "ringtorch.launcher", "--nproc-per-node", "2",
+                             str(script)], env={**os.environ, "OUT_DIR": str(tmp_path)},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "exit code 3" in result.stderr, result.stderr
+    name = (tmp_path / "segment").read_text()
+    assert not os.path.exists(os.path.join("/dev/shm", name))  # at once: no age to wait for

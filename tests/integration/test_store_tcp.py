@@ -205,7 +205,8 @@ def test_wrong_secret_clients_are_refused_and_the_server_keeps_serving(caplog):
         store = TCPStore("127.0.0.1", 0, 1, True, T30)
         store.set("k", "v")
         wrong, none, right = (run_ranks(ranks.connect_and_report, 1, env={
-            "MASTER_PORT": str(store.port), "RINGTORCH_SECRET": secret})[0]
+            "MASTER_PORT": str(store.port), "RINGTORCH_SECRET": secret,
+            "RINGTORCH_SECRET_FILE": ""})[0]  # no secret at all when RINGTORCH_SECRET is empty
             for secret in ("wrong secret", "", "right secret"))
         assert store.get("k") == b"v"
     assert re.match(r"^HandshakeError: 127\.0\.0\.1:\d+ failed to prove the job secret: "
@@ -317,14 +318,16 @@ def test_a_loopback_master_listens_on_loopback_only(host, bound):
 
 def test_binding_every_interface_without_a_secret_warns_loudly(caplog):
     caplog.set_level(logging.WARNING, logger="ringtorch.store")
-    store = TCPStore("0.0.0.0", 0, 1, True, T30)
+    with _config.override(SECRET="", SECRET_FILE=""):  # no secret at all
+        store = TCPStore("0.0.0.0", 0, 1, True, T30)
     assert "WITHOUT a job secret" in caplog.text and f"0.0.0.0:{store.port}" in caplog.text
     store.close()
-    caplog.clear()
-    with _config.override(SECRET="s"):
-        store = TCPStore("0.0.0.0", 0, 1, True, T30)
-        store.close()
-    assert "WITHOUT" not in caplog.text
+    for secret in ({"SECRET": "s"}, {"SECRET": ""}):  # RINGTORCH_SECRET, or the secret file
+        caplog.clear()
+        with _config.override(**secret):
+            store = TCPStore("0.0.0.0", 0, 1, True, T30)
+            store.close()
+        assert "WITHOUT" not in caplog.text
 
 
 def test_a_get_blocked_in_a_thread_returns_when_another_client_sets_the_key(master):

@@ -152,7 +152,7 @@ def test_wait_runs_the_blocking_hooks_only_when_it_would_block() -> None:
     import ringtorch.futures as futures
 
     calls: list[float] = []
-    futures._before_blocking_wait.append(lambda: calls.append(time.monotonic()))
+    remove = futures.register_blocking_wait_hook(lambda: calls.append(time.monotonic()))
     try:
         done: Future[int] = Future()
         done.set_result(1)
@@ -163,4 +163,4 @@ def test_wait_runs_the_blocking_hooks_only_when_it_would_block() -> None:
         later.wait()
         assert len(calls) == 1
     finally:
-        futures._before_blocking_wait.pop()
+        remove()

@@ -1,9 +1,11 @@
 """RPC messages without processes: pickling with out-of-band tensors, the header layout, the
-handler registry, options and the errors raised before RPC is initialized."""
+handler and extension registries, options and the errors raised before RPC is initialized."""
 
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -12,7 +14,7 @@ import torch
 
 import ringtorch.distributed.rpc as rpc
 from ringtorch.distributed.rpc import _serialization as ser
-from ringtorch.distributed.rpc import messages
+from ringtorch.distributed.rpc import extensions, messages
 from ringtorch.distributed.rpc._stream import build_parts, message_from_parts
 from ringtorch.distributed.rpc._workerinfo import WorkerInfo
 
@@ -144,12 +146,35 @@ def test_message_parts_decode_back_to_the_same_message() -> None:
 
 
 def test_handler_registry_refuses_response_kinds_and_duplicates() -> None:
-    noop = messages.Handler(messages.RESPONSE, lambda a, s, p: None)
+    noop = extensions.Handler(messages.RESPONSE, lambda a, s, p: None)
     with pytest.raises(ValueError, match=r"^request kinds are 1\.\.63, got 64$"):
-        messages.register_handler(noop)
-    other = messages.Handler(messages.CALL, lambda a, s, p: None)
+        extensions.register_handler(noop)
+    other = extensions.Handler(messages.CALL, lambda a, s, p: None)
     with pytest.raises(ValueError, match=r"^RPC message kind 1 already has a handler$"):
-        messages.register_handler(other)
+        extensions.register_handler(other)
+
+
+def test_extension_registry_refuses_clashes_and_bad_attach_names() -> None:
+    clash = r"^RPC extension 'mine' clashes with the registered extension 'distributed autograd'"
+    with pytest.raises(ValueError, match=clash):
+        extensions.register_extension(extensions.Extension("mine", "m:f", kinds=range(40, 41)))
+    with pytest.raises(ValueError, match=clash):
+        extensions.register_extension(extensions.Extension("mine", "m:f", context_ids=True))
+    with pytest.raises(ValueError, match=r"^Extension\.attach must be 'module:function', "
+                                         r"got 'no_function'$"):
+        extensions.register_extension(extensions.Extension("mine", "no_function"))
+
+
+def test_distributed_autograd_loads_on_the_first_request_of_its_kinds() -> None:
+    # a fresh interpreter: this one may have imported distributed autograd already
+    code = ("import sys; from ringtorch.distributed.rpc import api, extensions; "
+            "before = 'ringtorch.distributed.autograd' in sys.modules; "
+            "h = extensions.handler(32); "
+            "print(before, h.run.__module__, h.inline, extensions.handler(30))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.split() == ["False", "ringtorch.distributed.autograd.engine", "False",
+                                   "None"]
 
 
 def test_worker_info_compares_hashes_prints_and_pickles_like_torchs() -> None:

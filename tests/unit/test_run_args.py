@@ -25,7 +25,7 @@ from ringtorch.launcher import (
     worker_env,
 )
 from ringtorch.launcher import cli as run
-from ringtorch.launcher.config import choose_job_secret, visible_gpu_count
+from ringtorch.launcher.config import SecretChoice, choose_job_secret, visible_gpu_count
 
 
 @pytest.fixture
@@ -206,10 +206,18 @@ def test_a_secret_from_the_environment_is_used_as_is() -> None:
     assert choose_job_secret("abc", multi_node=False, allow_no_secret=False).secret == "abc"
 
 
-def test_multi_node_job_requires_a_shared_secret() -> None:
-    with pytest.raises(LaunchConfigError, match="^a multi-node job needs a job secret shared by "
-                                                "every node: set RINGTORCH_SECRET"):
-        choose_job_secret("", multi_node=True, allow_no_secret=False)
+def test_a_multi_node_job_uses_the_per_user_secret_file() -> None:
+    choice = choose_job_secret("", multi_node=True, allow_no_secret=False,
+                               secret_file="/home/me/.config/ringtorch/secret")
+    assert choice == SecretChoice("")  # no secret passed on: every process reads the file
+
+
+def test_a_multi_node_job_without_any_secret_is_refused_unless_allowed() -> None:
+    with pytest.raises(LaunchConfigError, match=(
+            r"^a multi-node job needs a job secret shared by every node, and there is no "
+            r"per-user secret file \(RINGTORCH_SECRET_FILE is empty, or the file could not be "
+            r"created\): set RINGTORCH_SECRET to the same random value on each node")):
+        choose_job_secret("", multi_node=True, allow_no_secret=False, secret_file=None)
     choice = choose_job_secret("", multi_node=True, allow_no_secret=True)
     assert choice.secret == "" and choice.warning is not None
     assert choice.warning.startswith("WARNING: RINGTORCH_ALLOW_NO_SECRET=1")

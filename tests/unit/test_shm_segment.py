@@ -14,7 +14,14 @@ import time
 
 import pytest
 
-from ringtorch._wire.shm import NAME_PREFIX, SHM_DIR, Segment, shm_supported, sweep_stale_segments
+from ringtorch._wire.shm import (
+    NAME_PREFIX,
+    SHM_DIR,
+    TMP_PREFIX,
+    Segment,
+    shm_supported,
+    sweep_stale_segments,
+)
 
 _kept: list[object] = []  # what a forked child must keep alive until it is killed
 
@@ -175,16 +182,47 @@ def test_growth_that_cannot_get_the_memory_keeps_the_old_size():
     assert report == "False 8192 8192"
 
 
-def test_the_sweep_removes_segments_whose_creator_died_and_keeps_live_ones():
+def test_the_sweep_removes_segments_whose_creator_died_at_once_and_keeps_live_ones():
     dead_pid, dead_name = _in_child(_new_segment)
     _kill(dead_pid)
     live = Segment.create(4096)
     try:
-        assert dead_name not in sweep_stale_segments()  # too young to judge by default
-        time.sleep(0.3)
-        removed = sweep_stale_segments(min_age_s=0.25)
+        removed = sweep_stale_segments()  # a segment name is locked all its creator's life
         assert dead_name in removed and live.name not in removed
         assert not os.path.exists(os.path.join(SHM_DIR, dead_name))
         assert os.path.exists(os.path.join(SHM_DIR, live.name))
     finally:
         live.close()
+
+
+def test_a_segment_name_appears_only_once_locked_and_full_size():
+    before = set(os.listdir(SHM_DIR))
+    seg = Segment.create(3 * 4096)
+    try:
+        made = {n for n in set(os.listdir(SHM_DIR)) - before if n.startswith(NAME_PREFIX)}
+        assert made == {seg.name}
+        assert not [n for n in os.listdir(SHM_DIR) if n.startswith(f"{TMP_PREFIX}{os.getpid()}_")]
+        assert os.stat(os.path.join(SHM_DIR, seg.name)).st_size == 3 * 4096
+    finally:
+        seg.close()
+
+
+def _temporary(pid: int) -> str:
+    name = f"{TMP_PREFIX}{pid}_0123456789abcdef"
+    fd = os.open(os.path.join(SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    os.close(fd)
+    return name
+
+
+def test_the_sweep_keeps_a_young_temporary_name_of_a_live_creator_only():
+    dead_pid, _ = _in_child(lambda: "")
+    _kill(dead_pid)
+    of_the_living, of_the_dead = _temporary(os.getpid()), _temporary(dead_pid)
+    try:
+        removed = sweep_stale_segments(min_age_s=60)
+        assert of_the_dead in removed and of_the_living not in removed
+        assert of_the_living in sweep_stale_segments(min_age_s=0)  # too old to be in the making
+    finally:
+        for name in (of_the_living, of_the_dead):
+            if os.path.exists(os.path.join(SHM_DIR, name)):
+                os.unlink(os.path.join(SHM_DIR, name))

@@ -14,11 +14,10 @@ import itertools
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import torch
 
-_tls = threading.local()
+from ringtorch.distributed.rpc.extensions import Agent, WorkerInfo
 
 
 class DistAutogradContext:
@@ -28,7 +27,7 @@ class DistAutogradContext:
         self.context_id = context_id
         self.lock = threading.Lock()
         self.messages = itertools.count(1)
-        # (dst worker id, message id) -> {tensor index: tensor that required grad}
+        # message id -> {tensor index: tensor that required grad}
         self.sends: dict[int, dict[int, torch.Tensor]] = {}
         # id(recv leaf) -> (src worker id, message id, tensor index)
         self.recvs: dict[int, tuple[int, int, int]] = {}
@@ -45,21 +44,39 @@ class DistAutogradContext:
             self.grads[id(tensor)] = (tensor, grad if old is None else old[1] + grad)
 
 
-class Container:
-    """The contexts of this worker, and the hook the RPC agent calls for every message."""
+Backward = Callable[[int, list[torch.Tensor], bool], None]
 
-    def __init__(self, worker_id: int) -> None:
-        self.worker_id = worker_id
+
+class Container:
+    """The contexts of this worker, and the hook the RPC agent calls for every message.
+
+    One per RPC agent, made the first time the agent or the user needs it (engine.attach):
+    it holds everything distributed autograd keeps for a run (the contexts, each thread's
+    current context, the releases not yet sent), so it all goes with the agent at shutdown.
+    """
+
+    def __init__(self, agent: Agent, backward: Backward) -> None:
+        self.agent = agent
+        self.worker_id = agent.info.id
         self.lock = threading.Lock()
         self.contexts: dict[int, DistAutogradContext] = {}
         self._counter = itertools.count(1)
+        self._backward = backward
+        self._thread = threading.local()
+        self._releases: dict[int, list[int]] = {}  # worker id -> context ids to release there
 
     def backward(self, context_id: int, roots: list[torch.Tensor], retain_graph: bool) -> None:
         """``dist_autograd.backward`` for RPC code, which may not import this package
         (``RRef.backward`` on the owner)."""
-        from ringtorch.distributed.autograd import api
+        self._backward(context_id, roots, retain_graph)
 
-        api.backward(context_id, roots, retain_graph)
+    def current(self) -> DistAutogradContext | None:
+        """The context this thread records into (None outside ``context()``)."""
+        ctx: DistAutogradContext | None = getattr(self._thread, "context", None)
+        return ctx
+
+    def set_current(self, ctx: DistAutogradContext | None) -> None:
+        self._thread.context = ctx
 
     def new_context(self) -> DistAutogradContext:
         ctx = DistAutogradContext((self.worker_id << 48) + next(self._counter))
@@ -90,9 +107,21 @@ class Container:
         with self.lock:
             return self.contexts.pop(context_id, None)
 
-    # ---- the agent's hook ---------------------------------------------------------------
+    def queue_release(self, worker_ids: list[int], context_id: int) -> None:
+        """Release ``context_id`` on those workers with the next batch (``take_releases``)."""
+        with self.lock:
+            for worker_id in worker_ids:
+                self._releases.setdefault(worker_id, []).append(context_id)
 
-    def _record_send(self, ctx: DistAutogradContext, dst: Any,
+    def take_releases(self) -> dict[int, list[int]]:
+        """The releases queued since the last call, by worker."""
+        with self.lock:
+            batch, self._releases = self._releases, {}
+        return batch
+
+    # ---- the agent's hook (rpc.extensions.AutogradHook) -------------------------------
+
+    def _record_send(self, ctx: DistAutogradContext, dst: WorkerInfo,
                      tensors: list[torch.Tensor]) -> tuple[int, int]:
         message_id = next(ctx.messages)
         needing = {i: t for i, t in enumerate(tensors) if t.requires_grad}
@@ -102,13 +131,13 @@ class Container:
                 ctx.sends[message_id] = needing
         return ctx.context_id, message_id
 
-    def on_send(self, dst: Any, tensors: list[torch.Tensor]) -> tuple[int, int]:
-        ctx = getattr(_tls, "context", None)
+    def on_send(self, dst: WorkerInfo, tensors: list[torch.Tensor]) -> tuple[int, int]:
+        ctx = getattr(self._thread, "context", None)
         if ctx is None:
             return -1, -1
         return self._record_send(ctx, dst, tensors)
 
-    def on_reply(self, dst: Any, context_id: int,
+    def on_reply(self, dst: WorkerInfo, context_id: int,
                  tensors: list[torch.Tensor]) -> tuple[int, int]:
         with self.lock:
             ctx = self.contexts.get(context_id)
@@ -116,7 +145,7 @@ class Container:
             return -1, -1
         return self._record_send(ctx, dst, tensors)
 
-    def on_recv(self, src: Any, context_id: int,
+    def on_recv(self, src: WorkerInfo, context_id: int,
                 message_id: int) -> Callable[[torch.Tensor], torch.Tensor]:
         ctx = self.get_or_create(context_id)
         with ctx.lock:
@@ -135,17 +164,9 @@ class Container:
     @contextmanager
     def running(self, context_id: int) -> Iterator[None]:
         """Run a served request inside ``context_id`` (its own RPCs are stamped with it)."""
-        previous = getattr(_tls, "context", None)
-        _tls.context = self.get_or_create(context_id)
+        previous = self.current()
+        self.set_current(self.get_or_create(context_id))
         try:
             yield
         finally:
-            _tls.context = previous
-
-
-def current() -> DistAutogradContext | None:
-    return getattr(_tls, "context", None)
-
-
-def set_current(ctx: DistAutogradContext | None) -> None:
-    _tls.context = ctx
+            self.set_current(previous)

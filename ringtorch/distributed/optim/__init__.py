@@ -14,12 +14,14 @@ from typing import Any
 
 import ringtorch.distributed.autograd as dist_autograd
 import ringtorch.distributed.rpc as rpc
-
-_step_lock = threading.Lock()  # one per worker, as torch's _LocalOptimizer.global_lock
+from ringtorch.distributed.optim.post_localSGD_optimizer import PostLocalSGDOptimizer
+from ringtorch.distributed.optim.zero_redundancy_optimizer import ZeroRedundancyOptimizer
 
 
 class _LocalOptimizer:
     """The optimizer of the parameters one worker owns."""
+
+    global_lock = threading.Lock()  # one per worker process, as torch's
 
     def __init__(self, optimizer_class: Any, local_params_rref: list[Any], *args: Any,
                  **kwargs: Any) -> None:
@@ -28,7 +30,7 @@ class _LocalOptimizer:
 
     def step(self, context_id: int) -> None:
         grads = dist_autograd.get_gradients(context_id)
-        with _step_lock:
+        with _LocalOptimizer.global_lock:
             for param in self._params:
                 param.grad = grads.get(param)
             self.optim.step()
@@ -81,5 +83,5 @@ class DistributedOptimizer:
             raise errors[0]
 
 
-__all__ = ["DistributedOptimizer"]
+__all__ = ["DistributedOptimizer", "PostLocalSGDOptimizer", "ZeroRedundancyOptimizer"]
 

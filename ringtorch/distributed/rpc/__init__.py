@@ -5,7 +5,8 @@
 ``get_worker_info``, ``functions.async_execution`` and ``TensorPipeRpcBackendOptions``
 behave as torch's. What differs is documented in docs/design/rref-protocol.md: calls to a
 worker that died fail within milliseconds, connections are authenticated before anything is
-unpickled, and same-host workers talk over Unix sockets.
+unpickled, and same-host workers talk over Unix sockets. Packages above RPC (distributed
+autograd) plug in through ``ringtorch.distributed.rpc.extensions`` and are loaded on first use.
 """
 
 from __future__ import annotations

@@ -24,6 +24,8 @@ from ringtorch.distributed.rpc._stream import (
     message_from_parts,
     send_message,
 )
+from ringtorch.distributed.rpc._workerinfo import WorkerInfo
+from ringtorch.futures import Future
 
 
 class Pending:
@@ -32,8 +34,9 @@ class Pending:
     __slots__ = ("deadline", "done", "error", "event", "future", "holds", "message_id",
                  "on_done", "timeout", "value", "what")
 
-    def __init__(self, message_id: int, what: Any, timeout: float, holds: list[Any],
-                 future: Any = None, on_done: Callable[[Any, Any], None] | None = None) -> None:
+    def __init__(self, message_id: int, what: object, timeout: float, holds: list[Any],
+                 future: Future[Any] | None = None,
+                 on_done: Callable[[Any, BaseException | None], None] | None = None) -> None:
         self.message_id = message_id
         self.what = what
         self.timeout = timeout
@@ -146,6 +149,19 @@ class PendingTable:
 
     def wake_background_reader(self) -> None:
         """Make sure someone reads replies: called after registering an asynchronous call."""
+
+    def wait(self, pending: Pending) -> None:
+        """Wait for ``pending`` to finish (or time out)."""
+        self.follow(pending)
+
+    def send(self, parts: list[Any], deadline: float | None) -> None:
+        """Send one message to the peer.
+
+        Raises:
+            DeadlineExceeded: not sent by ``deadline``; PeerClosedError/OSError: the
+            connection broke (it is marked broken).
+        """
+        raise NotImplementedError
 
 
 class OutgoingConnection(PendingTable):
@@ -263,19 +279,22 @@ class OutgoingConnection(PendingTable):
 
 
 class Loopback(PendingTable):
-    """Calls a worker makes to itself: the same messages, copied, without a socket."""
+    """Calls a worker makes to itself: the same messages, copied, without a socket.
 
-    def __init__(self, agent: Any) -> None:
-        super().__init__(f"worker '{agent.info.name}' (rank {agent.info.id})", agent.info.id,
-                         agent._timeout_error)
-        self.agent = agent
-        self.peer = agent.info
+    ``serve(self, message)`` serves a request (the server, on its pool); ``deliver(self,
+    message)`` completes a call with its reply (the agent's ``on_reply``).
+    """
+
+    def __init__(self, me: WorkerInfo, timeout_error: Callable[[Pending], BaseException],
+                 serve: Callable[[Loopback, Message], None],
+                 deliver: Callable[[PendingTable, Message], None]) -> None:
+        super().__init__(f"worker '{me.name}' (rank {me.id})", me.id, timeout_error)
+        self.peer = me
+        self._serve = serve
+        self._deliver = deliver
 
     def send(self, parts: list[Any], deadline: float | None) -> None:
-        self.agent.server.dispatch_local(self, message_from_parts(parts))
+        self._serve(self, message_from_parts(parts))
 
     def send_reply(self, parts: list[Any]) -> None:
-        self.agent.on_reply(self, message_from_parts(parts))
-
-    def wait(self, pending: Pending) -> None:
-        self.follow(pending)
+        self._deliver(self, message_from_parts(parts))

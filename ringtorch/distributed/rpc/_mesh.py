@@ -30,7 +30,8 @@ from urllib.parse import urlparse
 from ringtorch import _config
 from ringtorch._wire import sockets
 from ringtorch._wire.handshake import SERVICE_RPC, client_handshake, job_secret
-from ringtorch._wire.mesh import host_identity
+from ringtorch._wire.mesh import core_per_rank, host_identity
+from ringtorch.store import Store
 
 SOCKET_BUFFER_NBYTES = 4 * 1024 * 1024
 
@@ -177,7 +178,7 @@ def client_connect(address: dict[str, Any], info: bytes,
     return sock, theirs
 
 
-def exchange_addresses(store: Any, rank: int, world_size: int, name: str,
+def exchange_addresses(store: Store, rank: int, world_size: int, name: str,
                        address: dict[str, Any]) -> list[dict[str, Any]]:
     """Publish this worker's address; return every worker's, in rank order.
 
@@ -194,3 +195,12 @@ def exchange_addresses(store: Any, rank: int, world_size: int, name: str,
                                f"needs a unique name")
         names[entry["name"]] = entry["rank"]
     return table
+
+
+def default_spin_s(table: list[dict[str, Any]]) -> float:
+    """Seconds a reader polls before blocking (``RINGTORCH_RPC_SPIN_US``; -1: auto)."""
+    spin_us = _config.RPC_SPIN_US.get()
+    if spin_us < 0:  # auto: spin only while every local worker can have a core
+        local = sum(1 for entry in table if entry["host_id"] == host_identity())
+        spin_us = 50 if core_per_rank(local) else 0
+    return spin_us / 1e6

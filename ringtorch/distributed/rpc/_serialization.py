@@ -22,7 +22,6 @@ from __future__ import annotations
 import copyreg
 import io
 import pickle
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +29,7 @@ import numpy as np
 import torch
 
 from ringtorch import _buffers
+from ringtorch.distributed.rpc._state import STATE, PerThread
 
 _CUDA_MESSAGE = (
     "TensorPipe RPC backend only supports CPU tensors by default, please move your tensors "
@@ -76,16 +76,13 @@ class Encoded:
         self.tensors = tensors
 
 
-_tls = threading.local()
-
-
 def encode_context() -> EncodeContext:
     """The message being pickled on this thread.
 
     Raises:
         RuntimeError: nothing is being pickled for RPC on this thread.
     """
-    ctx = getattr(_tls, "encode", None)
+    ctx: EncodeContext | None = STATE.thread.encode
     if ctx is None:
         raise RuntimeError("no RPC message is being pickled on this thread")
     return ctx
@@ -93,7 +90,7 @@ def encode_context() -> EncodeContext:
 
 def decode_context() -> DecodeContext:
     """The message being loaded on this thread (see ``encode_context``)."""
-    ctx = getattr(_tls, "decode", None)
+    ctx: DecodeContext | None = STATE.thread.decode
     if ctx is None:
         raise RuntimeError("no RPC message is being loaded on this thread")
     return ctx
@@ -104,7 +101,7 @@ def _rebuild_tensor(dtype: torch.dtype, shape: tuple[int, ...], requires_grad: b
     tensor = _buffers.tensor_from_bytes(buf, dtype, shape)
     if requires_grad:
         tensor.requires_grad_(True)
-    ctx = getattr(_tls, "decode", None)
+    ctx: DecodeContext | None = STATE.thread.decode
     if ctx is not None:
         if ctx.on_tensor is not None:
             tensor = ctx.on_tensor(tensor)
@@ -129,7 +126,7 @@ def _reduce_tensor(tensor: torch.Tensor) -> tuple[Any, ...]:
         raise TypeError(f"tensors of layout {tensor.layout} (quantized={tensor.is_quantized}, "
                         f"nested={tensor.is_nested}) cannot be sent over ringtorch RPC; "
                         f"send dense or sparse COO tensors")
-    ctx = getattr(_tls, "encode", None)
+    ctx: EncodeContext | None = STATE.thread.encode
     if ctx is not None:
         ctx.tensors.append(tensor)
     data = tensor.detach().resolve_conj().resolve_neg()
@@ -165,12 +162,13 @@ class _Pickling:
         self.buffers.append(buf)
 
 
-def _pickling() -> _Pickling:
-    cached = getattr(_tls, "pickling", None)
+def _pickling(thread: PerThread) -> _Pickling:
+    cached: _Pickling | None = thread.pickling
     if cached is None or cached.busy:
-        cached = _Pickling()
-        if getattr(_tls, "pickling", None) is None:
-            _tls.pickling = cached
+        work = _Pickling()
+        if cached is None:
+            thread.pickling = work
+        return work
     return cached
 
 
@@ -181,20 +179,21 @@ def encode(obj: Any, dst: int) -> Encoded:
         Whatever pickling raises (an unpicklable object, a CUDA tensor); nothing was sent.
     """
     ctx = EncodeContext(dst)
-    work = _pickling()
+    thread = STATE.thread
+    work = _pickling(thread)
     work.busy = True
-    saved = getattr(_tls, "encode", None)
-    _tls.encode = ctx
+    saved = thread.encode
+    thread.encode = ctx
     try:
         work.pickler.dump(obj)
         data = work.out.getvalue()
     except BaseException:
-        _tls.pickling = None  # a pickler that failed half way is not reused
+        thread.pickling = None  # a pickler that failed half way is not reused
         for undo in ctx.rollback:
             undo()
         raise
     finally:
-        _tls.encode = saved
+        thread.encode = saved
         work.busy = False
     buffers = [b.raw() for b in work.buffers]
     work.buffers = []
@@ -213,8 +212,9 @@ def decode(data: Any, buffers: list[Any], src: int,
             says that functions are sent by name (torch's hint).
         Whatever unpickling raises otherwise.
     """
-    saved = getattr(_tls, "decode", None)
-    _tls.decode = DecodeContext(src, on_tensor)
+    thread = STATE.thread
+    saved = thread.decode
+    thread.decode = DecodeContext(src, on_tensor)
     try:
         return pickle.loads(data, buffers=buffers)
     except AttributeError as exc:
@@ -222,7 +222,7 @@ def decode(data: Any, buffers: list[Any], src: int,
             f"{exc} Default RPC pickler does not serialize function code. Ensure that UDFs "
             f"are defined on both caller and callee modules.") from exc
     finally:
-        _tls.decode = saved
+        thread.decode = saved
 
 
 def copy_buffers(buffers: list[memoryview]) -> list[np.ndarray]:

@@ -23,19 +23,56 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 import ringtorch.futures
-from ringtorch.distributed.rpc import messages
-from ringtorch.distributed.rpc._stream import MessageReader, send_message
+from ringtorch.distributed.rpc import extensions, messages
+from ringtorch.distributed.rpc._interfaces import Agent, AutogradHook, Handler
+from ringtorch.distributed.rpc._state import STATE
+from ringtorch.distributed.rpc._stream import Message, MessageReader, send_message
 from ringtorch.distributed.rpc._threads import ThreadCache, WorkerPool
+from ringtorch.distributed.rpc._workerinfo import WorkerInfo
 from ringtorch.distributed.rpc.errors import RpcError
 
 RESCUE_AFTER_S = 0.01
+# An exception raised by a remote() creation carries the text of its reply (with the owner's
+# traceback) under this attribute, so that every later fetch raises the same text.
+REMOTE_MESSAGE_ATTR = "_rpc_remote_message"
 
-_tls = threading.local()
+
+class ServedAgent(Agent, Protocol):
+    """What the server calls on the agent it serves for, besides ``Agent``."""
+
+    def load(self, message: Message, peer: WorkerInfo) -> Any:
+        """Unpickle a message from ``peer``."""
+
+    def encode_reply(self, peer: WorkerInfo, header: messages.Header, value: Any,
+                     error: BaseException | None) -> list[Any]:
+        """The parts of the reply to ``header``'s request."""
+
+    def context_hook(self) -> AutogradHook:
+        """The autograd hook (attached on first use)."""
+
+    def on_incoming_broken(self, conn: IncomingConnection, exc: BaseException) -> None:
+        """A connection we serve broke: its worker is gone."""
+
+    def log_one_way_error(self, peer: WorkerInfo, header: messages.Header,
+                          error: BaseException) -> None:
+        """Report the failure of a request that gets no reply."""
+
+    def note_handled(self) -> None:
+        """Count one handled message (graceful shutdown's agreement)."""
+
+
+class _Loopback(Protocol):
+    """The loopback connection, as the server serves it (_connection.Loopback)."""
+
+    peer: WorkerInfo
+
+    def send_reply(self, parts: list[Any]) -> None:
+        """Deliver a reply to this worker's own call."""
 
 
 class Deferred:
@@ -43,7 +80,7 @@ class Deferred:
 
     __slots__ = ("future",)
 
-    def __init__(self, future: Any) -> None:
+    def __init__(self, future: torch.futures.Future[Any]) -> None:
         self.future = future
 
 
@@ -90,7 +127,7 @@ class _Inline:
 class IncomingConnection:
     """The serving side of one socket."""
 
-    def __init__(self, sock: Any, peer: Any, cma_pid: int | None) -> None:
+    def __init__(self, sock: socket.socket, peer: WorkerInfo, cma_pid: int | None) -> None:
         self.sock = sock
         self.peer = peer
         self.reader = MessageReader(sock, f"worker '{peer.name}' (rank {peer.id})", cma_pid)
@@ -124,9 +161,9 @@ def _user_frames(tb: Any) -> Any:
     return tb if tb is not None else first
 
 
-def remote_error_payload(worker: Any, exc: BaseException) -> tuple[type, str]:
+def remote_error_payload(worker: WorkerInfo, exc: BaseException) -> tuple[type, str]:
     """(type, message) of an exception raised while serving, the remote traceback included."""
-    message = getattr(exc, "_rpc_remote_message", None)
+    message = getattr(exc, REMOTE_MESSAGE_ATTR, None)
     if message is None and isinstance(exc, RpcError):
         message = str(exc)  # the framework's own errors say all there is to say
     if message is None:
@@ -153,20 +190,21 @@ def resolve_exception(module: str, qualname: str, message: str) -> BaseException
 def yield_inline_role() -> None:
     """Called before a blocking wait: if this thread serves a request inline, let another
     thread take over reading its connection."""
-    state = getattr(_tls, "inline", None)
+    thread = STATE.thread
+    state = thread.inline
     if state is not None:
-        _tls.inline = None
+        thread.inline = None
         server, conn, token = state
         server.handoff(conn, token)
 
 
-ringtorch.futures._before_blocking_wait.append(yield_inline_role)
+ringtorch.futures.register_blocking_wait_hook(yield_inline_role)
 
 
 class Server:
     """Runs the requests of every incoming connection of one agent."""
 
-    def __init__(self, agent: Any, num_threads: int, spin_s: float) -> None:
+    def __init__(self, agent: ServedAgent, num_threads: int, spin_s: float) -> None:
         self.agent = agent
         self.pool = WorkerPool(num_threads, "rpc-worker")
         self.slots = _Slots(num_threads)
@@ -177,9 +215,9 @@ class Server:
         self._serving = False
         self._lock = threading.Lock()
 
-    def dispatch_local(self, conn: Any, message: Any) -> None:
+    def dispatch_local(self, conn: _Loopback, message: Message) -> None:
         """Serve a request this worker sent to itself (on the pool, never inline)."""
-        self._dispatch(conn, message, allow_inline=False)
+        self._dispatch(conn, message)
 
     def add(self, conn: IncomingConnection) -> None:
         """Serve a connection (from ``start()`` on: requests wait in the socket until the
@@ -238,9 +276,11 @@ class Server:
                 if conn.reader_gen != gen or conn.closed:
                     return
 
-    def _dispatch(self, conn: Any, message: Any, allow_inline: bool = True) -> None:
+    def _dispatch(self, conn: IncomingConnection | _Loopback, message: Message) -> None:
         header = message.header
-        handler = messages.HANDLERS.get(header.kind)
+        handler = STATE.handlers.get(header.kind)
+        if handler is None:  # a kind of an extension not loaded yet, or an unknown kind
+            handler = extensions.handler(header.kind)
         try:
             if handler is None:
                 raise RuntimeError(f"unknown RPC message kind {header.kind} from worker "
@@ -254,41 +294,41 @@ class Server:
             return
         if handler.inline:
             self._execute(conn, header, handler, prepared)
-        elif allow_inline and self.slots.try_take():
+        elif isinstance(conn, IncomingConnection) and self.slots.try_take():
             self._execute_inline(conn, header, handler, prepared)
         else:
             self.pool.submit(self._execute_pooled, conn, header, handler, prepared)
 
-    def _execute_inline(self, conn: IncomingConnection, header: Any, handler: Any,
-                        prepared: Any) -> None:
+    def _execute_inline(self, conn: IncomingConnection, header: messages.Header,
+                        handler: Handler, prepared: Any) -> None:
         token = _Inline()
         self.last_inline = token.started
         with conn.lock:
             conn.inline = token
-        _tls.inline = (self, conn, token)
+        thread = STATE.thread
+        thread.inline = (self, conn, token)
         try:
             self._execute(conn, header, handler, prepared)
         finally:
-            _tls.inline = None
+            thread.inline = None
             with conn.lock:
                 if conn.inline is token:
                     conn.inline = None
             self.slots.give()
 
-    def _execute_pooled(self, conn: IncomingConnection, header: Any, handler: Any,
-                        prepared: Any) -> None:
+    def _execute_pooled(self, conn: IncomingConnection | _Loopback, header: messages.Header,
+                        handler: Handler, prepared: Any) -> None:
         self.slots.take()
         try:
             self._execute(conn, header, handler, prepared)
         finally:
             self.slots.give()
 
-    def _execute(self, conn: IncomingConnection, header: Any, handler: Any,
-                 prepared: Any) -> None:
-        hook = self.agent.autograd_hook
+    def _execute(self, conn: IncomingConnection | _Loopback, header: messages.Header,
+                 handler: Handler, prepared: Any) -> None:
         try:
-            if hook is not None and header.context_id >= 0:
-                with hook.running(header.context_id):
+            if header.context_id >= 0:
+                with self.agent.context_hook().running(header.context_id):
                     result = handler.run(self.agent, conn.peer, prepared)
             else:
                 result = handler.run(self.agent, conn.peer, prepared)
@@ -300,9 +340,9 @@ class Server:
         else:
             self.reply(conn, header, result, None, handler.counted)
 
-    def _reply_later(self, conn: IncomingConnection, header: Any,
+    def _reply_later(self, conn: IncomingConnection | _Loopback, header: messages.Header,
                      counted: bool) -> Callable[[Any], None]:
-        def done(fut: Any) -> None:
+        def done(fut: torch.futures.Future[Any]) -> None:
             try:
                 value = fut.value()
             except BaseException as exc:
@@ -311,7 +351,7 @@ class Server:
             self.reply(conn, header, value, None, counted)
         return done
 
-    def reply(self, conn: IncomingConnection, header: Any, value: Any,
+    def reply(self, conn: IncomingConnection | _Loopback, header: messages.Header, value: Any,
               error: BaseException | None, counted: bool) -> None:
         """Send the reply of one request (nothing for one-way messages)."""
         try:

@@ -14,38 +14,39 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 from ringtorch.distributed.rpc import messages
+from ringtorch.distributed.rpc._interfaces import Agent, Handler, RunningAgent
 from ringtorch.distributed.rpc._server import Deferred
-from ringtorch.distributed.rpc._workerinfo import describe
-from ringtorch.distributed.rpc.agent import RpcAgent
+from ringtorch.distributed.rpc._state import STATE
+from ringtorch.distributed.rpc._workerinfo import WorkerInfo, describe
 from ringtorch.distributed.rpc.errors import RpcPeerDiedError, RpcTimeoutError
+from ringtorch.distributed.rpc.extensions import register_handler
 from ringtorch.futures import Future
 
 
 class ShutdownLeader:
     """The leader's side of the agreement (every agent has one; rank 0's is used)."""
 
-    def __init__(self, agent: RpcAgent) -> None:
+    def __init__(self, agent: Agent) -> None:
         self.agent = agent
         self.lock = threading.Lock()
         self.reports: dict[int, dict[int, tuple[int, int]]] = {}
         self.waiters: dict[int, list[tuple[int, Future[bool]]]] = {}
         self.previous: tuple[int, int] | None = None
         self.agreed = False
-        agent.peer_death_listeners.append(self._peer_died)
+        agent.on_peer_death(self._peer_died)
 
     def report(self, rank: int, round_no: int, counts: tuple[int, int]) -> Future[bool]:
         """Record one worker's counters; the future says whether everybody may close."""
         answer: Future[bool] = Future()
         with self.lock:
-            dead = ", ".join(describe(self.agent.workers[r]) for r in sorted(self.agent.dead))
+            dead = ", ".join(describe(self.agent.worker(r)) for r in self.agent.dead_ranks())
             if dead:
                 answer.set_exception(RpcPeerDiedError(
                     f"graceful RPC shutdown cannot complete: {dead} died or left"))
                 return answer
-            self.reports.setdefault(round_no, {})[rank] = tuple(counts)  # type: ignore[assignment]
+            self.reports.setdefault(round_no, {})[rank] = (counts[0], counts[1])
             self.waiters.setdefault(round_no, []).append((rank, answer))
             if len(self.reports[round_no]) < self.agent.world_size:
                 return answer
@@ -71,21 +72,24 @@ class ShutdownLeader:
             self.waiters.clear()
             self.reports.clear()
         failure = RpcPeerDiedError(f"graceful RPC shutdown failed: "
-                                   f"{describe(self.agent.workers[rank])} died ({error})")
+                                   f"{describe(self.agent.worker(rank))} died ({error})")
         for waiter in waiters:
             waiter.set_exception(failure)
 
 
-def _run_report(agent: RpcAgent, src: Any, payload: tuple[int, tuple[int, int]]) -> Deferred:
+def _run_report(agent: Agent, src: WorkerInfo,
+                payload: tuple[int, tuple[int, int]]) -> Deferred:
     round_no, counts = payload
-    return Deferred(agent.shutdown_leader.report(src.id, round_no, counts))
+    leader = STATE.shutdown_leader
+    if leader is None:
+        raise RuntimeError(f"RPC was shut down on {describe(agent.info)}")
+    return Deferred(leader.report(src.id, round_no, counts))
 
 
-messages.register_handler(messages.Handler(messages.SHUTDOWN_REPORT, _run_report, inline=True,
-                                           counted=False))
+register_handler(Handler(messages.SHUTDOWN_REPORT, _run_report, inline=True, counted=False))
 
 
-def _wait_quiet(agent: RpcAgent, deadline: float | None) -> None:
+def _wait_quiet(agent: RunningAgent, deadline: float | None) -> None:
     delay = 0.0005
     while agent.pending_calls():
         if deadline is not None and time.monotonic() > deadline:
@@ -95,7 +99,7 @@ def _wait_quiet(agent: RpcAgent, deadline: float | None) -> None:
         delay = min(delay * 2, 0.01)
 
 
-def agree_to_close(agent: RpcAgent, timeout: float) -> None:
+def agree_to_close(agent: RunningAgent, timeout: float) -> None:
     """Block until every worker has reached shutdown and no message is in flight.
 
     Raises:
@@ -103,9 +107,8 @@ def agree_to_close(agent: RpcAgent, timeout: float) -> None:
         RpcPeerDiedError: a worker died meanwhile (the message names it).
     """
     deadline = None if timeout <= 0 else time.monotonic() + timeout
-    agent.shutting_down = True
-    agent.rref_context.delete_all_users()
-    leader = agent.workers[0]
+    agent.begin_shutdown()
+    leader = agent.worker(0)
     round_no = 0
     while True:
         _wait_quiet(agent, deadline)
@@ -120,4 +123,11 @@ def agree_to_close(agent: RpcAgent, timeout: float) -> None:
                                   f"with its calls answered") from None
         if agreed:
             return
+        if round_no == 0:
+            # Every worker has reached shutdown with its calls answered (the leader answers
+            # round 0 only then): no call is still running that may use a user RRef, one
+            # that came in its arguments included. Delete them now, as torch does after its
+            # wait for all workers; the rounds go on until the deletes are delivered.
+            if STATE.rrefs is not None:
+                STATE.rrefs.delete_all_users()
         round_no += 1

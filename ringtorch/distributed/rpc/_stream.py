@@ -178,7 +178,7 @@ class MessageReader:
             if address:
                 self._copy_from_peer(address, arr)
             elif nbytes:
-                self._read_into(memoryview(arr), deadline)
+                self._read_into(arr.data, deadline)
             buffers.append(arr)
         return Message(header, data, buffers)
 

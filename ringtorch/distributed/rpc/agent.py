@@ -1,38 +1,42 @@
 """The RPC agent of one worker: its connections, its calls, its server, its failures.
 
-One agent per process (api.py holds it). It owns one outgoing connection to every other
-worker (its calls and their replies), one incoming connection from every other worker (their
-calls, served by ``_server.Server``), and a loopback for calls to itself. Every message is
-built here: ``request`` pickles the payload for its destination, stamps the autograd hook's
-ids in the header and sends; ``on_reply`` loads a reply and completes its call.
+One agent per process (recorded in _state.py by api.py). It owns one outgoing connection to
+every other worker (its calls and their replies), one incoming connection from every other
+worker (their calls, served by ``_server.Server``), and a loopback for calls to itself. Every
+message is built here: ``request`` pickles the payload for its destination, stamps the
+autograd hook's ids in the header and sends; ``on_reply`` loads a reply and completes its
+call. The RRef context, the shutdown agreement and distributed autograd reach the agent only
+through ``_interfaces.Agent``; distributed autograd's hook is attached the first time a
+message or a caller needs it (extensions.py).
 
 Failures: a connection that breaks (EOF within milliseconds of the peer's death, a reset, a
 protocol error) marks its worker dead: every call pending on it fails at once with
 ``RpcPeerDiedError`` naming the worker and the call, and later calls to it fail immediately.
 A housekeeping thread fails calls past their deadline, rescues requests served inline for
-too long, and runs the RRef context's periodic work.
+too long, and runs the periodic tasks of the RRef context and of distributed autograd.
+Diagnostics go to the ``ringtorch.distributed.rpc`` logger.
 """
 
 from __future__ import annotations
 
 import itertools
-import sys
+import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from ringtorch import _config
 from ringtorch._wire.errors import DeadlineExceeded, PeerClosedError
 from ringtorch._wire.handshake import SERVICE_RPC, handshake_deadline, server_handshake
-from ringtorch._wire.mesh import core_per_rank
-from ringtorch.distributed.rpc import _cma, _mesh, _serialization, messages
+from ringtorch.distributed.rpc import _cma, _mesh, _serialization, extensions, messages
 from ringtorch.distributed.rpc._connection import (
     Loopback,
     OutgoingConnection,
     Pending,
     PendingTable,
 )
+from ringtorch.distributed.rpc._interfaces import AgentStatistics, AutogradHook
 from ringtorch.distributed.rpc._server import (
     IncomingConnection,
     Server,
@@ -40,6 +44,7 @@ from ringtorch.distributed.rpc._server import (
     resolve_exception,
     yield_inline_role,
 )
+from ringtorch.distributed.rpc._state import STATE
 from ringtorch.distributed.rpc._stream import Message, build_parts
 from ringtorch.distributed.rpc._workerinfo import WorkerInfo, describe
 from ringtorch.distributed.rpc.errors import (
@@ -47,114 +52,138 @@ from ringtorch.distributed.rpc.errors import (
     RpcProtocolError,
     RpcTimeoutError,
 )
+from ringtorch.distributed.rpc.options import TensorPipeRpcBackendOptions
+from ringtorch.futures import Future
+from ringtorch.store import Store
 
-
-def _default_spin_s(table: list[dict[str, Any]]) -> float:
-    spin_us = _config.RPC_SPIN_US.get()
-    if spin_us < 0:  # auto: spin only while every local worker can have a core
-        local = sum(1 for entry in table if entry["host_id"] == _mesh.host_identity())
-        spin_us = 50 if core_per_rank(local) else 0
-    return spin_us / 1e6
-
-
-_current: RpcAgent | None = None
-
-# Called with each agent as it becomes current: distributed autograd installs its hook here
-# (the layer above RPC, which RPC may not import).
-agent_start_hooks: list[Callable[[RpcAgent], None]] = []
-
-
-def current_agent() -> RpcAgent:
-    """This process's RPC agent.
-
-    Raises:
-        RuntimeError: RPC is not initialized (torch's message).
-    """
-    agent = _current
-    if agent is None:
-        raise RuntimeError("RPC has not been initialized. Call "
-                           "ringtorch.distributed.rpc.init_rpc first.")
-    return agent
-
-
-def set_current_agent(agent: RpcAgent | None) -> None:
-    global _current
-    _current = agent
-    if agent is not None:
-        for hook in list(agent_start_hooks):
-            hook(agent)
+logger = logging.getLogger("ringtorch.distributed.rpc")
 
 
 class RpcAgent:
     """Connections, calls and serving for one worker (see module docstring)."""
 
-    def __init__(self, name: str, rank: int, world_size: int, options: Any) -> None:
-        self.info = WorkerInfo(name, rank)
+    def __init__(self, name: str, rank: int, world_size: int,
+                 options: TensorPipeRpcBackendOptions, store: Store) -> None:
+        self.info = WorkerInfo(name, rank)  # read-only, as world_size and rpc_timeout
         self.world_size = world_size
         self.rpc_timeout = options.rpc_timeout
-        self.options = options
-        self.workers: list[WorkerInfo] = []
+        self._options = options
+        self._store = store
+        self._workers: list[WorkerInfo] = []
         self._by_name: dict[str, WorkerInfo] = {}
-        self.outgoing: dict[int, PendingTable] = {}
-        self.incoming: dict[int, IncomingConnection] = {}
-        self.dead: dict[int, str] = {}
+        self._outgoing: dict[int, PendingTable] = {}
+        self._incoming: dict[int, IncomingConnection] = {}
+        self._dead: dict[int, str] = {}
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._ids = itertools.count(1)
         self._counts_lock = threading.Lock()
-        self.sent = 0
-        self.handled = 0
-        self.response_holds: dict[tuple[int, int], list[Any]] = {}
-        self.pids: dict[int, int] = {}
-        self.can_read: dict[int, bool] = {}  # we may copy tensors out of this peer's memory
-        self.reads_me: dict[int, bool] = {}  # this peer may copy tensors out of ours
-        self.autograd_hook: Any = None
-        self.rref_context: Any = None
-        self.peer_death_listeners: list[Callable[[int, BaseException], None]] = []
-        self.periodic_tasks: list[Callable[[float], None]] = []
-        self.closing = False
-        self.closed = False
-        self.shutting_down = False  # in the graceful agreement: peers may close any moment
-        self.server: Server | None = None
+        self._sent = 0
+        self._handled = 0
+        self._refused = 0
+        self._response_holds: dict[tuple[int, int], list[Any]] = {}
+        self._pids: dict[int, int] = {}
+        self._can_read: dict[int, bool] = {}  # we may copy tensors out of this peer's memory
+        self._reads_me: dict[int, bool] = {}  # this peer may copy tensors out of ours
+        self._hook: AutogradHook | None = None
+        self._hook_lock = threading.Lock()
+        self._peer_death_listeners: list[Callable[[int, BaseException], None]] = []
+        self._periodic_tasks: list[Callable[[float], None]] = []
+        self._closing = False
+        self._closed = False
+        self._shutting_down = False  # in the graceful agreement: peers may close any moment
+        self._server: Server | None = None
         self._listener: _mesh.Listener | None = None
         self._stop = threading.Event()
 
+    # ---- what collaborators read (_interfaces.Agent) ------------------------------------
+
+    def set_rpc_timeout(self, seconds: float) -> None:
+        self.rpc_timeout = float(seconds)
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def worker(self, rank: int) -> WorkerInfo:
+        return self._workers[rank]
+
+    def is_dead(self, rank: int) -> bool:
+        return rank in self._dead
+
+    def dead_ranks(self) -> list[int]:
+        with self._lock:
+            return sorted(self._dead)
+
+    def on_peer_death(self, listener: Callable[[int, BaseException], None]) -> None:
+        self._peer_death_listeners.append(listener)
+
+    def every_tick(self, task: Callable[[float], None]) -> None:
+        self._periodic_tasks.append(task)
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        assert self._server is not None, "the agent is not started"
+        self._server.pool.submit(fn, *args)
+
+    def context_hook(self) -> AutogradHook:
+        """The autograd hook, attached on first use (extensions.py)."""
+        hook = self._hook
+        if hook is None:
+            with self._hook_lock:
+                if self._hook is None:
+                    self._hook = extensions.attach_context_hook(self)
+                hook = self._hook
+        return hook
+
+    def statistics(self) -> AgentStatistics:
+        """A snapshot of this agent (see ``AgentStatistics``)."""
+        with self._lock:
+            transports = {rank: conn.sock.family.name if isinstance(conn, OutgoingConnection)
+                          else "loopback" for rank, conn in self._outgoing.items()}
+            by_reference, dead = dict(self._reads_me), dict(self._dead)
+        sent, handled = self.counts()
+        address = self._listener.address if self._listener is not None else {}
+        return AgentStatistics(sent, handled, self.pending_calls(), dead, self._refused,
+                               transports, by_reference, dict(address))
+
     # ---- start-up ---------------------------------------------------------------------
 
-    def start(self, store: Any, init_method: str, timeout: float) -> None:
-        """Listen, exchange addresses through ``store``, connect to every worker.
+    def start(self, timeout: float) -> None:
+        """Listen, exchange addresses through the store, connect to every worker.
 
         Raises:
             RuntimeError: duplicate worker names; DeadlineExceeded/HandshakeError: a worker
             could not be reached in ``timeout`` seconds.
         """
         deadline = time.monotonic() + timeout
-        bind, advertise = _mesh.choose_addresses(init_method)
+        bind, advertise = _mesh.choose_addresses(self._options.init_method)
         self._listener = _mesh.Listener(bind, advertise, self._accept)
-        table = _mesh.exchange_addresses(store, self.info.id, self.world_size, self.info.name,
+        table = _mesh.exchange_addresses(self._store, self.info.id, self.world_size, self.info.name,
                                          {**self._listener.address, "cma": _cma.token()})
-        spin_s = _default_spin_s(table)
+        spin_s = _mesh.default_spin_s(table)
         here = _mesh.host_identity()
         with self._lock:
-            self.pids = {e["rank"]: e["pid"] for e in table}
-            self.can_read = {e["rank"]: e["host_id"] == here and _cma.probe(e["pid"], e["cma"])
+            self._pids = {e["rank"]: e["pid"] for e in table}
+            self._can_read = {e["rank"]: e["host_id"] == here and _cma.probe(e["pid"], e["cma"])
                              for e in table}
-            self.workers = [WorkerInfo(e["name"], e["rank"]) for e in table]
-            self._by_name = {w.name: w for w in self.workers}
-            self.server = Server(self, self.options.num_worker_threads, spin_s)
-            self.outgoing[self.info.id] = Loopback(self)
+            self._workers = [WorkerInfo(e["name"], e["rank"]) for e in table]
+            self._by_name = {w.name: w for w in self._workers}
+            self._server = Server(self, self._options.num_worker_threads, spin_s)
+            server = self._server
+            self._outgoing[self.info.id] = Loopback(
+                self.info, self._timeout_error, server.dispatch_local, self.on_reply)
             self._changed.notify_all()
         for entry in table:
             if entry["rank"] != self.info.id:
                 self._connect(entry, deadline, spin_s)
         self._wait_for_incoming(deadline)
-        assert self.server is not None
-        self.server.start()
+        assert self._server is not None
+        self._server.start()
         threading.Thread(target=self._housekeep, daemon=True, name="rpc-housekeeping").start()
 
     def _connect(self, entry: dict[str, Any], deadline: float, spin_s: float) -> None:
-        peer = self.workers[entry["rank"]]
-        reads = self.can_read[peer.id]
+        peer = self._workers[entry["rank"]]
+        reads = self._can_read[peer.id]
         info = _mesh.handshake_info(self.info.name, self.info.id, reads)
         sock, theirs = _mesh.client_connect(entry, info, deadline)
         if (theirs["name"], theirs["rank"]) != (peer.name, peer.id):
@@ -165,47 +194,49 @@ class RpcAgent:
                                   self._on_outgoing_broken, self._timeout_error, spin_s,
                                   entry["pid"] if reads else None)
         with self._lock:
-            self.outgoing[peer.id] = conn
+            self._outgoing[peer.id] = conn
 
-    def _accept(self, sock: Any, where: str) -> None:
+    def _accept(self, sock: socket.socket, where: str) -> None:
         try:
             info = _mesh.parse_info(server_handshake(
                 sock, SERVICE_RPC, handshake_deadline(), where,
                 _mesh.handshake_info(self.info.name, self.info.id)))
             name, rank = info["name"], info["rank"]
             with self._lock:
-                ok = self._changed.wait_for(lambda: self.workers or self.closing, 60.0)
-                known = ok and 0 <= rank < len(self.workers) and self.workers[rank].name == name
-                if not known or rank in self.incoming or rank == self.info.id or self.closing:
+                ok = self._changed.wait_for(lambda: self._workers or self._closing, 60.0)
+                known = ok and 0 <= rank < len(self._workers) and self._workers[rank].name == name
+                if not known or rank in self._incoming or rank == self.info.id or self._closing:
                     raise RuntimeError(f"unexpected RPC connection from worker '{name}' (rank "
                                        f"{rank}) at {where}")
-                conn = IncomingConnection(sock, self.workers[rank],
-                                          self.pids[rank] if self.can_read[rank] else None)
-                self.reads_me[rank] = info["reads_you"]
-                self.incoming[rank] = conn
+                conn = IncomingConnection(sock, self._workers[rank],
+                                          self._pids[rank] if self._can_read[rank] else None)
+                self._reads_me[rank] = info["reads_you"]
+                self._incoming[rank] = conn
                 self._changed.notify_all()
             _mesh.tune(sock)
         except Exception as exc:
-            print(f"ringtorch RPC: refused a connection from {where}: {exc}", file=sys.stderr)
+            logger.warning("ringtorch RPC: refused a connection from %s: %s", where, exc)
+            with self._counts_lock:
+                self._refused += 1
             sock.close()
             return
-        assert self.server is not None
-        self.server.add(conn)
+        assert self._server is not None
+        self._server.add(conn)
 
     def _wait_for_incoming(self, deadline: float) -> None:
         with self._lock:
             done = self._changed.wait_for(
-                lambda: len(self.incoming) == self.world_size - 1,
+                lambda: len(self._incoming) == self.world_size - 1,
                 max(0.0, deadline - time.monotonic()))
-            missing = [w.name for w in self.workers
-                       if w.id != self.info.id and w.id not in self.incoming]
+            missing = [w.name for w in self._workers
+                       if w.id != self.info.id and w.id not in self._incoming]
         if not done:
             raise DeadlineExceeded(f"RPC workers {missing} did not connect to "
                                    f"{describe(self.info)} in time")
 
     # ---- names ------------------------------------------------------------------------
 
-    def get_worker_info(self, to: Any = None) -> WorkerInfo:
+    def get_worker_info(self, to: WorkerInfo | str | int | None = None) -> WorkerInfo:
         """The WorkerInfo of a name, a rank or a WorkerInfo (this worker's for None).
 
         Raises:
@@ -217,16 +248,16 @@ class RpcAgent:
             to = to.name
         if isinstance(to, str) and to in self._by_name:
             return self._by_name[to]
-        if isinstance(to, int) and not isinstance(to, bool) and 0 <= to < len(self.workers):
-            return self.workers[to]
+        if isinstance(to, int) and not isinstance(to, bool) and 0 <= to < len(self._workers):
+            return self._workers[to]
         raise RuntimeError(f"unknown destination worker {to!r}: the workers of this RPC group "
                            f"are {sorted(self._by_name)}")
 
     # ---- calls ------------------------------------------------------------------------
 
-    def request(self, dst: WorkerInfo, kind: int, payload: Any, timeout: float, what: Any, *,
-                sync: bool = False, future: Any = None,
-                on_done: Callable[[Any, Any], None] | None = None,
+    def request(self, dst: WorkerInfo, kind: int, payload: Any, timeout: float, what: object,
+                *, sync: bool = False, future: Future[Any] | None = None,
+                on_done: Callable[[Any, BaseException | None], None] | None = None,
                 one_way: bool = False) -> Any:
         """Send a request to ``dst``.
 
@@ -237,16 +268,17 @@ class RpcAgent:
         Raises:
             Pickling errors (nothing was sent); with ``sync``, the call's error.
         """
-        conn = self.outgoing[dst.id]
+        conn = self._outgoing[dst.id]
         encoded = _serialization.encode(payload, dst.id)
         ids = (-1, -1)
-        if self.autograd_hook is not None:
-            ids = self.autograd_hook.on_send(dst, encoded.tensors)
+        hook = self._hook
+        if hook is not None:
+            ids = hook.on_send(dst, encoded.tensors)
         message_id = next(self._ids)
         flags = messages.FLAG_ONE_WAY if one_way else 0
         parts, by_reference = build_parts(kind, flags, message_id, ids, encoded,
-                                          not one_way and self.reads_me.get(dst.id, False))
-        if messages.HANDLERS[kind].counted:
+                                          not one_way and self._reads_me.get(dst.id, False))
+        if STATE.handlers[kind].counted:
             self._count(sent=1)
         if one_way:
             self._send(conn, parts, None)
@@ -268,12 +300,12 @@ class RpcAgent:
             return pending
         if not pending.done:
             yield_inline_role()
-            conn.wait(pending)  # type: ignore[attr-defined]
+            conn.wait(pending)
         if pending.error is not None:
             raise pending.error
         return pending.value
 
-    def _send(self, conn: Any, parts: list[Any], deadline: float | None) -> None:
+    def _send(self, conn: PendingTable, parts: list[Any], deadline: float | None) -> None:
         try:
             conn.send(parts, deadline)
         except DeadlineExceeded:
@@ -281,15 +313,16 @@ class RpcAgent:
         except (PeerClosedError, OSError):
             pass  # the connection is marked broken: the pending call carries the error
 
-    def on_reply(self, conn: Any, message: Message) -> None:
+    def on_reply(self, conn: PendingTable, message: Message) -> None:
         """Load a reply and complete the call it answers (on whichever thread reads)."""
         header = message.header
-        peer = self.workers[conn.rank]
+        peer = self._workers[conn.rank]
         if header.kind not in (messages.RESPONSE, messages.RESPONSE_ERROR):
             raise RpcProtocolError(f"{describe(peer)} sent a message of kind {header.kind} "
                                    f"on a reply stream")
         pending = conn.pop(header.message_id)
-        value, error = None, None
+        value: Any = None
+        error: BaseException | None = None
         try:
             value = self.load(message, peer)
         except BaseException as exc:
@@ -304,8 +337,8 @@ class RpcAgent:
         future = pending.future
         if future is not None and getattr(future, "_has_callbacks", False):
             # user callbacks may block: never run them on the thread reading replies
-            assert self.server is not None
-            self.server.pool.submit(pending.finish, value, error)
+            assert self._server is not None
+            self._server.pool.submit(pending.finish, value, error)
         else:
             pending.finish(value, error)
 
@@ -313,12 +346,12 @@ class RpcAgent:
         """Unpickle a message from ``peer`` (tensors pass through the autograd hook)."""
         on_tensor = None
         header = message.header
-        if self.autograd_hook is not None and header.context_id >= 0:
-            on_tensor = self.autograd_hook.on_recv(peer, header.context_id,
-                                                   header.context_message_id)
+        if header.context_id >= 0:
+            on_tensor = self.context_hook().on_recv(peer, header.context_id,
+                                                    header.context_message_id)
         return _serialization.decode(message.data, message.buffers, peer.id, on_tensor)
 
-    def encode_reply(self, peer: WorkerInfo, header: Any, value: Any,
+    def encode_reply(self, peer: WorkerInfo, header: messages.Header, value: Any,
                      error: BaseException | None) -> list[Any]:
         """The parts of the reply to ``header``'s request (the error if there is one)."""
         kind = messages.RESPONSE
@@ -333,14 +366,14 @@ class RpcAgent:
             encoded = _serialization.encode(
                 (exc_type.__module__, exc_type.__qualname__, text), peer.id)
         ids = (-1, -1)
-        if self.autograd_hook is not None and header.context_id >= 0 and error is None:
-            ids = self.autograd_hook.on_reply(peer, header.context_id, encoded.tensors)
+        if header.context_id >= 0 and error is None:
+            ids = self.context_hook().on_reply(peer, header.context_id, encoded.tensors)
         parts, by_reference = build_parts(kind, 0, header.message_id, ids, encoded,
-                                          self.reads_me.get(peer.id, False))
+                                          self._reads_me.get(peer.id, False))
         holds = encoded.holds + [encoded.buffers] if by_reference else encoded.holds
         if holds:
             with self._lock:
-                self.response_holds[(peer.id, header.message_id)] = holds
+                self._response_holds[(peer.id, header.message_id)] = holds
             head = bytearray(parts[0])
             head[3] |= messages.FLAG_WANTS_RELEASE  # the flags byte of the header
             parts[0] = bytes(head)
@@ -348,7 +381,7 @@ class RpcAgent:
 
     def release_hold(self, peer: WorkerInfo, message_id: int) -> None:
         with self._lock:
-            self.response_holds.pop((peer.id, message_id), None)
+            self._response_holds.pop((peer.id, message_id), None)
 
     def _timeout_error(self, pending: Pending) -> BaseException:
         return RpcTimeoutError(f"RPC ran for more than set timeout ({pending.timeout:g} s) and "
@@ -356,24 +389,25 @@ class RpcAgent:
 
     def _count(self, sent: int = 0, handled: int = 0) -> None:
         with self._counts_lock:
-            self.sent += sent
-            self.handled += handled
+            self._sent += sent
+            self._handled += handled
 
     def note_handled(self) -> None:
         self._count(handled=1)
 
     def counts(self) -> tuple[int, int]:
         with self._counts_lock:
-            return self.sent, self.handled
+            return self._sent, self._handled
 
-    def log_one_way_error(self, peer: WorkerInfo, header: Any, error: BaseException) -> None:
+    def log_one_way_error(self, peer: WorkerInfo, header: messages.Header,
+                          error: BaseException) -> None:
         kind = messages.KIND_NAMES.get(header.kind, header.kind)
-        print(f"ringtorch RPC on {describe(self.info)}: one-way message {kind} from "
-              f"{describe(peer)} failed: {error!r}", file=sys.stderr)
+        logger.warning("ringtorch RPC on %s: one-way message %s from %s failed: %r",
+                       describe(self.info), kind, describe(peer), error)
 
     # ---- failures ---------------------------------------------------------------------
 
-    def _on_outgoing_broken(self, conn: Any, exc: BaseException) -> None:
+    def _on_outgoing_broken(self, conn: PendingTable, exc: BaseException) -> None:
         self.peer_failed(conn.rank, exc)
 
     def on_incoming_broken(self, conn: IncomingConnection, exc: BaseException) -> None:
@@ -382,31 +416,31 @@ class RpcAgent:
     def peer_failed(self, rank: int, reason: BaseException) -> None:
         """Mark a worker dead: fail its pending and later calls, drop its references."""
         with self._lock:
-            if rank in self.dead:
+            if rank in self._dead:
                 return
-            self.dead[rank] = str(reason)
-            for key in [k for k in self.response_holds if k[0] == rank]:
-                del self.response_holds[key]
-        peer = self.workers[rank]
-        what = "closed its connection" if self.closing else "died or closed its connection"
-        if not (self.closing or self.shutting_down):
-            print(f"ringtorch RPC on {describe(self.info)}: {describe(peer)} {what} ({reason}); "
-                  f"calls to it fail from now on", file=sys.stderr)
+            self._dead[rank] = str(reason)
+            for key in [k for k in self._response_holds if k[0] == rank]:
+                del self._response_holds[key]
+        peer = self._workers[rank]
+        what = "closed its connection" if self._closing else "died or closed its connection"
+        if not (self._closing or self._shutting_down):
+            logger.warning("ringtorch RPC on %s: %s %s (%s); calls to it fail from now on",
+                           describe(self.info), describe(peer), what, reason)
 
         def make_error(pending: Pending | None) -> BaseException:
             call = f"; call: {pending.what}" if pending is not None else ""
             return RpcPeerDiedError(f"RPC to {describe(peer)} failed: the worker {what} "
                                     f"({reason}){call}")
 
-        out = self.outgoing.get(rank)
+        out = self._outgoing.get(rank)
         if out is not None:
             out.fail(make_error)
-        inc = self.incoming.get(rank)
+        inc = self._incoming.get(rank)
         if inc is not None:
             with inc.lock:
                 inc.reader_gen += 1
             inc.close()
-        for listener in list(self.peer_death_listeners):
+        for listener in list(self._peer_death_listeners):
             listener(rank, make_error(None))
 
     # ---- housekeeping and shutdown ----------------------------------------------------
@@ -415,36 +449,48 @@ class RpcAgent:
         tick = 0.1
         while not self._stop.wait(tick):
             now = time.monotonic()
-            for conn in list(self.outgoing.values()):
+            for conn in list(self._outgoing.values()):
                 conn.expire_due(now)
-            assert self.server is not None
-            self.server.rescue_stalled(now)
-            for task in list(self.periodic_tasks):
+            assert self._server is not None
+            self._server.rescue_stalled(now)
+            for task in list(self._periodic_tasks):
                 try:
                     task(now)
-                except Exception as exc:
-                    print(f"ringtorch RPC housekeeping: {exc!r}", file=sys.stderr)
-            tick = 0.005 if now - self.server.last_inline < 1.0 else 0.1
+                except Exception:
+                    logger.exception("ringtorch RPC housekeeping task failed on %s",
+                                     describe(self.info))
+            tick = 0.005 if now - self._server.last_inline < 1.0 else 0.1
+
+    def begin_shutdown(self) -> None:
+        """The graceful agreement has begun: peers may close any moment (not reported)."""
+        self._shutting_down = True
 
     def pending_calls(self) -> int:
-        return sum(len(conn.pending) for conn in self.outgoing.values())
+        return sum(len(conn.pending) for conn in self._outgoing.values())
 
     def close(self) -> None:
         """Close every connection and stop every thread of this agent (local, immediate)."""
         with self._lock:
-            if self.closed:
+            if self._closed:
                 return
-            self.closing = True
-            self.closed = True
+            self._closing = True
+            self._closed = True
             self._changed.notify_all()
         self._stop.set()
         if self._listener is not None:
             self._listener.close()
-        for rank, conn in list(self.outgoing.items()):
-            conn.fail(lambda p, rank=rank: RpcPeerDiedError(
-                f"RPC was shut down on {describe(self.info)} while calling "
-                f"{describe(self.workers[rank])}" + (f": {p.what}" if p else "")))
+        for rank, conn in list(self._outgoing.items()):
+            conn.fail(self._shut_down_error(rank))
             if isinstance(conn, OutgoingConnection):
                 conn.close()
-        if self.server is not None:
-            self.server.stop()
+        if self._server is not None:
+            self._server.stop()
+
+    def _shut_down_error(self, rank: int) -> Callable[[Pending | None], BaseException]:
+        peer = self._workers[rank]
+
+        def make(pending: Pending | None) -> BaseException:
+            call = f": {pending.what}" if pending is not None else ""
+            return RpcPeerDiedError(f"RPC was shut down on {describe(self.info)} while "
+                                    f"calling {describe(peer)}{call}")
+        return make

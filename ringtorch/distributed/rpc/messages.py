@@ -25,18 +25,15 @@ A request travels on the sender's outgoing connection to the destination and its
 comes back on the same socket; one-way messages (FLAG_ONE_WAY) get no response. Requests are
 read, and their pickles loaded, in the order they were sent on a connection.
 
-Handlers are registered per request kind (``register_handler``), so later layers add kinds
-without touching the agent: the distributed autograd issue registers its own (kinds 32-63 are
-kept for it) and stamps ``context_id`` / ``context_message_id`` through the agent's autograd
-hook (see docs/design/rref-protocol.md, "Extension points").
+Handlers are registered per request kind in extensions.py, so later layers add kinds without
+touching the agent: distributed autograd registers its own (kinds 32-63 are kept for it) and
+stamps ``context_id`` / ``context_message_id`` through the agent's autograd hook (see
+docs/design/rref-protocol.md, "Extension points").
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 MAGIC = b"RP"
 HEADER = struct.Struct("<2sBBIQqqII")
@@ -106,51 +103,14 @@ def unpack_header(data: bytes | bytearray | memoryview) -> Header:
     return Header(kind, flags, nbytes, message_id, ctx, ctx_msg, nbuffers)
 
 
-@dataclass(frozen=True)
-class Handler:
-    """How the callee serves one request kind.
-
-    ``prepare(agent, src, payload)`` runs on the connection's reader thread, in message
-    order, and must not block; it returns the argument given to ``run`` (often the payload).
-    ``run(agent, src, prepared)`` returns the reply value or a Future of it; it runs inline
-    on the reader thread when ``inline`` (protocol messages that never block), otherwise on
-    the worker pool (or inline with a rescue, see _server.py).
-    """
-
-    kind: int
-    run: Callable[[Any, Any, Any], Any]
-    prepare: Callable[[Any, Any, Any], Any] | None = None
-    inline: bool = False
-    counted: bool = True  # counts towards graceful shutdown's quiescence agreement
-
-
-HANDLERS: dict[int, Handler] = {}
-
-
-def register_handler(handler: Handler) -> None:
-    """Register the handler of a request kind.
-
-    Raises:
-        ValueError: the kind is a response kind or already registered.
-    """
-    if handler.kind >= RESPONSE or handler.kind <= 0:
-        raise ValueError(f"request kinds are 1..{RESPONSE - 1}, got {handler.kind}")
-    if handler.kind in HANDLERS and HANDLERS[handler.kind] is not handler:
-        raise ValueError(f"RPC message kind {handler.kind} already has a handler")
-    HANDLERS[handler.kind] = handler
-
-
 __all__ = [
     "BUFFER_ENTRY",
     "CALL",
     "FLAG_ONE_WAY",
     "FLAG_WANTS_RELEASE",
-    "HANDLERS",
     "HEADER",
-    "Handler",
     "Header",
     "REMOTE_CALL",
     "RESPONSE",
     "RESPONSE_ERROR",
-    "register_handler",
 ]

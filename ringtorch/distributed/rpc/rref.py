@@ -15,20 +15,17 @@ two workers are loaded in the order they were sent, which the protocol relies on
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 import torch
 
-from ringtorch.distributed.rpc import _serialization, messages
-from ringtorch.distributed.rpc._rref_context import (
-    Id,
-    RRefContext,
-    _gid,
-    _OwnerEntry,
-    resolve_timeout,
-)
+from ringtorch.distributed.rpc import _calls, _serialization, messages
+from ringtorch.distributed.rpc._handlers import call_function, settle_entry
+from ringtorch.distributed.rpc._interfaces import RunningAgent
+from ringtorch.distributed.rpc._rref_context import Id, RRefContext, _gid, _OwnerEntry
+from ringtorch.distributed.rpc._state import current_agent, current_rrefs
 from ringtorch.distributed.rpc._workerinfo import WorkerInfo, describe
-from ringtorch.distributed.rpc.agent import current_agent
 from ringtorch.distributed.rpc.functions import async_execution, is_async
 from ringtorch.distributed.rpc.options import UNSET_RPC_TIMEOUT
 from ringtorch.futures import Future
@@ -47,43 +44,53 @@ class RRef(Generic[T]):
     __slots__ = ("__weakref__", "_confirmed", "_created", "_ctx", "_deleted", "_entry",
                  "_error", "_fork_id", "_owner", "_rref_id", "_type")
 
+    _ctx: RRefContext
+    _rref_id: Id
+    _owner: WorkerInfo
+    _fork_id: Id | None
+    _entry: _OwnerEntry | None
+    _confirmed: bool
+    _created: Future[Any] | None
+    _error: BaseException | None
+    _deleted: bool
+    _type: type | None
+
     def __init__(self, value: T, type_hint: type | None = None) -> None:
-        agent = current_agent()
-        ctx = agent.rref_context
-        entry = _OwnerEntry(ctx.new_id())
+        ctx = current_rrefs()
+        entry = ctx.new_entry()
         entry.future.set_result(value)
-        self._init(ctx, entry.rref_id, agent.info, None)
-        self._entry = entry
+        self._init(ctx, entry.rref_id, ctx.agent.info, None, entry)
         self._type = type_hint
 
-    def _init(self, ctx: RRefContext, rref_id: Id, owner: WorkerInfo,
-              fork_id: Id | None) -> None:
+    def _init(self, ctx: RRefContext, rref_id: Id, owner: WorkerInfo, fork_id: Id | None,
+              entry: _OwnerEntry | None) -> None:
         self._ctx = ctx
         self._rref_id = rref_id
         self._owner = owner
         self._fork_id = fork_id
-        self._entry: _OwnerEntry | None = None
+        self._entry = entry
         self._confirmed = fork_id is None
-        self._created: Future[Any] | None = None
-        self._error: BaseException | None = None
+        self._created = None
+        self._error = None
         self._deleted = False
-        self._type: type | None = None
+        self._type = None
 
     @classmethod
     def _make_owner(cls, ctx: RRefContext, entry: _OwnerEntry) -> RRef[Any]:
         rref = cls.__new__(cls)
-        rref._init(ctx, entry.rref_id, ctx.agent.info, None)
-        rref._entry = entry
+        rref._init(ctx, entry.rref_id, ctx.agent.info, None, entry)
         return rref
 
     @classmethod
     def _make_user(cls, ctx: RRefContext, rref_id: Id, owner: WorkerInfo,
                    fork_id: Id) -> RRef[Any]:
         rref = cls.__new__(cls)
-        rref._init(ctx, rref_id, owner, fork_id)
-        with ctx.lock:
-            ctx.users.add(rref)
+        rref._init(ctx, rref_id, owner, fork_id, None)
+        ctx.add_user_reference(rref)
         return rref
+
+    def _confirm(self) -> None:
+        self._confirmed = True
 
     def __del__(self) -> None:
         # Only appends to a deque (no lock): __del__ may run on any thread at any moment.
@@ -137,7 +144,7 @@ class RRef(Generic[T]):
         self._check_usable()
         agent = self._ctx.agent
         return agent.request(self._owner, messages.RREF_FETCH, self._rref_id,
-                             resolve_timeout(agent, timeout),
+                             _calls.resolve_timeout(agent, timeout),
                              f"RRef.to_here() of {self!r} from {describe(self._owner)}",
                              sync=True)
 
@@ -149,21 +156,15 @@ class RRef(Generic[T]):
 
     def rpc_sync(self, timeout: float = UNSET_RPC_TIMEOUT) -> Any:
         """A proxy: ``rref.rpc_sync().f(*args)`` runs ``value.f(*args)`` on the owner."""
-        from ringtorch.distributed.rpc import api
-
-        return _Proxy(self, api.rpc_sync, timeout)
+        return _Proxy(self, _calls.call_sync, timeout)
 
     def rpc_async(self, timeout: float = UNSET_RPC_TIMEOUT) -> Any:
         """As ``rpc_sync()``, returning a Future of the method's result."""
-        from ringtorch.distributed.rpc import api
-
-        return _Proxy(self, api.rpc_async, timeout)
+        return _Proxy(self, _calls.call_async, timeout)
 
     def remote(self, timeout: float = UNSET_RPC_TIMEOUT) -> Any:
         """As ``rpc_sync()``, returning an RRef (owned by this RRef's owner) to the result."""
-        from ringtorch.distributed.rpc import api
-
-        return _Proxy(self, api.remote, timeout)
+        return _Proxy(self, create_remote, timeout)
 
     def backward(self, dist_autograd_ctx_id: int = -1, retain_graph: bool = False) -> None:
         """Run a backward pass from this RRef's value (a scalar tensor), as torch's does.
@@ -186,17 +187,18 @@ class RRef(Generic[T]):
         elif self.is_owner():
             _backward_on_owner(self, dist_autograd_ctx_id, retain_graph)
         else:
-            from ringtorch.distributed.rpc import api
-
-            api.rpc_sync(self._owner, _backward_on_owner,
-                         args=(self, dist_autograd_ctx_id, retain_graph))
+            agent, dst, seconds = _calls.prepare(self._owner, _backward_on_owner,
+                                                 UNSET_RPC_TIMEOUT)
+            _calls.call_sync(agent, dst, _backward_on_owner,
+                             (self, dist_autograd_ctx_id, retain_graph), None, seconds,
+                             _calls.CallDescription(_backward_on_owner, dst))
 
     def _get_future(self) -> Future[Any]:
         """A future completed when the owner has created the value (torch's private API)."""
         if self._created is None:
             done: Future[Any] = Future()
             if self._error is not None:
-                done.set_exception(self._error)  # type: ignore[arg-type]
+                done.set_exception(self._error)
             else:
                 done.set_result(None)
             return done
@@ -208,10 +210,10 @@ class RRef(Generic[T]):
             if self._entry is not None:
                 self._type = type(self.local_value())
             else:
-                from ringtorch.distributed.rpc import api
-
-                self._type = api.rpc_sync(self._owner, _type_on_owner, args=(self,),
-                                          timeout=timeout)
+                agent, dst, seconds = _calls.prepare(self._owner, _type_on_owner, timeout)
+                self._type = _calls.call_sync(agent, dst, _type_on_owner, (self,), None,
+                                              seconds, _calls.CallDescription(_type_on_owner,
+                                                                              dst))
         if blocking:
             return self._type
         fut: Future[Any] = Future()
@@ -235,9 +237,10 @@ def _reduce_rref(rref: RRef[Any]) -> tuple[Any, ...]:
     if ctx.closed:
         raise RuntimeError(f"{rref!r} belongs to an RPC agent that was shut down")
     me = ctx.agent.info.id
-    if rref._entry is not None:  # the owner forks: record the fork before it leaves (G2)
+    entry = rref._entry
+    if entry is not None:  # the owner forks: record the fork before it leaves (G2)
         fork_id = ctx.new_id()
-        ctx.add_user(rref._entry, fork_id, ectx.dst)
+        ctx.add_user(entry, fork_id, ectx.dst)
         ectx.rollback.append(lambda: ctx.drop_users([(rref._rref_id, fork_id)]))
         return (_rebuild_rref, ((rref._rref_id, me, fork_id, me),))
     rref._check_usable()
@@ -245,26 +248,25 @@ def _reduce_rref(rref: RRef[Any]) -> tuple[Any, ...]:
         ectx.holds.append(rref)
         return (_rebuild_rref, ((rref._rref_id, rref._owner.id, None, me),))
     fork_id = ctx.new_id()  # to a third worker: hold ours until the owner knows (G3)
-    with ctx.lock:
-        ctx.children[fork_id] = (rref, ectx.dst)
+    ctx.hold_child(fork_id, rref, ectx.dst)
     ectx.rollback.append(lambda: ctx.child_accepted(fork_id))
     return (_rebuild_rref, ((rref._rref_id, rref._owner.id, fork_id, me),))
 
 
 def _rebuild_rref(data: tuple[Id, int, Id | None, int]) -> RRef[Any]:
     rref_id, owner, fork_id, parent = data
-    ctx: RRefContext = current_agent().rref_context
+    ctx = current_rrefs()
     if owner == ctx.agent.info.id:
         entry = ctx.entry(rref_id)
         if fork_id is not None:  # a fork this worker sent itself: the view replaces it
             ctx.drop_users([(rref_id, fork_id)])
         return RRef._make_owner(ctx, entry)
     assert fork_id is not None
-    user = RRef._make_user(ctx, rref_id, ctx.agent.workers[owner], fork_id)
+    user = RRef._make_user(ctx, rref_id, ctx.agent.worker(owner), fork_id)
     if parent == owner:
         user._confirmed = True
     else:
-        ctx.request_fork(user, parent)
+        ctx.request_fork(rref_id, fork_id, user._owner, parent, user._confirm)
     return user
 
 
@@ -281,12 +283,9 @@ def _tensor_value(rref: RRef[Any]) -> Any:
 
 def _backward_on_owner(rref: RRef[Any], context_id: int, retain_graph: bool) -> None:
     """(on the owner) The distributed backward of ``rref.backward(context_id)``: run by the
-    autograd hook, as rpc/ may not import distributed autograd."""
+    autograd hook (attached on first use: rpc/ may not import distributed autograd)."""
     value = _tensor_value(rref)
-    hook = current_agent().autograd_hook
-    if hook is None:
-        raise RuntimeError(f"Could not find autograd context with id: {context_id}")
-    hook.backward(context_id, [value], retain_graph)
+    current_agent().context_hook().backward(context_id, [value], retain_graph)
 
 
 def _type_on_owner(rref: RRef[Any]) -> type:
@@ -306,25 +305,70 @@ def _invoke_on_owner(rref: RRef[Any], name: str, args: tuple[Any, ...],
     return done
 
 
+class _ProxyDescription:
+    """What a proxy call was, for error messages; formatted only if one is raised."""
+
+    __slots__ = ("dst", "name", "rref")
+
+    def __init__(self, rref: RRef[Any], name: str, dst: WorkerInfo) -> None:
+        self.rref, self.name, self.dst = rref, name, dst
+
+    def __str__(self) -> str:
+        return f"RRef proxy call {self.rref!r}.{self.name}() on {describe(self.dst)}"
+
+
+_Launch = Callable[[RunningAgent, WorkerInfo, Callable[..., Any], Any, Any, float, object], Any]
+
+
 class _Proxy:
     """``rref.rpc_sync()`` and friends: attribute access builds the remote method call."""
 
-    def __init__(self, rref: RRef[Any], api_fn: Any, timeout: float) -> None:
+    def __init__(self, rref: RRef[Any], launch: _Launch, timeout: float) -> None:
         self._rref = rref
-        self._api_fn = api_fn
+        self._launch = launch
         self._timeout = timeout
 
     def __getattr__(self, name: str) -> Any:
-        return functools.partial(_proxy_call, self._rref, self._api_fn, name, self._timeout)
+        return functools.partial(_proxy_call, self._rref, self._launch, name, self._timeout)
 
 
-def _proxy_call(rref: RRef[Any], api_fn: Any, name: str, timeout: float, *args: Any,
+def _proxy_call(rref: RRef[Any], launch: _Launch, name: str, timeout: float, *args: Any,
                 **kwargs: Any) -> Any:
-    return api_fn(rref.owner(), _invoke_on_owner, args=(rref, name, args, kwargs),
-                  timeout=timeout)
+    agent, dst, seconds = _calls.prepare(rref.owner(), _invoke_on_owner, timeout)
+    return launch(agent, dst, _invoke_on_owner, (rref, name, args, kwargs), None, seconds,
+                  _ProxyDescription(rref, name, dst))
 
 
-# ---- handlers (owner side unless noted) ---------------------------------------------------
+def create_remote(agent: RunningAgent, dst: WorkerInfo, func: Callable[..., Any], args: Any,
+                  kwargs: Any, seconds: float, what: object) -> RRef[Any]:
+    """``rpc.remote``: start ``func`` on ``dst``; return the RRef to its result at once."""
+    ctx = current_rrefs()
+    if dst.id == agent.info.id:
+        entry = ctx.new_entry()
+        owner_view = RRef._make_owner(ctx, entry)
+
+        def run_here() -> None:
+            try:
+                settle_entry(agent.info, entry, lambda: call_function(func, args, kwargs))
+            except BaseException:
+                pass  # kept in the entry: to_here() raises it
+
+        agent.submit(run_here)
+        return owner_view
+    rref_id, fork_id = ctx.new_id(), ctx.new_id()
+    user = RRef._make_user(ctx, rref_id, dst, fork_id)
+    created: Future[Any] = Future()
+    user._created = created
+
+    def confirmed(value: Any, error: BaseException | None) -> None:
+        if error is None:
+            user._confirmed = True
+        else:
+            user._error = error
+
+    agent.request(dst, messages.REMOTE_CALL, (rref_id, fork_id, func, args, kwargs), seconds,
+                  what, future=created, on_done=confirmed)
+    return user
 
 
 __all__ = ["RRef"]

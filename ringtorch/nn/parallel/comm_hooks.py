@@ -1,102 +1,18 @@
-"""DDP communication hooks: torch's ``ddp_comm_hooks.default_hooks``, over ringtorch.distributed.
+"""torch's default DDP communication hooks, also reachable from ``ringtorch.nn.parallel``.
 
-A hook is ``hook(state, bucket: GradBucket) -> torch.futures.Future[Tensor]``; DDP calls it
-once per bucket as soon as the bucket's gradients are ready and copies the future's tensor
-back into the gradients at the end of backward. The rule every hook here keeps: the value is
-the mean over the group (it divides by the group size before the sum, which also keeps fp16
-from overflowing). ``state`` is the process group to use, or None for the default group.
-
-These live in ``ringtorch.nn.parallel.comm_hooks`` (torch has them under
-``torch.distributed.algorithms.ddp_comm_hooks.default_hooks``); the names are torch's.
+The one implementation is ``ringtorch.distributed.algorithms.ddp_comm_hooks.default_hooks``
+(torch's path); this module only re-exports it, for programs written against the older path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
-import torch
-
-from ringtorch import distributed as dist
-from ringtorch.nn.parallel.reducer import GradBucket
+from ringtorch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
+    allreduce_hook,
+    bf16_compress_hook,
+    bf16_compress_wrapper,
+    fp16_compress_hook,
+    fp16_compress_wrapper,
+)
 
 __all__ = ["allreduce_hook", "bf16_compress_hook", "bf16_compress_wrapper",
            "fp16_compress_hook", "fp16_compress_wrapper"]
-
-Hook = Callable[[Any, GradBucket], "torch.futures.Future[torch.Tensor]"]
-
-
-def _value(fut: torch.futures.Future[Any]) -> torch.Tensor:
-    """The single tensor a collective's future holds (a list of one tensor, or the tensor)."""
-    value = fut.value()
-    return value[0] if isinstance(value, (list, tuple)) else value
-
-
-def _allreduce_fut(process_group: Any, tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
-    """Average ``tensor`` in place over the group; the future holds it."""
-    tensor.div_(dist.get_world_size(process_group))
-    work = dist.all_reduce(tensor, group=process_group, async_op=True)
-    return work.get_future().then(_value)
-
-
-def allreduce_hook(process_group: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """All-reduce the bucket and average it: the same result as DDP without a hook."""
-    return _allreduce_fut(process_group, bucket.buffer())
-
-
-def _compress_hook(dtype: torch.dtype, process_group: Any, bucket: GradBucket
-                   ) -> torch.futures.Future[torch.Tensor]:
-    buffer = bucket.buffer()
-    compressed = buffer.to(dtype).div_(dist.get_world_size(process_group))
-
-    def decompress(fut: torch.futures.Future[Any]) -> torch.Tensor:
-        buffer.copy_(_value(fut))  # in place: no second full-size buffer
-        return buffer
-
-    work = dist.all_reduce(compressed, group=process_group, async_op=True)
-    return work.get_future().then(decompress)
-
-
-def fp16_compress_hook(process_group: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Send the bucket as float16 (half the bytes), divided by the group size, then cast back."""
-    return _compress_hook(torch.float16, process_group, bucket)
-
-
-def bf16_compress_hook(process_group: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Send the bucket as bfloat16, divided by the group size, then cast back.
-
-    Unlike torch, which needs NCCL 2.10 for this, ringtorch reduces bfloat16 on the CPU.
-    """
-    return _compress_hook(torch.bfloat16, process_group, bucket)
-
-
-def _compress_wrapper(dtype: torch.dtype, hook: Hook) -> Hook:
-    def wrapper_hook(hook_state: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
-        original = bucket.buffer()
-        bucket.set_buffer(original.to(dtype))
-        fut = hook(hook_state, bucket)
-
-        def decompress(fut: torch.futures.Future[Any]) -> torch.Tensor:
-            original.copy_(_value(fut))
-            return original
-
-        return fut.then(decompress)
-
-    return wrapper_hook
-
-
-def fp16_compress_wrapper(hook: Hook) -> Hook:
-    """Run ``hook`` on a float16 copy of the bucket and cast its result back.
-
-    ``fp16_compress_hook`` is ``fp16_compress_wrapper(allreduce_hook)``.
-    """
-    wrapped = _compress_wrapper(torch.float16, hook)
-    wrapped.__name__ = "fp16_compress_wrapper_hook"
-    return wrapped
-
-
-def bf16_compress_wrapper(hook: Hook) -> Hook:
-    """Run ``hook`` on a bfloat16 copy of the bucket and cast its result back."""
-    wrapped = _compress_wrapper(torch.bfloat16, hook)
-    wrapped.__name__ = "bf16_compress_wrapper_hook"
-    return wrapped

@@ -7,16 +7,16 @@ The rule kept: every replica is tied to the original parameters by autograd, so 
 ``backward()`` on the gathered output leaves in each parameter's ``.grad`` the sum over replicas,
 which equals the gradient of one module applied to the whole batch.
 
-Where torch passes through on a machine without CUDA, ringtorch runs CPU replicas: ``device_ids``
-then numbers replicas (default: one per usable core), replicas read the parameters through
-autograd views (no copy), and replica 0 shares the buffers of the original module (so
-BatchNorm's running statistics are updated, as on torch's ``device_ids[0]``). With CUDA, replicas
-live on the given GPUs and are differentiable copies.
+On a machine without CUDA, DataParallel runs the wrapped module as it is, as torch does (no
+split, no replicas; ``data_parallel`` raises torch's error). Splitting the batch over CPU
+replicas is there when asked for explicitly, with ``cpu_replicas=N`` (a keyword torch does not
+have): replicas read the parameters through autograd views (no copy), and replica 0 shares the
+buffers of the original module (so BatchNorm's running statistics are updated, as on torch's
+``device_ids[0]``). With CUDA, replicas live on the given GPUs and are differentiable copies.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import warnings
 from collections import OrderedDict
@@ -49,11 +49,22 @@ def _to_device(device: DeviceLike, device_type: str | None = None) -> torch.devi
     return torch.device(device_type or _device_type(), device)
 
 
-def _default_device_ids() -> list[int]:
+def _cpu_replica_ids(cpu_replicas: int | None, device_ids: Sequence[DeviceLike] | None) -> list[int]:
+    """``device_ids`` numbering ``cpu_replicas`` CPU replicas, after checking the request.
+
+    Raises:
+        ValueError: not a positive int, given together with device_ids, or CUDA is present
+            (there, ints name GPUs: pass ``device_ids``).
+    """
+    if isinstance(cpu_replicas, bool) or not isinstance(cpu_replicas, int) or cpu_replicas < 1:
+        raise ValueError(f"cpu_replicas must be a positive number of replicas, got {cpu_replicas!r}")
+    if device_ids is not None:
+        raise ValueError("pass either device_ids (CUDA devices) or cpu_replicas (replicas on the "
+                         "CPU), not both")
     if torch.cuda.is_available():
-        return list(range(torch.cuda.device_count()))
-    return list(range(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                      else (os.cpu_count() or 1)))
+        raise ValueError("cpu_replicas splits the batch over CPU replicas on a machine without "
+                         "CUDA; here CUDA is available: pass device_ids to use the GPUs")
+    return list(range(cpu_replicas))
 
 
 def _is_namedtuple(obj: Any) -> bool:
@@ -278,22 +289,39 @@ def _check_on_source(module: nn.Module, src: torch.device) -> None:
 class DataParallel(nn.Module):
     """Implements data parallelism at the module level, in one process (torch's signature).
 
+    Without CUDA and without ``cpu_replicas``, the module runs as it is (torch's behaviour):
+    ``device_ids`` is then ignored and set to ``[]``. To split each batch over CPU replicas
+    run in threads, ask for it: ``DataParallel(model, cpu_replicas=4)``.
+
     Args:
         module: the module to parallelize; its parameters and buffers must be on
-            ``device_ids[0]`` (the CPU when there is no CUDA).
-        device_ids: CUDA device indices (default: all); without CUDA, one entry per CPU
-            replica (default: one per usable core).
+            ``device_ids[0]`` (the CPU for CPU replicas).
+        device_ids: CUDA device indices (default: all).
         output_device: where the gathered output goes (default: ``device_ids[0]``; -1 is CPU).
         dim: the dimension inputs are scattered and outputs gathered along.
+        cpu_replicas: on a machine without CUDA, split each batch over this many CPU replicas
+            (ringtorch only; torch has no CPU mode).
+
+    Raises:
+        ValueError: ``cpu_replicas`` is not a positive int, comes with ``device_ids``, or CUDA
+            is available.
     """
 
     def __init__(self, module: nn.Module, device_ids: Sequence[DeviceLike] | None = None,
-                 output_device: DeviceLike | None = None, dim: int = 0) -> None:
+                 output_device: DeviceLike | None = None, dim: int = 0, *,
+                 cpu_replicas: int | None = None) -> None:
         super().__init__()
-        device_type = _device_type()
-        device_ids = _default_device_ids() if device_ids is None else list(device_ids)
         self.module = module
         self.dim = dim
+        if cpu_replicas is not None:
+            device_type, device_ids = "cpu", _cpu_replica_ids(cpu_replicas, device_ids)
+        elif not torch.cuda.is_available():
+            self.device_ids: list[DeviceLike] = []  # torch: no accelerator, no parallelism
+            return
+        else:
+            device_type = "cuda"
+            device_ids = (list(range(torch.cuda.device_count())) if device_ids is None
+                          else list(device_ids))
         self.device_ids = device_ids
         if not device_ids:
             return
@@ -332,11 +360,25 @@ class DataParallel(nn.Module):
 
 def data_parallel(module: nn.Module, inputs: Any, device_ids: Sequence[DeviceLike] | None = None,
                   output_device: DeviceLike | None = None, dim: int = 0,
-                  module_kwargs: dict[str, Any] | None = None) -> Any:
-    """The functional form of :class:`DataParallel`: ``module(inputs)`` over ``device_ids``."""
+                  module_kwargs: dict[str, Any] | None = None, *,
+                  cpu_replicas: int | None = None) -> Any:
+    """The functional form of :class:`DataParallel`: ``module(inputs)`` over ``device_ids``.
+
+    Without CUDA it raises torch's error, unless ``cpu_replicas`` asks for CPU replicas.
+
+    Raises:
+        RuntimeError: no CUDA and no ``cpu_replicas`` ("device type could not be determined").
+        ValueError: a bad ``cpu_replicas`` (see :class:`DataParallel`).
+    """
     if not isinstance(inputs, tuple):
         inputs = (inputs,) if inputs is not None else ()
-    device_ids = _default_device_ids() if device_ids is None else list(device_ids)
+    if cpu_replicas is not None:
+        device_ids = _cpu_replica_ids(cpu_replicas, device_ids)
+    elif not torch.cuda.is_available():
+        raise RuntimeError("device type could not be determined")
+    elif device_ids is None:
+        device_ids = list(range(torch.cuda.device_count()))
+    device_ids = list(device_ids)
     if not device_ids:
         raise RuntimeError("no available devices were found")
     output_device = device_ids[0] if output_device is None else output_device

@@ -65,6 +65,7 @@ class GradBucket:
         self._gradients = gradients
         self._parameters = parameters
         self._is_last = is_last
+        self._views_of = buffer  # the buffer that _gradients view (laid out in order)
 
     def index(self) -> int:
         """The bucket's position in launch order; bucket 0 holds the last layers' gradients."""
@@ -75,7 +76,17 @@ class GradBucket:
         return self._buffer
 
     def gradients(self) -> list[torch.Tensor]:
-        """Each parameter's gradient: a view of :meth:`buffer` shaped like the parameter."""
+        """Each parameter's gradient: a view of :meth:`buffer` shaped like the parameter.
+
+        Views of the current buffer, as torch's: after :meth:`set_buffer` they view the new
+        one (a hook wrapped in ``fp16_compress_wrapper`` sees float16 gradients).
+        """
+        if self._views_of is not self._buffer:
+            offset, views = 0, []
+            for grad in self._gradients:
+                views.append(self._buffer[offset:offset + grad.numel()].view(grad.shape))
+                offset += grad.numel()
+            self._gradients, self._views_of = views, self._buffer
         return self._gradients
 
     def parameters(self) -> list[torch.Tensor]:
@@ -174,7 +185,7 @@ class Reducer:
         self._used_map = torch.zeros(len(self._params), dtype=torch.int32)
         self._used = [0] * len(self._params)  # this iteration's, as _used_map before its reduce
         self._div_factor: float = float(self._world_size)
-        self._count_work: tuple[Any, torch.Tensor] | None = None
+        self._count_work: Any = None
         self._in_join = False
         # buckets whose by_avg is set are all_reduced with AVG (the backend divides the sum,
         # right after copying it out); other buckets divide while copying into the bucket
@@ -199,10 +210,11 @@ class Reducer:
                                "called once.")
         self._comm_hook = (hook, state)
 
-    def set_forward_pass_work_handle(self, notified: tuple[Any, torch.Tensor] | None,
+    def set_forward_pass_work_handle(self, notified: Any,
                                      divide_by_initial_world_size: bool) -> None:
-        """Under Join: ``notified`` is (work, tensor) of the all_reduce that counts the ranks
-        still training; unless ``divide_by_initial_world_size``, gradients are divided by it."""
+        """Under Join: ``notified`` is the Work of the all_reduce that counts the ranks still
+        training (its ``result()[0]``); unless ``divide_by_initial_world_size``, gradients are
+        divided by that count."""
         self._count_work = None if divide_by_initial_world_size else notified
         self._in_join = notified is not None
 
@@ -290,9 +302,7 @@ class Reducer:
             raise RuntimeError(_READY_TWICE_ERROR.format(index=index, name=self._names[index]))
         self._ready[index] = True
         if self._count_work is not None:  # Join without divide_by_initial_world_size
-            work, count = self._count_work
-            work.wait()
-            self._div_factor = float(count.item())
+            self._div_factor = float(self._count_work.result()[0].item())
             self._count_work = None
         b, pos = self._locator[index]
         bucket = self._buckets[b]

@@ -1,0 +1,1 @@
+"""ringtorch.distributed.nn.api: where ``RemoteModule`` lives (``api.remote_module``), as in torch."""

@@ -1,0 +1,86 @@
+"""The call core: how a user function call becomes a request, for api.py and rref.py alike.
+
+``rpc_sync``/``rpc_async`` (api.py) and an RRef's own calls (``to_here``, the proxies,
+``backward``, ``_get_type`` in rref.py) all resolve their destination and timeout, describe
+the call for error messages and send it here, so a timeout, an unknown destination or a dead
+worker reads the same whichever API made the call. ``remote()`` shares the first half
+(``prepare``); making its RRef is rref.py's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ringtorch.distributed.rpc import messages
+from ringtorch.distributed.rpc._interfaces import Agent, RunningAgent
+from ringtorch.distributed.rpc._state import STATE, current_agent
+from ringtorch.distributed.rpc._workerinfo import WorkerInfo, describe
+from ringtorch.distributed.rpc.options import UNSET_RPC_TIMEOUT
+from ringtorch.futures import Future
+
+
+def resolve_timeout(agent: Agent, timeout: float) -> float:
+    """Seconds to wait (0: no limit) for a user-facing ``timeout`` argument."""
+    return agent.rpc_timeout if timeout == UNSET_RPC_TIMEOUT else float(timeout)
+
+
+def destination(agent: RunningAgent, to: Any) -> WorkerInfo:
+    """The WorkerInfo of ``to`` (a WorkerInfo, a name or a rank).
+
+    Raises:
+        ValueError: ``to`` is none of those (torch's message).
+        RuntimeError: no worker has that name or rank.
+    """
+    if not isinstance(to, (WorkerInfo, str, int)):
+        raise ValueError(f"Cannot get WorkerInfo from name {to}")
+    return agent.get_worker_info(to)
+
+
+class CallDescription:
+    """What a call was, for error messages; formatted only if one is raised."""
+
+    __slots__ = ("dst", "func")
+
+    def __init__(self, func: Callable[..., Any], dst: WorkerInfo) -> None:
+        self.func, self.dst = func, dst
+
+    def __str__(self) -> str:
+        name = getattr(self.func, "__qualname__", None) or repr(self.func)
+        module = getattr(self.func, "__module__", None)
+        return f"{module}.{name} on {describe(self.dst)}" if module else (
+            f"{name} on {describe(self.dst)}")
+
+
+def prepare(to: Any, func: Any, timeout: float) -> tuple[RunningAgent, WorkerInfo, float]:
+    """(agent, destination, seconds) of a call of ``func`` on ``to``.
+
+    Raises:
+        RuntimeError: RPC is not initialized; an unknown destination.
+        TypeError: ``func`` is not callable (torch's message).
+    """
+    agent = current_agent()
+    if not callable(func):
+        raise TypeError("function should be callable.")
+    return agent, destination(agent, to), resolve_timeout(agent, timeout)
+
+
+def call_sync(agent: RunningAgent, dst: WorkerInfo, func: Callable[..., Any], args: Any,
+              kwargs: Any, seconds: float, what: object) -> Any:
+    """Run ``func(*args, **kwargs)`` on ``dst``; return its value or raise its error."""
+    return agent.request(dst, messages.CALL, (func, args, kwargs), seconds, what, sync=True)
+
+
+def call_async(agent: RunningAgent, dst: WorkerInfo, func: Callable[..., Any], args: Any,
+               kwargs: Any, seconds: float, what: object) -> Future[Any]:
+    """As ``call_sync``, returning at once a Future of the result (``_wait_all`` sees it)."""
+    future: Future[Any] = Future()
+    agent.request(dst, messages.CALL, (func, args, kwargs), seconds, what, future=future)
+    futures = STATE.thread.future_list
+    if futures is not None:
+        futures.append(future)
+    return future
+
+
+__all__ = ["CallDescription", "call_async", "call_sync", "destination", "prepare",
+           "resolve_timeout"]

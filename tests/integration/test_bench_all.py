@@ -1,0 +1,43 @@
+"""``bench/all.py --quick`` runs a benchmark end to end and writes its table.
+
+The tiny settings only check the plumbing (the script runs, writes its JSON, the table lands
+in a copy of the page); the numbers of such a run mean nothing, and the real page is left
+alone.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_quick_store_run_measures_and_writes_its_table(tmp_path: Path) -> None:
+    before = (ROOT / "BENCHMARKS.md").read_text()
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "all.py"), "--quick", "--only",
+                           "store", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (ROOT / "BENCHMARKS.md").read_text() == before
+    result = json.loads((tmp_path / "store.json").read_text())
+    assert result["format"] == 1 and result["bench"] == "store"
+    assert result["command"] == "python bench/store.py --seconds 0.2 --clients 2"
+    assert len(result["load"]["before"]) == 3 and result["machine"]["cores"] >= 1
+    page = (tmp_path / "BENCHMARKS.md").read_text()
+    block = page[page.index("<!-- bench/all.py: begin store -->"):
+                 page.index("<!-- bench/all.py: end store -->")]
+    assert "regenerate: `python bench/all.py --only store`" in block
+    rows = result["results"]["rows"]
+    assert [row["op"] for row in rows] == ["set", "get", "add"]
+    for row in rows:
+        line = re.search(rf"^\| {row['op']} \| ([\d,]+) \| ([\d,]+) \| ([\d.,]+)x \|", block,
+                         re.MULTILINE)
+        assert line is not None, block
+        torch_rate, ring_rate, ratio = (float(g.replace(",", "")) for g in line.groups())
+        assert torch_rate == round(row["torch_ops_s"])
+        assert ring_rate == round(row["ringtorch_ops_s"])
+        assert abs(ratio - row["ringtorch_ops_s"] / row["torch_ops_s"]) <= 0.01 * ratio + 0.005

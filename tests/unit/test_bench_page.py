@@ -1,0 +1,189 @@
+"""bench/all.py writes BENCHMARKS.md's tables from the benchmarks' JSON.
+
+The page's hand-written text and every block of an area without a result stay as they were;
+a block shows its provenance, and each ratio is the anchor's time over ringtorch's (rates:
+ringtorch's over the anchor's), worked out here by hand from the fixed input.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ALL = ROOT / "bench" / "all.py"
+
+PAGE = """# Benchmarks
+
+Hand-written introduction.
+
+## Store
+
+Prose about the store.
+
+<!-- bench/all.py: begin store -->
+old store table
+<!-- bench/all.py: end store -->
+
+## Collectives
+
+<!-- bench/all.py: begin collectives -->
+old collectives table
+<!-- bench/all.py: end collectives -->
+
+## DDP
+
+<!-- bench/all.py: begin ddp -->
+old ddp table
+<!-- bench/all.py: end ddp -->
+
+Closing words.
+"""
+
+
+def _envelope(bench: str, results: dict) -> dict:
+    return {"format": 1, "bench": bench, "command": f"python bench/{bench}.py --x 1",
+            "date": "2026-01-02T03:04:05Z", "commit": "abc1234",
+            "machine": {"cpu": "Test CPU 9000", "cores": 2},
+            "load": {"before": [0.5, 0.4, 0.3], "after": [0.75, 0.5, 0.3]}, "results": results}
+
+
+STORE = {"clients": 4, "seconds": 1.0, "rounds": 1, "rows": [
+    {"op": "set", "torch_ops_s": 200_000.0, "ringtorch_ops_s": 100_000.0,
+     "torch_cpu_us": [0.4, 1.9], "ringtorch_cpu_us": [1.1, 2.6]},
+    {"op": "get", "torch_ops_s": 20_000.0, "ringtorch_ops_s": 30_000.0,
+     "torch_cpu_us": [20.0, 28.0], "ringtorch_cpu_us": [15.0, 21.0]}]}
+
+_MIB = 1 << 20
+COLLECTIVES = {
+    "ops": ["all_reduce"], "world_sizes": [2], "sizes": [1024, _MIB],
+    "libs": ["shm", "sockets", "gloo", "mpi"], "targets": ["PASS  world 2, 1 KB: at most 20 µs"],
+    "cells": [
+        {"op": "all_reduce", "world": 2, "bytes": 1024, "lib": "shm", "seconds": 10e-6},
+        {"op": "all_reduce", "world": 2, "bytes": 1024, "lib": "sockets", "seconds": 20e-6},
+        {"op": "all_reduce", "world": 2, "bytes": 1024, "lib": "gloo", "seconds": 500e-6},
+        {"op": "all_reduce", "world": 2, "bytes": 1024, "lib": "mpi", "seconds": 5e-6},
+        {"op": "all_reduce", "world": 2, "bytes": _MIB, "lib": "shm", "seconds": 100e-6},
+        {"op": "all_reduce", "world": 2, "bytes": _MIB, "lib": "sockets", "seconds": 250e-6},
+        {"op": "all_reduce", "world": 2, "bytes": _MIB, "lib": "gloo", "seconds": 1.2e-3},
+        {"op": "all_reduce", "world": 2, "bytes": _MIB, "lib": "mpi", "seconds": 150e-6}]}
+
+
+def _write_results(out: Path, **areas: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for area, (bench, results) in areas.items():
+        (out / f"{area}.json").write_text(json.dumps(_envelope(bench, results)))
+
+
+def _render(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ALL), "--render-only", "--out",
+                           str(tmp_path / "out"), "--page", str(tmp_path / "page.md"), *args],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+def _block(page: str, area: str) -> str:
+    begin, end = f"<!-- bench/all.py: begin {area} -->", f"<!-- bench/all.py: end {area} -->"
+    return page[page.index(begin) + len(begin): page.index(end)]
+
+
+def test_tables_are_written_between_the_markers_and_the_rest_stays(tmp_path: Path) -> None:
+    (tmp_path / "page.md").write_text(PAGE)
+    _write_results(tmp_path / "out", store=("store", STORE))
+    done = _render(tmp_path, "--only", "store,ddp")  # ddp has no result: its block stays
+    assert done.returncode == 1, done.stderr
+    assert "no result (their blocks are unchanged): ddp" in done.stderr
+    page = (tmp_path / "page.md").read_text()
+    untouched = PAGE.replace("old store table\n", "")
+    assert page.replace(_block(page, "store"), "\n") == untouched
+    block = _block(page, "store")
+    assert ("*Taken 2026-01-02 03:04:05 UTC, commit abc1234, on 2 cores (Test CPU 9000); "
+            "load average (1 min) 0.50 before, 0.75 after.*") in block
+    assert ("Measured with `python bench/store.py --x 1`; regenerate: "
+            "`python bench/all.py --only store`.") in block
+    assert "| set | 200,000 | 100,000 | 0.50x | 0.4 + 1.9 | 1.1 + 2.6 |" in block
+    assert "| get | 20,000 | 30,000 | 1.50x | 20.0 + 28.0 | 15.0 + 21.0 |" in block
+
+
+def test_collective_ratios_are_anchor_time_over_ringtorch_time(tmp_path: Path) -> None:
+    (tmp_path / "page.md").write_text(PAGE)
+    _write_results(tmp_path / "out", collectives=("collectives", COLLECTIVES))
+    # no figure here (it needs matplotlib, which the test extra does not bring)
+    done = _render(tmp_path, "--only", "collectives", "--no-plot")
+    assert done.returncode == 0, done.stderr
+    block = _block((tmp_path / "page.md").read_text(), "collectives")
+    assert ("| op | world | size | shm µs | sockets µs | gloo µs | Open MPI µs | "
+            "shm busbw GB/s | gloo busbw GB/s | gloo / shm | gloo / sockets | "
+            "Open MPI / shm |") in block
+    # 1 KB: busbw = 1024 B / 10 µs * 2(2-1)/2 = 0.10 GB/s; gloo 500/10 = 50x, 500/20 = 25x,
+    # Open MPI 5/10 = 0.5x (Open MPI faster)
+    assert "| all_reduce | 2 | 1K | 10.0 | 20.0 | 500 | 5.0 | 0.10 | 0.00 | 50.0x | 25.0x | " \
+        "0.50x |" in block
+    # 1 MiB: busbw 1048576 / 100 µs = 10.49 GB/s, gloo 0.87; 1200/100 = 12x, 1200/250 = 4.8x
+    assert "| all_reduce | 2 | 1M | 100 | 250 | 1,200 | 150 | 10.49 | 0.87 | 12.0x | 4.80x | " \
+        "1.50x |" in block
+    assert "- `PASS  world 2, 1 KB: at most 20 µs`" in block
+    assert "old ddp table" in (tmp_path / "page.md").read_text()
+
+
+def test_a_page_without_the_markers_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "page.md").write_text("# Benchmarks\n\nNo markers here.\n")
+    _write_results(tmp_path / "out", store=("store", STORE))
+    done = _render(tmp_path, "--only", "store")
+    assert done.returncode != 0
+    assert "the page needs exactly one '<!-- bench/all.py: begin store -->'" in done.stderr
+    assert (tmp_path / "page.md").read_text() == "# Benchmarks\n\nNo markers here.\n"
+
+
+def test_the_figure_without_matplotlib_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    fake = tmp_path / "no_matplotlib"
+    fake.mkdir()
+    (fake / "matplotlib.py").write_text("raise ImportError('not installed here')\n")
+    (tmp_path / "page.md").write_text(PAGE)
+    _write_results(tmp_path / "out", collectives=("collectives", COLLECTIVES))
+    done = subprocess.run([sys.executable, str(ALL), "--only", "collectives", "--out",
+                           str(tmp_path / "out"), "--page", str(tmp_path / "page.md"),
+                           "--plot", str(tmp_path / "busbw.png")],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(fake)})
+    assert done.returncode == 2
+    assert "the figure needs matplotlib: pip install 'ringtorch[plot]'" in done.stderr
+    assert "# collectives:" not in done.stderr  # no benchmark ran
+    assert (tmp_path / "page.md").read_text() == PAGE
+
+
+def test_a_result_of_another_format_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "page.md").write_text(PAGE)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "store.json").write_text(json.dumps([{"size": "tiny"}]))  # old rpc.py
+    done = _render(tmp_path, "--only", "store")
+    assert done.returncode == 2
+    assert "store.json: not a benchmark result of format 1" in done.stderr
+    assert (tmp_path / "page.md").read_text() == PAGE
+
+
+def test_an_unknown_area_is_refused(tmp_path: Path) -> None:
+    done = _render(tmp_path, "--only", "store,nccl")
+    assert done.returncode == 2
+    assert "--only: unknown area nccl" in done.stderr
+
+
+def test_the_real_page_has_a_block_for_every_area() -> None:
+    spec = importlib.util.spec_from_file_location("bench_all", ALL)
+    assert spec is not None and spec.loader is not None
+    bench_all = importlib.util.module_from_spec(spec)
+    sys.modules["bench_all"] = bench_all  # its dataclass looks its module up there
+    path = list(sys.path)  # it puts bench/ on sys.path for its helpers
+    try:
+        spec.loader.exec_module(bench_all)
+    finally:
+        del sys.modules["bench_all"]
+        sys.path[:] = path
+    page = (ROOT / "BENCHMARKS.md").read_text()
+    for area in bench_all.AREAS:
+        assert page.count(f"<!-- bench/all.py: begin {area} -->") == 1, area
+        assert page.count(f"<!-- bench/all.py: end {area} -->") == 1, area
+    assert "](docs/img/busbw.png)" in page and (ROOT / "docs/img/busbw.png").exists()
