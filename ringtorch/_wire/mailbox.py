@@ -24,6 +24,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ringtorch._wire.channel import Channel
 from ringtorch._wire.errors import DeadlineExceeded, PeerClosedError
@@ -35,6 +36,30 @@ KIND_NAMES = {ABORT: "abort", BYE: "bye", STATUS_REQ: "status_request", STATUS: 
 MAX_CONTROL_NBYTES = 64 * 1024
 
 EventHandler = Callable[[int, str, bytes], None]
+
+
+@dataclass(frozen=True)
+class MailboxStatistics:
+    """A snapshot of a Mailbox, for tests and diagnostics (trio's ``statistics()``).
+
+    Attributes:
+        sent: data messages sent, per peer rank.
+        arrived: data messages whose frame this rank's readers began to read, per source.
+        delivered: data messages handed to a receive (posted or taken from the buffer), per
+            source.
+        buffered: messages that arrived before any receive matched them, not yet taken.
+        waiting_receives: receives posted and waiting for their message.
+        failed: the whole mailbox failed (every receive raises).
+        gone_peers: peers whose receives fail (they left or were lost), in rank order.
+    """
+
+    sent: tuple[int, ...]
+    arrived: tuple[int, ...]
+    delivered: tuple[int, ...]
+    buffered: int
+    waiting_receives: int
+    failed: bool
+    gone_peers: tuple[int, ...]
 
 
 class RecvError(Exception):
@@ -79,6 +104,9 @@ class Mailbox:
         self._error: BaseException | None = None
         self._peer_errors: dict[int, BaseException] = {}
         self._send_locks = [threading.Lock() for _ in channels]
+        self._sent = [0] * len(channels)
+        self._arrived_count = [0] * len(channels)
+        self._delivered = [0] * len(channels)
         self._threads = [
             threading.Thread(target=self._read_loop, args=(peer, ch), daemon=True,
                              name=f"ringtorch-p2p-{name}-{rank}<-{peer}")
@@ -89,6 +117,15 @@ class Mailbox:
         """Start the reader threads."""
         for thread in self._threads:
             thread.start()
+
+    def statistics(self) -> MailboxStatistics:
+        """A consistent snapshot of the counters and queues (see MailboxStatistics)."""
+        with self._cond:
+            return MailboxStatistics(
+                sent=tuple(self._sent), arrived=tuple(self._arrived_count),
+                delivered=tuple(self._delivered), buffered=len(self._arrived),
+                waiting_receives=len(self._posted), failed=self._error is not None,
+                gone_peers=tuple(sorted(self._peer_errors)))
 
     # -- sending -----------------------------------------------------------------------------
 
@@ -106,6 +143,7 @@ class Mailbox:
         try:
             header = P2P_HEADER.pack(DATA, tag, len(memoryview(payload).cast("B")))
             self._channels[dst].send((header, payload), deadline)  # type: ignore[union-attr]
+            self._sent[dst] += 1  # under the peer's send lock
         finally:
             lock.release()
 
@@ -167,6 +205,8 @@ class Mailbox:
                     raise RecvError(self._error)
                 if not self._cond.wait(_remaining(deadline)) and _expired(deadline):
                     raise DeadlineExceeded(f"timed out receiving from rank {arrived.src}")
+        with self._cond:
+            self._delivered[arrived.src] += 1
         if len(arrived.data) != len(view):
             raise RecvError(_size_error(arrived.src, arrived.tag, len(arrived.data), len(view)))
         view[:] = arrived.data
@@ -210,6 +250,7 @@ class Mailbox:
 
     def _read_data(self, peer: int, ch: Channel, tag: int, nbytes: int) -> None:
         with self._cond:
+            self._arrived_count[peer] += 1
             posted = next((p for p in self._posted if p.tag == tag
                            and (p.src is None or p.src == peer)), None)
             if posted is not None:
@@ -230,6 +271,8 @@ class Mailbox:
                 ch.recv_into(bytearray(nbytes))
                 posted.error = _size_error(peer, tag, nbytes, len(posted.view))
             posted.sender = peer
+            with self._cond:
+                self._delivered[peer] += 1
         except BaseException as exc:
             posted.error = exc
             raise
@@ -277,4 +320,5 @@ def _expired(deadline: float | None) -> bool:
     return deadline is not None and time.monotonic() >= deadline
 
 
-__all__ = ["ABORT", "BYE", "DATA", "P2P_HEADER", "STATUS", "STATUS_REQ", "Mailbox", "RecvError"]
+__all__ = ["ABORT", "BYE", "DATA", "P2P_HEADER", "STATUS", "STATUS_REQ", "Mailbox",
+           "MailboxStatistics", "RecvError"]

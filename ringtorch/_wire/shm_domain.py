@@ -124,6 +124,31 @@ class ShmReports(Protocol):
     def failed(self, desc: Descriptor, me: int, cause: str) -> str: ...
 
 
+class ShmDomainStatistics(NamedTuple):
+    """A snapshot of one rank's ShmDomain, for tests and diagnostics (trio's ``statistics()``).
+
+    Attributes:
+        collectives: collectives this rank entered through ``arrive``.
+        rounds_entered: rounds this rank signalled (the first of each collective included).
+        rounds_finished: rounds in which every peer arrived too.
+        current: the descriptor this rank published last (``enter`` or ``arrive``), or None.
+        waiting_on: the peer a wait of this rank is blocked on now, past its spin, or None.
+        waits_slept: waits that went on past spinning and yielding to sleep.
+        failed: the domain was aborted (later rounds raise).
+        peers_ahead: peers (domain ranks) that signalled a round this rank has not finished:
+            they wait for it (read from their segments, so it shows other processes' state).
+    """
+
+    collectives: int
+    rounds_entered: int
+    rounds_finished: int
+    current: Descriptor | None
+    waiting_on: int | None
+    waits_slept: int
+    failed: bool
+    peers_ahead: tuple[int, ...]
+
+
 class ShmPeerError(DistBackendError):
     """A shared-memory collective could not complete; ``ranks`` are the peers at fault."""
 
@@ -177,11 +202,23 @@ class ShmDomain:
         self.on_failure: Callable[[str], None] | None = None
         self._failure: str | None = None
         self._op_start = 0.0
+        self._stats = {"collectives": 0, "entered": 0, "finished": 0, "slept": 0}
+        self._current: Desc | None = None
+        self._waiting_on: int | None = None
+
+    def statistics(self) -> ShmDomainStatistics:
+        """What this rank's domain has done and is doing now (see ShmDomainStatistics)."""
+        st = self._stats
+        ahead = tuple(j for j in self.peers if self.words and self.words[j][W_ROUND] > self.round)
+        return ShmDomainStatistics(st["collectives"], st["entered"], st["finished"],
+                                   self._current, self._waiting_on, st["slept"],
+                                   self._failure is not None, ahead)
 
     # -- descriptors and rounds ----------------------------------------------------------------
 
     def enter(self, desc: Descriptor) -> None:
         """Publish what this rank is doing now (every collective, whatever its transport)."""
+        self._current = desc
         self._write_desc(W_NOW, desc)
 
     def arrive(self, desc: Descriptor, deadline: float) -> None:
@@ -194,6 +231,8 @@ class ShmDomain:
         """
         t = self.round + 1
         self._op_start = time.monotonic()
+        self._current = desc
+        self._stats["collectives"] += 1
         self._write_desc(W_ROUND_DESC[t & 1], desc)
         self._write_desc(W_NOW, desc)
         self._signal_and_wait(t, desc, deadline)
@@ -226,6 +265,7 @@ class ShmDomain:
     def _signal_and_wait(self, t: int, desc: Descriptor, deadline: float) -> None:
         if self._failure is not None:
             raise DistBackendError(self._failure)
+        self._stats["entered"] += 1
         words = self.words
         own = words[self.rank]
         own[W_ROUND] = t
@@ -236,22 +276,37 @@ class ShmDomain:
             if words[j][W_ROUND] < t:
                 self._wait_peer(j, t, desc, deadline)
         self.round = t
+        self._stats["finished"] += 1
 
     def _wait_peer(self, j: int, t: int, desc: Descriptor, deadline: float) -> None:
         word = self.words[j]
         for _ in range(self.spin_iters):
             if word[W_ROUND] >= t:
                 return
+        self._waiting_on = j
+        try:
+            self._wait_peer_long(j, t, desc, deadline)
+        finally:
+            self._waiting_on = None
+
+    def _wait_peer_long(self, j: int, t: int, desc: Desc, deadline: float) -> None:
+        word = self.words[j]
         start = now = time.monotonic()
         next_check = start + CHECK_INTERVAL_S
         nap = SLEEP_MIN_S
+        slept = False
         while word[W_ROUND] < t:
             if now >= next_check:
                 self._check_late(t, desc, deadline, now)
                 next_check = now + CHECK_INTERVAL_S
             if now - start < YIELD_PHASE_S:
                 os.sched_yield()
-            elif futex.available:
+                now = time.monotonic()
+                continue
+            if not slept:
+                slept = True
+                self._stats["slept"] += 1
+            if futex.available:
                 seen = word[W_ROUND]
                 word[W_SLEEPERS] = 1  # j wakes us when it stores its next round
                 if seen < t:
@@ -418,5 +473,5 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-__all__ = ["DATA_OFFSET", "INITIAL_HALF", "Desc", "Descriptor", "ShmDomain", "ShmPeerError",
-           "ShmReports"]
+__all__ = ["DATA_OFFSET", "INITIAL_HALF", "Desc", "Descriptor", "ShmDomain",
+           "ShmDomainStatistics", "ShmPeerError", "ShmReports"]

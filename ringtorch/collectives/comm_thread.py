@@ -24,6 +24,7 @@ import collections
 import queue
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ringtorch._errors import DistBackendError
 from ringtorch.collectives.work import Work
@@ -71,6 +72,28 @@ class WorkerPool:
                         return
 
 
+@dataclass(frozen=True)
+class LaneStatistics:
+    """A snapshot of a Lane, for tests and diagnostics (trio's ``statistics()``).
+
+    Attributes:
+        queued: Works waiting in the queue.
+        running: a Work of the lane runs now (on the caller's thread or the lane's), or a
+            pooled lane's drain is about to run.
+        submitted: Works submitted since the lane was made.
+        completed: Works that finished running (successfully or not).
+        ran_inline: Works that ran on the submitting thread (the lane was idle).
+        closed: the lane refuses new Work.
+    """
+
+    queued: int
+    running: bool
+    submitted: int
+    completed: int
+    ran_inline: int
+    closed: bool
+
+
 class Lane:
     """A FIFO of Work run one at a time (see the module docstring).
 
@@ -91,6 +114,15 @@ class Lane:
         self._thread: threading.Thread | None = None
         self._owner: int | None = None  # ident of the thread running one of our Works
         self.next_seq = 0
+        self._submitted = 0
+        self._completed = 0
+        self._ran_inline = 0
+
+    def statistics(self) -> LaneStatistics:
+        """A consistent snapshot of the lane (see LaneStatistics)."""
+        with self._lock:
+            return LaneStatistics(len(self._queue), self._busy, self._submitted,
+                                  self._completed, self._ran_inline, self._closed is not None)
 
     def submit(self, work: Work, *, inline: bool, collective: bool = False) -> None:
         """Queue ``work``, or run it now on this thread if ``inline`` and the lane is idle.
@@ -108,9 +140,11 @@ class Lane:
             if collective:
                 work.seq = self.next_seq
                 self.next_seq += 1
+            self._submitted += 1
             run_here = inline and not self._busy and not self._queue
             if run_here:
                 self._busy = True
+                self._ran_inline += 1
                 self._owner = threading.get_ident()
             else:
                 work.lane = self
@@ -122,6 +156,7 @@ class Lane:
             finally:
                 with self._lock:
                     self._busy = False
+                    self._completed += 1
                     self._owner = None
                     if self._queue:
                         self._start_locked()
@@ -137,7 +172,11 @@ class Lane:
                 if self._owner != me or not self._queue:
                     return
                 nxt = self._queue.popleft()
-            nxt.run()  # still under our running Work: one at a time, in submission order
+            try:
+                nxt.run()  # still under our running Work: one at a time, in submission order
+            finally:
+                with self._lock:
+                    self._completed += 1
 
     def _start_locked(self) -> None:
         """Make sure something drains the queue (lock held)."""
@@ -166,6 +205,7 @@ class Lane:
             finally:
                 with self._lock:
                     self._busy = False
+                    self._completed += 1
                     self._owner = None
 
     def _drain(self) -> None:
@@ -177,7 +217,11 @@ class Lane:
                     return
                 work = self._queue.popleft()
                 self._owner = threading.get_ident()
-            work.run()
+            try:
+                work.run()
+            finally:
+                with self._lock:
+                    self._completed += 1
 
     def pending(self) -> int:
         """How many Works wait in the queue (not counting one that runs)."""
@@ -197,4 +241,4 @@ class Lane:
             work.fail(reason)
 
 
-__all__ = ["Lane", "WorkerPool"]
+__all__ = ["Lane", "LaneStatistics", "WorkerPool"]

@@ -7,6 +7,7 @@ channels (and any later transport: add its ``make_pair`` to ``PAIRS``).
 from __future__ import annotations
 
 import os
+import select
 import socket
 import threading
 import time
@@ -17,6 +18,7 @@ import pytest
 from ringtorch._wire.channel import Channel, TcpChannel, UnixChannel
 from ringtorch._wire.errors import DeadlineExceeded, PeerClosedError
 from ringtorch._wire.sockets import connect_tcp, listen_tcp, listen_unix
+from ringtorch.testing import wait_for_thread_in
 
 
 def tcp_pair() -> tuple[Channel, Channel]:
@@ -127,7 +129,7 @@ def test_send_with_a_deadline_gives_up_when_the_peer_does_not_read(pair):
 def test_shutdown_wakes_a_blocked_receive_from_another_thread(pair):
     _, b = pair
     thread, box = _in_thread(lambda: b.recv_into(bytearray(4)))
-    time.sleep(0.1)
+    wait_for_thread_in(thread, "recv_into")  # inside the receive (blocked: nothing comes)
     b.shutdown()
     thread.join(5)
     assert not thread.is_alive()
@@ -138,7 +140,7 @@ def test_shutdown_wakes_a_blocked_receive_from_another_thread(pair):
 def test_shutdown_wakes_a_blocked_send(pair):
     a, _ = pair
     thread, box = _in_thread(lambda: a.send([bytes(64 * 1024 * 1024)]))
-    time.sleep(0.2)
+    wait_for_thread_in(thread, "send")  # inside the send (blocked: nobody reads)
     a.shutdown()
     thread.join(5)
     assert not thread.is_alive()
@@ -148,7 +150,7 @@ def test_shutdown_wakes_a_blocked_send(pair):
 def test_data_already_received_survives_shutdown(pair):
     a, b = pair
     a.send([b"12345678"])
-    time.sleep(0.05)
+    assert select.select([b.fileno()], [], [], 5)[0], "the bytes never arrived"
     b.shutdown()
     got = bytearray(8)
     b.recv_into(got)

@@ -68,8 +68,19 @@ def subject(request, tmp_path) -> Iterator[Subject]:
         made.store.underlying_store.close()
 
 
-def _later(delay: float, fn: Callable[[], object]) -> threading.Thread:
-    thread = threading.Thread(target=lambda: (time.sleep(delay), fn()), daemon=True)
+def _later(record: list[str], what: str, fn: Callable[[], object]) -> threading.Thread:
+    """Run ``fn`` on another thread a little later, noting ``what`` in ``record`` first.
+
+    The delay only makes the blocking call under test block before ``fn`` runs (so that its
+    waking path is what runs); the tests assert the order in ``record``, which holds whatever
+    the timing: a blocking call that returned before ``fn`` started is caught.
+    """
+    def body() -> None:
+        time.sleep(0.1)
+        record.append(what)
+        fn()
+
+    thread = threading.Thread(target=body, daemon=True)
     thread.start()
     return thread
 
@@ -96,10 +107,12 @@ def test_empty_key_and_empty_value_are_allowed(subject):
 
 
 def test_get_blocks_until_another_thread_sets_the_key(subject):
-    setter_store = subject.store.clone()
-    thread = _later(0.1, lambda: setter_store.set("late", "here"))
+    setter_store, record = subject.store.clone(), []
+    thread = _later(record, "set", lambda: setter_store.set("late", "here"))
     assert subject.store.get("late") == b"here"
+    record.append("got")
     thread.join()
+    assert record == ["set", "got"]
 
 
 def test_get_of_a_missing_key_times_out_naming_key_and_timeout(subject):
@@ -122,10 +135,13 @@ def test_store_stays_usable_after_a_timeout(subject):
 
 def test_wait_returns_once_every_key_exists(subject):
     subject.store.set("a", "1")
-    setter_store = subject.store.clone()
-    thread = _later(0.1, lambda: setter_store.set("b", "2"))
-    subject.store.wait(["a", "b"])
+    setter_store, record = subject.store.clone(), []
+    thread = _later(record, "set b", lambda: setter_store.set("b", "2"))
+    assert subject.store.wait(["a", "b"]) is None
+    record.append("wait returned")
+    assert subject.store.check(["a", "b"])  # b exists the moment wait returns
     thread.join()
+    assert record == ["set b", "wait returned"]
 
 
 def test_wait_with_its_own_timeout_names_every_key(subject):
@@ -221,10 +237,12 @@ def test_multi_set_then_multi_get_keeps_order(subject):
 
 def test_multi_get_waits_for_missing_keys(subject):
     subject.store.set("x", "1")
-    setter_store = subject.store.clone()
-    thread = _later(0.1, lambda: setter_store.set("y", "2"))
+    setter_store, record = subject.store.clone(), []
+    thread = _later(record, "set y", lambda: setter_store.set("y", "2"))
     assert subject.store.multi_get(["x", "y"]) == [b"1", b"2"]
+    record.append("got")
     thread.join()
+    assert record == ["set y", "got"]
 
 
 def test_multi_get_times_out_naming_the_keys(subject):
@@ -261,10 +279,12 @@ def test_queue_pop_without_blocking_on_empty_raises_queue_empty(subject):
 
 
 def test_queue_pop_blocks_until_a_push(subject):
-    pusher = subject.store.clone()
-    thread = _later(0.1, lambda: pusher.queue_push("q", "item"))
+    pusher, record = subject.store.clone(), []
+    thread = _later(record, "push", lambda: pusher.queue_push("q", "item"))
     assert subject.store.queue_pop("q") == b"item"
+    record.append("popped")
     thread.join()
+    assert record == ["push", "popped"]
 
 
 def test_queue_pop_times_out_naming_the_queue(subject):

@@ -1,8 +1,9 @@
 """Rank-side code of the NativeBackend tests: each function runs on every rank of a run_ranks world.
 
-The ranks build NativeBackends directly (no ProcessGroup), run the cases the driver gives
-them and send back what they saw; the driver (test_native_backend.py) computes every expected
-value itself from ``make_input``, with torch/NumPy, never with ringtorch.
+The ranks build NativeBackends directly (no ProcessGroup) and send back what they saw; the
+driver (test_native_backend.py) computes every expected value itself from ``make_input``,
+with torch, never with ringtorch. Every op x algorithm x dtype against NumPy is the
+conformance suite's (tests/conformance/test_backend.py).
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ import torch
 from ringtorch import _config
 from ringtorch.collectives.backends.base import BackendContext
 from ringtorch.collectives.backends.native import NativeBackend
-from ringtorch.collectives.reduce_op import ReduceOp, make_premul_sum
+from ringtorch.collectives.reduce_op import ReduceOp
 from ringtorch.store import PrefixStore, TCPStore
+from ringtorch.testing import wait_for
 
-PREMUL_FACTOR = 2.0
 _store: Any = None
 
 
@@ -64,86 +65,15 @@ def a2a_split(src: int, dst: int, n: int) -> int:
     return (src + 2 * dst) % 3 + n - 1
 
 
-def redop(name: str) -> Any:
-    return make_premul_sum(PREMUL_FACTOR) if name == "PREMUL_SUM" else getattr(ReduceOp, name)
-
-
-def _run_case(b: NativeBackend, case: dict[str, Any], seq: int) -> Any:
-    r, ws = b.rank, b.size
-    op, dtype, n, salt = case["op"], case["dtype"], case["n"], case["salt"]
-    root = case.get("root", 0)
-    deadline = time.monotonic() + 30
-    if op in ("all_reduce", "reduce"):
-        t = make_input(dtype, r, salt, n)
-        if op == "all_reduce":
-            b.all_reduce(t, redop(case["redop"]), seq, deadline)
-            return t
-        b.reduce(t, redop(case["redop"]), root, seq, deadline)
-        return t if r == root else None
-    if op == "reduce_root_op":  # seed 003: only the root passes MAX, the others SUM
-        t = make_input(dtype, r, salt, n)
-        b.reduce(t, ReduceOp.MAX if r == root else ReduceOp.SUM, root, seq, deadline)
-        return t if r == root else None
-    if op == "broadcast":
-        t = make_input(dtype, r, salt, n)
-        b.broadcast(t, root, seq, deadline)
-        return t
-    if op == "all_gather":
-        out = torch.empty(n * ws, dtype=dtype)
-        b.all_gather(out, make_input(dtype, r, salt, n), seq, deadline)
-        return out
-    if op == "gather":
-        out = torch.empty(n * ws, dtype=dtype) if r == root else None
-        b.gather(out, make_input(dtype, r, salt, n), root, seq, deadline)
-        return out
-    if op == "scatter":
-        out = torch.empty(n, dtype=dtype)
-        inp = make_input(dtype, r, salt, n * ws) if r == root else None
-        b.scatter(out, inp, root, seq, deadline)
-        return out
-    if op == "reduce_scatter":
-        out = torch.empty(n, dtype=dtype)
-        b.reduce_scatter(out, make_input(dtype, r, salt, n * ws), redop(case["redop"]), seq,
-                         deadline)
-        return out
-    if op == "reduce_scatter_inplace":  # out is this rank's block of inp (FSDP-style)
-        inp = make_input(dtype, r, salt, n * ws)
-        out = inp[r * n:(r + 1) * n]
-        b.reduce_scatter(out, inp, redop(case["redop"]), seq, deadline)
-        return out.clone()
-    if op == "all_gather_inplace":  # inp is this rank's block of out
-        out = torch.zeros(n * ws, dtype=dtype)
-        out[r * n:(r + 1) * n] = make_input(dtype, r, salt, n)
-        b.all_gather(out, out[r * n:(r + 1) * n], seq, deadline)
-        return out
-    if op == "all_to_all":
-        in_splits = [a2a_split(r, j, n) for j in range(ws)]
-        out_splits = [a2a_split(j, r, n) for j in range(ws)]
-        out = torch.empty(sum(out_splits), dtype=dtype)
-        b.all_to_all(out, make_input(dtype, r, salt, sum(in_splits)), out_splits, in_splits,
-                     seq, deadline)
-        return out
-    if op == "barrier":
-        b.barrier(seq, deadline)
-        return None
-    raise AssertionError(op)
-
-
-def run_cases(rank: int, world_size: int, cases: list[dict[str, Any]]) -> dict[str, Any]:
-    """Run every case (in order, on the backend named by its 'algorithms'); return results."""
-    backends: dict[str, NativeBackend] = {}
-    seqs: dict[str, int] = {}
-    results = {}
-    for case in cases:
-        algos = case.get("algorithms", "")
-        if algos not in backends:
-            backends[algos] = backend(rank, world_size, f"g{len(backends)}", algos)
-            seqs[algos] = 0
-        seqs[algos] += 1
-        results[case["key"]] = _run_case(backends[algos], case, seqs[algos])
-    for b in backends.values():
-        b.close()
-    return results
+def reduce_with_the_root_op(rank: int, world_size: int) -> Any:
+    """reduce where only the root passes MAX and the others SUM (seed 003 does): the root's op
+    is the one applied. Returns the root's result."""
+    b = backend(rank, world_size, "rootop")
+    t = make_input(torch.float32, rank, 12, 5)
+    b.reduce(t, ReduceOp.MAX if rank == world_size - 1 else ReduceOp.SUM, world_size - 1, 1,
+             time.monotonic() + 30)
+    b.close()
+    return t if rank == world_size - 1 else None
 
 
 def random_all_reduce(rank: int, world_size: int, algorithms: list[str], n: int) -> list[Any]:
@@ -161,6 +91,12 @@ def random_all_reduce(rank: int, world_size: int, algorithms: list[str], n: int)
     return out
 
 
+def _posted_or_done(b: NativeBackend, peer: int) -> bool:
+    """This rank's receive from ``peer`` waits for its message, or already got it."""
+    st = b._mailbox.statistics()
+    return st.waiting_receives == 1 or st.delivered[peer] == 1
+
+
 def p2p_scenarios(rank: int, world_size: int) -> dict[str, Any]:
     """Point-to-point between ranks 0 and 1 (others idle): both receive first, tags out of
     order, any-source receive, a size mismatch."""
@@ -174,7 +110,7 @@ def p2p_scenarios(rank: int, world_size: int) -> dict[str, Any]:
         receiver = threading.Thread(target=lambda: seen.update(
             src=b.recv(got, peer, 0, deadline)))
         receiver.start()
-        time.sleep(0.05)
+        wait_for(lambda: _posted_or_done(b, peer), what="the receive to be posted")
         b.send(torch.arange(1000, dtype=torch.float32) + rank, peer, 0, deadline)
         receiver.join(30)
         seen["both_recv_first"] = got
@@ -274,15 +210,16 @@ class _Records(logging.Handler):
 
 
 def timeout(rank: int, world_size: int, late: int) -> dict[str, Any]:
-    """Every rank runs broadcast #1; rank ``late`` then sleeps while the others run
-    all_reduce #2 with a 2.5 s deadline (stall warning after 1 s)."""
+    """Every rank runs broadcast #1; rank ``late`` then waits while the others run
+    all_reduce #2 with a 2.5 s deadline (stall warning after 1 s), and arrives once they
+    have given up (each sets a store key)."""
     records = _Records()
     logging.getLogger("ringtorch").addHandler(records)
     b = backend(rank, world_size, "to")
     b.broadcast(torch.zeros(4), 0, 1, time.monotonic() + 20)
     result: dict[str, Any] = {}
     if rank == late:
-        time.sleep(4.0)
+        store(rank, world_size).wait([f"to-gave-up/{r}" for r in range(world_size) if r != late])
         try:
             b.all_reduce(torch.zeros(4), ReduceOp.SUM, 2, time.monotonic() + 5)
             result["late"] = ("no error", "")
@@ -297,9 +234,20 @@ def timeout(rank: int, world_size: int, late: int) -> dict[str, Any]:
             except Exception as exc:
                 result["error"] = (type(exc).__name__, str(exc))
         result["after"] = time.monotonic() - start
+        store(rank, world_size).set(f"to-gave-up/{rank}", "1")
     result["warnings"] = records.messages
     b.close()
+    _leave_store(rank, world_size, "to")
     return result
+
+
+def _leave_store(rank: int, world_size: int, name: str) -> None:
+    """Rank 0 hosts the store: it returns (and its process ends) only after the others are
+    done with it."""
+    if rank == 0:
+        store(rank, world_size).wait([f"{name}-left/{r}" for r in range(1, world_size)])
+    else:
+        store(rank, world_size).set(f"{name}-left/{rank}", "1")
 
 
 def mixed_hosts(rank: int, world_size: int) -> dict[str, Any]:
@@ -337,13 +285,19 @@ def killed_during_recv(rank: int, world_size: int) -> dict[str, Any]:
         if pid == 0:
             try:
                 backend(rank, world_size, "p2pkill")
-                time.sleep(0.3)
+                store(rank, world_size).wait(["p2pkill/rank0-waits"])
                 os.kill(os.getpid(), signal.SIGKILL)
             finally:
                 os._exit(1)
         os.waitpid(pid, 0)
         return {}
     b = backend(rank, world_size, "p2pkill")
+
+    def say_when_waiting() -> None:  # rank 0's receive is posted: rank 1 may die now
+        wait_for(lambda: b._mailbox.statistics().waiting_receives == 1, what="the receive")
+        store(rank, world_size).set("p2pkill/rank0-waits", "1")
+
+    threading.Thread(target=say_when_waiting, daemon=True).start()
     start = time.monotonic()
     try:
         b.recv(torch.empty(4), 1, 0, time.monotonic() + 60)
@@ -364,7 +318,7 @@ def leaving_rank(rank: int, world_size: int) -> dict[str, Any]:
     if rank == 1:
         b.close()
         return result
-    time.sleep(0.3)  # rank 1 has left by now
+    wait_for(lambda: 1 in b._mailbox.statistics().gone_peers, what="rank 1's goodbye")
     deadline = time.monotonic() + 30
     peer = 2 - rank
     got = torch.empty(3)

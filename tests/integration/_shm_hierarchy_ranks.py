@@ -137,10 +137,13 @@ def aborted(rank: int, world_size: int, hosts: str, who: int) -> tuple[str, str]
     """Rank ``who`` aborts the group while the others wait in all_reduce #1; every rank
     returns its error."""
     b = backend(rank, world_size, "abort", hosts)
+    store = _shm_ranks.store(rank, world_size)
     try:
-        if rank == who:
-            time.sleep(0.3)
+        if rank == who:  # once every other rank is about to wait in all_reduce #1
+            store.wait([f"abort-entering/{r}" for r in range(world_size) if r != who])
             b.abort("the user gave up")
+        else:
+            store.set(f"abort-entering/{rank}", "1")
         b.all_reduce(torch.zeros(4), ReduceOp.SUM, 1, time.monotonic() + 20)
         error = ("no error", "")
     except Exception as exc:

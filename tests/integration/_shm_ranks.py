@@ -27,6 +27,7 @@ from ringtorch.collectives.backends.base import BackendContext
 from ringtorch.collectives.backends.native import NativeBackend
 from ringtorch.collectives.reduce_op import ReduceOp, make_premul_sum
 from ringtorch.collectives.transports.shm import ShmTransport
+from ringtorch.testing import wait_for
 
 PREMUL_FACTOR = 2.0
 _store: Any = None
@@ -133,6 +134,11 @@ def run_cases(rank: int, world_size: int, cases: list[dict[str, Any]],
         for seq, case in enumerate(cases):  # the ProcessGroup numbers from 0
             results[f"{cname}/{case['key']}"] = run_case(b, case, seq)
         b.close()
+    # rank 0 hosts the store: it leaves last, or a slower rank loses the store mid-setup
+    if rank == 0:
+        store(rank, world_size).wait([f"run_cases-left/{r}" for r in range(1, world_size)])
+    else:
+        store(rank, world_size).set(f"run_cases-left/{rank}", "1")
     return results
 
 
@@ -317,6 +323,17 @@ def wait_until_the_others_are_done(rank: int, world_size: int, marker_dir: str) 
         time.sleep(0.01)
 
 
+def wait_until_the_others_wait(b: NativeBackend, rank: int, world_size: int) -> None:
+    """Until every other rank has entered the next shared-memory round and waits for this one
+    (their round words say so: ShmDomain.statistics().peers_ahead)."""
+    space = flat_space(b)
+    assert space is not None, "the group does not use shared memory"
+    domain = space.domain
+    others = set(range(world_size)) - {rank}
+    wait_for(lambda: set(domain.statistics().peers_ahead) == others,
+             what=f"ranks {sorted(others)} to wait in the next round")
+
+
 def say_done(rank: int, marker_dir: str) -> None:
     open(os.path.join(marker_dir, f"done{rank}"), "w").close()
 
@@ -347,7 +364,7 @@ def aborted(rank: int, world_size: int) -> dict[str, Any]:
     start = time.monotonic()
     try:
         if rank == 0:
-            time.sleep(0.3)
+            wait_until_the_others_wait(b, rank, world_size)
             b.abort("the user gave up")
         b.all_reduce(torch.zeros(4), ReduceOp.SUM, 1, time.monotonic() + 20)
         error = ("no error", "")
@@ -386,9 +403,9 @@ def leave(rank: int, world_size: int, how: str, record: str) -> list[str]:
 def setup_abandoned(rank: int, world_size: int) -> tuple[int, str]:
     """Rank 0 sets up alone (rank 1 never joins the shared-memory setup) and times out;
     returns its pid and the error."""
-    if rank == 1:
-        store(rank, world_size)
-        time.sleep(2.0)
+    if rank == 1:  # stays until rank 0 gave up waiting for it
+        store(rank, world_size).wait(["abandoned-gave-up"])
+        store(rank, world_size).set("abandoned-seen", "1")
         return os.getpid(), ""
     ctx = BackendContext(store=tdist.PrefixStore("abandoned/", store(rank, world_size)), rank=0,
                          size=world_size, timeout=timedelta(seconds=1), group_name="abandoned",
@@ -398,17 +415,20 @@ def setup_abandoned(rank: int, world_size: int) -> tuple[int, str]:
     try:
         open_domain(ctx.store, 0, world_size, "abandoned", "h", True, 1 << 20,
                        time.monotonic() + 1.0, str)
+        error = "no error"
     except Exception as exc:
-        return os.getpid(), f"{type(exc).__name__}: {exc}"
-    return os.getpid(), "no error"
+        error = f"{type(exc).__name__}: {exc}"
+    store(rank, world_size).set("abandoned-gave-up", "1")
+    store(rank, world_size).wait(["abandoned-seen"])  # rank 0 hosts the store: rank 1 is done
+    return os.getpid(), error
 
 
 def late_for_the_first(rank: int, world_size: int) -> list[float]:
-    """Rank 1 arrives 0.3 s late at collective #0 (the ProcessGroup's first sequence number),
-    when the others have only its empty descriptor to look at."""
+    """Rank 1 arrives late at collective #0 (the ProcessGroup's first sequence number): once
+    the others wait for it, with only its empty descriptor to look at."""
     b = backend(rank, world_size, "first")
     if rank == 1:
-        time.sleep(0.3)
+        wait_until_the_others_wait(b, rank, world_size)
     t = torch.full((4,), float(rank + 1))
     b.all_reduce(t, ReduceOp.SUM, 0, time.monotonic() + 20)
     b.close()

@@ -12,6 +12,7 @@ import time
 from datetime import timedelta
 
 from ringtorch.store import FileStore, Store, TCPStore
+from ringtorch.testing import wait_for
 
 TIMEOUT = timedelta(seconds=30)
 
@@ -64,9 +65,14 @@ def get_before_set(rank: int, world_size: int, kind: str, path: str = "") -> byt
     """Ranks > 0 block in get/wait on keys that rank 0 sets only after they are waiting."""
     store = _tcp(rank, world_size) if kind == "tcp" else FileStore(path, world_size)
     if rank == 0:
-        while int(store.add("waiting", 0)) < world_size - 1:
-            time.sleep(0.005)
-        time.sleep(0.05)
+        if kind == "tcp":  # the server runs here: wait until the others' gets are parked in it
+            waiters = store._server._waiters
+            wait_for(lambda: len(waiters.get(b"first", ())) == world_size - 1,
+                     what="the other ranks' gets to wait in the server")
+        else:  # FileStore readers poll the file and leave no trace: the pause lets them poll
+            while int(store.add("waiting", 0)) < world_size - 1:
+                time.sleep(0.005)
+            time.sleep(0.05)
         store.set("first", b"from rank 0")
         store.set("second", b"2")
         value = b""

@@ -4,21 +4,22 @@ docs/design/group-ordering.md, G1 to G5 and G9, checked with a ``record`` list."
 from __future__ import annotations
 
 import threading
-import time
 from datetime import timedelta
 
 import pytest
 import torch
 
 from ringtorch._errors import DistBackendError
-from ringtorch.collectives.comm_thread import Lane, WorkerPool
+from ringtorch.collectives.comm_thread import Lane, LaneStatistics, WorkerPool
 from ringtorch.collectives.work import Work
+from ringtorch.testing import wait_for
 
 
-def _work(record: list, name: str, delay: float = 0.0, error: Exception | None = None) -> Work:
+def _work(record: list, name: str, gate: threading.Event | None = None,
+          error: Exception | None = None) -> Work:
     def run(w: Work) -> None:
-        if delay:
-            time.sleep(delay)
+        if gate is not None:
+            assert gate.wait(5)
         record.append((name, w.seq, threading.get_ident()))
         if error is not None:
             raise error
@@ -37,14 +38,32 @@ def test_g3_a_synchronous_work_on_an_idle_lane_runs_on_the_callers_thread() -> N
 def test_g2_g4_works_run_in_submission_order_and_a_sync_one_waits_behind_async_ones() -> None:
     record: list = []
     lane = Lane("t")
-    first = _work(record, "async", delay=0.05)
+    release = threading.Event()
+    first = _work(record, "async", gate=release)
     lane.submit(first, inline=False, collective=True)
+    wait_for(lambda: lane.statistics().running, what="the async work to start")
     second = _work(record, "sync")
     lane.submit(second, inline=True, collective=True)  # queued: the lane is busy
+    assert lane.statistics() == LaneStatistics(queued=1, running=True, submitted=2,
+                                               completed=0, ran_inline=0, closed=False)
+    release.set()
     second.wait()
     assert [(name, seq) for name, seq, _ in record] == [("async", 0), ("sync", 1)]
     assert record[1][2] != threading.get_ident()  # the communication thread ran it
     assert first.is_completed()
+
+
+def test_statistics_count_what_was_submitted_what_ran_inline_and_what_completed() -> None:
+    lane = Lane("t")
+    lane.submit(_work([], "inline"), inline=True)
+    queued = _work([], "queued")
+    lane.submit(queued, inline=False)
+    queued.wait()
+    wait_for(lambda: lane.statistics().completed == 2, what="the lane's thread to finish")
+    assert lane.statistics() == LaneStatistics(queued=0, running=False, submitted=2,
+                                               completed=2, ran_inline=1, closed=False)
+    lane.close(DistBackendError("closed"))
+    assert lane.statistics().closed
 
 
 def test_g1_sequence_numbers_follow_submission_order_across_threads() -> None:

@@ -10,7 +10,7 @@ import functools
 
 import pytest
 
-from ringtorch.testing import run_ranks
+from ringtorch.testing import check_backend, run_ranks
 from tests.integration import _failures_ranks as F
 
 
@@ -203,9 +203,6 @@ def test_uncaught_exceptions_are_prefixed_with_the_rank_and_init_barrier_works()
 
 
 def test_detail_mode_runs_a_correct_program_without_false_alarms() -> None:
-    from tests.integration import _collectives_ranks as R
-
-    results = run_ranks(R.run_all_ops, 3, timeout=90, env={"RINGTORCH_DEBUG": "DETAIL"})
-    for res in results:  # uneven all_gather/all_to_all parts, root-only lists: all accepted
-        assert res["async/completed_after_last"] == [True] * 8
-        assert res["uneven/all_gather"][2].tolist() == R.make(2, "int64", 3, salt=53).tolist()
+    """The conformance suite (uneven all_gather and all_to_all parts, root-only lists, p2p,
+    async forms) under DETAIL's cross-rank fingerprint checks: no collective is refused."""
+    check_backend("gloo", 3, env={"RINGTORCH_DEBUG": "DETAIL"})

@@ -1,5 +1,6 @@
 """The p2p Mailbox over real Unix socket pairs, in one process: matching by (source, tag),
-receives posted before or after the message arrives, failures that wake waiting receivers."""
+receives posted before or after the message arrives, failures that wake waiting receivers,
+and its statistics() record (which the tests also wait on to order their events)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 
 from ringtorch._wire.channel import UnixChannel
 from ringtorch._wire.errors import DeadlineExceeded
-from ringtorch._wire.mailbox import ABORT, Mailbox, RecvError
+from ringtorch._wire.mailbox import ABORT, Mailbox, MailboxStatistics, RecvError
+from ringtorch.testing import wait_for
 
 
 @pytest.fixture
@@ -54,7 +56,7 @@ def test_a_receive_posted_first_gets_the_message_and_the_sender(boxes):
     thread = threading.Thread(target=lambda: box.update(src=m1.recv(got, None, 7,
                                                                     time.monotonic() + 5)))
     thread.start()
-    time.sleep(0.05)
+    wait_for(lambda: m1.statistics().waiting_receives == 1, what="the receive to be posted")
     m2.send(1, 7, b"xyz", time.monotonic() + 5)
     thread.join(5)
     assert box["src"] == 2 and got == b"xyz"
@@ -91,7 +93,7 @@ def test_fail_wakes_waiting_receives_and_fails_later_ones(boxes):
 
     thread = threading.Thread(target=wait)
     thread.start()
-    time.sleep(0.05)
+    wait_for(lambda: m1.statistics().waiting_receives == 1, what="the receive to be posted")
     m1.fail(RuntimeError("group aborted"))
     thread.join(5)
     assert str(box["error"]) == "group aborted"
@@ -102,13 +104,10 @@ def test_fail_wakes_waiting_receives_and_fails_later_ones(boxes):
 def test_control_frames_and_eof_reach_the_event_handler(boxes):
     (m0, _, m2), events = boxes
     assert m0.send_control(2, ABORT, b"why")
-    deadline = time.monotonic() + 5
-    while not events[2] and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: events[2], what="rank 2's first event")
     assert events[2][0] == (0, "abort", b"why")
     m2._channels[1].shutdown()  # rank 2's connection to rank 1 ends: rank 2 reports EOF
-    while len(events[2]) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: len(events[2]) == 2, what="rank 2's second event")
     assert events[2][1][:2] == (1, "eof")
 
 
@@ -124,3 +123,25 @@ def test_a_message_sent_before_its_sender_left_is_still_delivered(boxes):
     with pytest.raises(RecvError) as failed:
         m1.recv(got, 0, 3, deadline)
     assert str(failed.value.args[0]) == "rank 0 has closed its process group"
+
+
+def test_statistics_count_messages_per_peer_and_what_waits(boxes):
+    (m0, m1, m2), _ = boxes
+    deadline = time.monotonic() + 5
+    m0.send(1, 1, b"a", deadline)
+    m0.send(1, 1, b"b", deadline)
+    m2.send(1, 1, b"c", deadline)
+    wait_for(lambda: m1.statistics().buffered == 3, what="three messages buffered")
+    m1.recv(bytearray(1), 0, 1, deadline)
+    thread = threading.Thread(target=m1.recv, args=(bytearray(1), 2, 9, deadline))
+    thread.start()
+    wait_for(lambda: m1.statistics().waiting_receives == 1, what="the receive to be posted")
+    assert m0.statistics() == MailboxStatistics(sent=(0, 2, 0), arrived=(0, 0, 0),
+                                                delivered=(0, 0, 0), buffered=0,
+                                                waiting_receives=0, failed=False, gone_peers=())
+    assert m1.statistics() == MailboxStatistics(sent=(0, 0, 0), arrived=(2, 0, 1),
+                                                delivered=(1, 0, 0), buffered=2,
+                                                waiting_receives=1, failed=False, gone_peers=())
+    m2.send(1, 9, b"d", deadline)
+    thread.join(5)
+    assert m1.statistics().delivered == (1, 0, 1) and m1.statistics().waiting_receives == 0

@@ -1,22 +1,16 @@
-"""The MPI backend under mpirun, world sizes 1 to 4: every operation against NumPy.
+"""The MPI backend under mpirun, world sizes 1 to 4: what is particular to MPI.
 
-Each world is launched once (``mpirun -n N python tests/mpi/backend_ops.py``); its ranks run
-every case and save their inputs and outputs; the tests below compute the expected results
-from all ranks' inputs with NumPy and compare. World 2 runs at MPI_THREAD_SERIALIZED (one
-process-wide lock, torch's way), the others at MPI_THREAD_MULTIPLE. Needs the ``mpi`` extra
-(mpi4py and an MPI whose mpirun is in the venv's bin or on PATH).
+Each world is launched once (``mpirun -n N python tests/mpi/backend_ops.py``, shared with
+tests/conformance/test_backend.py, which checks the backend conformance suite the same run
+went through); its ranks run every case and save what they got. World 2 runs at
+MPI_THREAD_SERIALIZED, the others at MPI_THREAD_MULTIPLE. Needs the ``mpi`` extra (mpi4py and
+an MPI whose mpirun is in the venv's bin or on PATH).
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import os
 import pickle
 import re
-import shutil
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -25,89 +19,34 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.integration._mpi_leftovers import OpenMpiLeftovers, end_session
+from tests.integration._mpi_jobs import SCRIPTS, THREAD_LEVEL, launch, mpirun, run
+from tests.integration._mpi_leftovers import OpenMpiLeftovers
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = ROOT / "tests" / "mpi"
 WORLDS = [1, 2, 3, 4]
-THREAD_LEVEL = {2: "serialized"}  # the other worlds keep mpi4py's default, "multiple"
-PREMUL_FACTOR = 2.0  # as in backend_ops.py
-
-
-def _mpirun() -> list[str]:
-    found = shutil.which("mpirun", path=str(Path(sys.executable).parent)) or shutil.which("mpirun")
-    assert found, "mpirun not found: install the mpi extra (pip install -e '.[mpi]')"
-    version = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=30)
-    open_mpi = "Open MPI" in version.stdout + version.stderr or "prte" in version.stdout.lower()
-    return [found, "--oversubscribe"] if open_mpi else [found]
-
-
-def _env() -> dict[str, str]:
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, PYTHONPATH=path, OMPI_ALLOW_RUN_AS_ROOT="1",
-               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONWARNINGS="ignore::UserWarning")
-    return env
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _no_open_mpi_files_left_in_dev_shm() -> Iterator[None]:
-    """Jobs that kill or abort ranks leave Open MPI's segment files behind; _run removes the
+    """Jobs that kill or abort ranks leave Open MPI's segment files behind; run() removes the
     ones its job created, and none may be left when the module is done."""
     shm = OpenMpiLeftovers()
     yield
     assert shm.left() == set(), "Open MPI segment files left in /dev/shm"
 
 
-def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run a launcher; on timeout kill its whole process group (no orphaned ranks). Then wait
-    for the job's processes to be gone and remove the Open MPI files in /dev/shm it left."""
-    shm = OpenMpiLeftovers()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} ran past {timeout} s:\n{out[-4000:]}")
-    finally:  # also when pytest-timeout interrupts us: leave no rank behind
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        end_session(proc.pid)
-        shm.clean()
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
-
-
-_worlds: dict[int, list[dict]] = {}
-
-
-def _launch(n: int, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    """Every rank's results of one run of backend_ops.py at world size n (once per session)."""
-    if n not in _worlds:
-        out = tmp_path_factory.mktemp(f"mpi_world{n}")
-        cmd = [*_mpirun(), "-n", str(n), sys.executable, str(SCRIPTS / "backend_ops.py"), str(out)]
-        if n in THREAD_LEVEL:
-            cmd.append(THREAD_LEVEL[n])
-        done = _run(cmd, timeout=100)
-        assert done.returncode == 0, f"mpirun -n {n} failed:\n{done.stdout[-4000:]}"
-        _worlds[n] = [pickle.loads((out / f"rank{r}.pkl").read_bytes()) for r in range(n)]
-    return _worlds[n]
-
-
 @pytest.fixture(scope="module", params=WORLDS, ids=lambda n: f"world{n}")
 def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    return _launch(request.param, tmp_path_factory)
+    return launch(request.param, tmp_path_factory)
 
 
 @pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda n: f"world{n}")
 def multi_world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    return _launch(request.param, tmp_path_factory)
+    return launch(request.param, tmp_path_factory)
 
 
 @pytest.fixture(scope="module", params=[3, 4], ids=lambda n: f"world{n}")
 def sub_world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    return _launch(request.param, tmp_path_factory)
+    return launch(request.param, tmp_path_factory)
 
 
 def _case(world: list[dict], name: str) -> list[dict]:
@@ -123,34 +62,6 @@ def _case(world: list[dict], name: str) -> list[dict]:
     return results
 
 
-def _reduce(inputs: list[np.ndarray], op: str) -> np.ndarray:
-    stack = np.stack(inputs)
-    if stack.dtype == np.bool_:
-        logical = {"SUM": np.logical_or, "MAX": np.logical_or, "BOR": np.logical_or,
-                   "PRODUCT": np.logical_and, "MIN": np.logical_and, "BAND": np.logical_and,
-                   "BXOR": np.logical_xor}
-        return logical[op].reduce(stack, axis=0)
-    kernels = {
-        "SUM": lambda s: s.sum(axis=0, dtype=s.dtype),
-        "AVG": lambda s: s.sum(axis=0, dtype=s.dtype) / s.dtype.type(len(s)),
-        "PREMUL_SUM": lambda s: (s * s.dtype.type(PREMUL_FACTOR)).sum(axis=0, dtype=s.dtype),
-        "PRODUCT": lambda s: s.prod(axis=0, dtype=s.dtype),
-        "MIN": lambda s: s.min(axis=0), "MAX": lambda s: s.max(axis=0),
-        "BAND": lambda s: np.bitwise_and.reduce(s, axis=0),
-        "BOR": lambda s: np.bitwise_or.reduce(s, axis=0),
-        "BXOR": lambda s: np.bitwise_xor.reduce(s, axis=0),
-    }
-    return kernels[op](stack)
-
-
-def _assert_close(actual: np.ndarray, expected: np.ndarray, dtype: str, msg: str) -> None:
-    rtol = {"torch.bfloat16": 1e-2, "torch.float16": 1e-3, "torch.complex32": 1e-3}.get(dtype, 1e-6)
-    if actual.dtype.kind in "fc":
-        np.testing.assert_allclose(actual, expected.astype(actual.dtype), rtol=rtol, err_msg=msg)
-    else:
-        np.testing.assert_array_equal(actual, expected, err_msg=msg)
-
-
 def test_every_rank_gets_its_rank_and_the_world_size_from_mpi(world: list[dict]) -> None:
     for rank, book in enumerate(world):
         assert (book["meta"]["rank"], book["meta"]["size"]) == (rank, len(world))
@@ -159,96 +70,6 @@ def test_every_rank_gets_its_rank_and_the_world_size_from_mpi(world: list[dict])
 def test_mpi_gives_the_thread_level_asked_for(world: list[dict]) -> None:
     expected = "MPI_THREAD_SERIALIZED" if len(world) in THREAD_LEVEL else "MPI_THREAD_MULTIPLE"
     assert {book["meta"]["thread_level"] for book in world} == {expected}
-
-
-def test_all_reduce_matches_numpy_for_every_dtype_and_op(world: list[dict]) -> None:
-    names = [name for name in world[0] if re.fullmatch(r"all_reduce/\w+/torch\.\w+", name)]
-    assert len(names) == 96  # 4 float dtypes x 6 ops + 9 int/bool x 7 + 3 complex x 3
-    for name in names:
-        _, op, dtype = name.split("/")
-        results = _case(world, name)
-        expected = _reduce([r["in"] for r in results], op)
-        for rank, r in enumerate(results):
-            _assert_close(r["out"], expected, dtype, f"{name} on rank {rank}")
-
-
-def test_all_reduce_result_is_bitwise_identical_on_every_rank(world: list[dict]) -> None:
-    results = _case(world, "all_reduce/random_float32")
-    expected = np.sum([r["in"].astype(np.float64) for r in results], axis=0)
-    np.testing.assert_allclose(results[0]["out"], expected, rtol=1e-5, atol=1e-5)
-    for rank, r in enumerate(results):
-        assert r["out"].tobytes() == results[0]["out"].tobytes(), f"rank {rank} differs"
-
-
-def test_empty_tensors_go_through_collectives(world: list[dict]) -> None:
-    assert [r["out"] for r in _case(world, "empty_tensors")] == [0] * len(world)
-
-
-def test_broadcast_copies_the_root_buffer_to_every_rank(world: list[dict]) -> None:
-    names = [name for name in world[0] if name.startswith("broadcast/")]
-    assert len(names) == 4 * len({0, len(world) - 1})
-    for name in names:
-        root = int(name.split("/")[1].removeprefix("root"))
-        results = _case(world, name)
-        for rank, r in enumerate(results):
-            np.testing.assert_array_equal(r["out"], results[root]["in"], err_msg=f"{name} rank {rank}")
-
-
-def test_reduce_leaves_the_reduction_on_the_root(world: list[dict]) -> None:
-    names = [name for name in world[0] if name.startswith("reduce/")]
-    assert len(names) == 5 * len({0, len(world) - 1})
-    for name in names:
-        _, root_s, op, dtype = name.split("/")
-        root = int(root_s.removeprefix("root"))
-        results = _case(world, name)
-        expected = _reduce([r["in"] for r in results], op)
-        _assert_close(results[root]["out"], expected, dtype, name)
-
-
-def test_gather_and_scatter_move_slices_in_rank_order(world: list[dict]) -> None:
-    n = len(world)
-    for root in sorted({0, n - 1}):
-        gathered = _case(world, f"gather/root{root}")
-        np.testing.assert_array_equal(gathered[root]["out"], np.concatenate([r["in"] for r in gathered]))
-        scattered = _case(world, f"scatter/root{root}")
-        slices = np.split(scattered[root]["in"], n)
-        for rank, r in enumerate(scattered):
-            np.testing.assert_array_equal(r["out"], slices[rank], err_msg=f"scatter rank {rank}")
-
-
-def test_all_gather_concatenates_every_rank_input_in_rank_order(world: list[dict]) -> None:
-    for dtype in ("torch.float32", "torch.bool", "torch.complex64"):
-        results = _case(world, f"all_gather/{dtype}")
-        expected = np.concatenate([r["in"] for r in results])
-        for rank, r in enumerate(results):
-            np.testing.assert_array_equal(r["out"], expected, err_msg=f"{dtype} rank {rank}")
-
-
-def test_reduce_scatter_gives_each_rank_its_reduced_slice_and_keeps_the_input(world: list[dict]) -> None:
-    names = [name for name in world[0] if name.startswith("reduce_scatter/")]
-    assert len(names) == 5
-    for name in names:
-        _, op, dtype = name.split("/")
-        results = _case(world, name)
-        full = _reduce([r["in"] for r in results], op)
-        for rank, (r, expected) in enumerate(zip(results, np.split(full, len(world)), strict=True)):
-            _assert_close(r["out"], expected, dtype, f"{name} rank {rank}")
-            np.testing.assert_array_equal(r["in_after"], r["in"], err_msg=f"{name} input changed")
-
-
-def test_all_to_all_with_uneven_splits_delivers_each_slice_to_its_rank(world: list[dict]) -> None:
-    results = _case(world, "all_to_all")
-    for rank, r in enumerate(results):
-        expected = [1000 * src + 10 * rank + k for src in range(len(world))
-                    for k in range(results[src]["splits"][rank])]
-        assert r["out"].tolist() == expected, f"rank {rank}"
-
-
-def test_barrier_waits_for_the_last_rank_to_arrive(world: list[dict]) -> None:
-    results = _case(world, "barrier")  # rank 0 slept 0.3 s before entering
-    last_in = max(r["entered"] for r in results)  # CLOCK_MONOTONIC, shared by the host's ranks
-    for rank, r in enumerate(results):
-        assert r["left"] >= last_in, f"rank {rank} left {last_in - r['left']:.3f} s before the last arrived"
 
 
 def test_unsupported_dtype_or_op_raises_a_clear_error_before_sending(world: list[dict]) -> None:
@@ -281,24 +102,6 @@ def test_a_group_whose_ranks_are_not_mpis_is_refused(world: list[dict]) -> None:
 def test_a_closed_backend_refuses_every_operation(world: list[dict]) -> None:
     for r in _case(world, "errors/after_close"):
         assert r["error"] == ("DistBackendError", "barrier on group 'default': the MPI backend is closed")
-
-
-def test_send_recv_around_a_ring_delivers_large_messages(multi_world: list[dict]) -> None:
-    results = _case(multi_world, "p2p/ring")
-    n = len(multi_world)
-    for rank, r in enumerate(results):
-        left = (rank - 1) % n
-        assert r["sender"] == left
-        np.testing.assert_array_equal(r["out"], results[left]["in"], err_msg=f"rank {rank}")
-
-
-def test_recv_matches_messages_by_tag_not_by_arrival_order(multi_world: list[dict]) -> None:
-    assert _case(multi_world, "p2p/tags")[1]["out"].tolist() == [3.0, 5.0]
-
-
-def test_recv_from_any_source_reports_each_sender(multi_world: list[dict]) -> None:
-    got = _case(multi_world, "p2p/any_source")[0]["out"]
-    assert sorted(got) == [(r, r) for r in range(1, len(multi_world))]
 
 
 def test_recv_of_a_message_of_another_size_raises(multi_world: list[dict]) -> None:
@@ -342,7 +145,7 @@ def test_subgroups_reduce_and_talk_over_their_own_communicators(sub_world: list[
         results = {g: sub_world[g][f"subgroup/{name}"] for g in ranks}
         for r in results.values():
             assert "traceback" not in r, r.get("traceback")
-        expected = _reduce([results[g]["in"] for g in ranks], "SUM")
+        expected = np.sum([results[g]["in"] for g in ranks], axis=0)
         for group_rank, g in enumerate(ranks):
             r = results[g]
             assert r["group_rank"] == group_rank
@@ -382,7 +185,7 @@ def test_a_receive_nobody_answers_times_out_and_the_group_goes_on(multi_world: l
 
 def test_under_serialized_mpi_a_late_collective_times_out_and_aborts_the_group(
         tmp_path_factory: pytest.TempPathFactory) -> None:
-    world2 = _launch(2, tmp_path_factory)  # the MPI_THREAD_SERIALIZED world
+    world2 = launch(2, tmp_path_factory)  # the MPI_THREAD_SERIALIZED world
     first, last = _case(world2, "timeout/collective")
     for r, seconds in ((first, 0.3), (last, 1.0)):
         assert r["error"][0] == "DistBackendError"
@@ -393,41 +196,6 @@ def test_under_serialized_mpi_a_late_collective_times_out_and_aborts_the_group(
     for r in _case(world2, "timeout/after_collective_timeout"):
         assert r["error"][1].startswith("barrier on group 'default': the MPI backend was aborted: "
                                         "barrier on group 'default' timed out after")
-
-
-# -- the collectives issue's own tests, on results computed through the facade on MPI ----------
-
-
-def _suite_cases() -> list:
-    """(test name, dtype) for every test of tests/integration/test_collectives_ops.py."""
-    try:
-        suite = importlib.import_module("tests.integration.test_collectives_ops")
-    except ImportError as exc:
-        return [pytest.param(None, None, repr(exc), id="collectives-suite-not-importable")]
-    cases = []
-    for name, fn in sorted(vars(suite).items()):
-        if name.startswith("test_") and callable(fn):
-            if "fast_path" in inspect.signature(fn).parameters:
-                continue  # about the native backend's same-host transports, not MPI's
-            if "dtype" in inspect.signature(fn).parameters:
-                cases += [pytest.param(name, d, "", id=f"{name}-{d}") for d in suite.R.DTYPES]
-            else:
-                cases.append(pytest.param(name, None, "", id=name))
-    return cases
-
-
-@pytest.mark.parametrize(("name", "dtype", "import_error"), _suite_cases())
-def test_the_collectives_suite_passes_on_the_mpi_backend(
-        world: list[dict], name: str | None, dtype: str | None, import_error: str,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The collectives issue's assertions, unchanged, on what its rank code got through
-    ringtorch.distributed on MPI (tests/mpi/backend_ops.py runs it under mpirun)."""
-    assert name is not None, f"tests/integration/test_collectives_ops.py: {import_error}"
-    suite = importlib.import_module("tests.integration.test_collectives_ops")
-    per_rank = [r["out"] for r in _case(world, "facade/collectives_suite")]
-    monkeypatch.setattr(suite, "results", lambda ws: per_rank)
-    kwargs = {"ws": len(world)} if dtype is None else {"ws": len(world), "dtype": dtype}
-    getattr(suite, name)(**kwargs)
 
 
 def test_init_process_group_takes_rank_and_size_from_mpi_and_warns_about_given_ones(
@@ -479,7 +247,7 @@ def test_new_group_with_local_synchronization_is_refused_on_mpi_as_torch_refuses
 
 def _singleton(tmp_path: Path, *args: str) -> dict:
     out = tmp_path / "seen.pkl"
-    done = _run([sys.executable, str(SCRIPTS / "singleton.py"), str(out), *args], timeout=60)
+    done = run([sys.executable, str(SCRIPTS / "singleton.py"), str(out), *args], timeout=60)
     assert done.returncode == 0, done.stdout[-4000:]
     return pickle.loads(out.read_bytes())
 
@@ -507,7 +275,7 @@ def test_mpi_without_thread_support_is_refused_with_a_clear_error(tmp_path: Path
 
 def test_a_rank_that_dies_makes_the_launcher_end_the_whole_job() -> None:
     start = time.monotonic()
-    done = _run([*_mpirun(), "-n", "2", sys.executable, str(SCRIPTS / "dead_rank.py")], timeout=60)
+    done = run([*mpirun(), "-n", "2", sys.executable, str(SCRIPTS / "dead_rank.py")], timeout=60)
     assert "rank 1 exits now" in done.stdout
     assert "rank 0 returned" not in done.stdout
     assert done.returncode != 0
@@ -516,7 +284,7 @@ def test_a_rank_that_dies_makes_the_launcher_end_the_whole_job() -> None:
 
 def test_abort_ends_the_whole_job_through_mpi_abort_and_says_why() -> None:
     start = time.monotonic()
-    done = _run([*_mpirun(), "-n", "2", sys.executable, str(SCRIPTS / "dead_rank.py"), "abort"],
+    done = run([*mpirun(), "-n", "2", sys.executable, str(SCRIPTS / "dead_rank.py"), "abort"],
                 timeout=60)
     assert ("ringtorch: the MPI backend of group 'default' aborts the MPI job: the test asked "
             "for it") in done.stdout

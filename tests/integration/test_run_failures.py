@@ -39,11 +39,15 @@ else:  # written whole, then renamed: rank 2 may fail (and ringrun stop us) at o
     time.sleep(600)
 """
 
+# Rank 1 is killed once ranks 0 and 2 run (their marker files say so).
 RANK1_KILLED = r"""
 import os, signal, time
+out = os.environ["OUT_DIR"]
 if os.environ["RANK"] == "1":
-    time.sleep(0.2)
+    while len([n for n in os.listdir(out) if n.startswith("up")]) < 2:
+        time.sleep(0.01)
     os.kill(os.getpid(), signal.SIGKILL)
+open(os.path.join(out, "up" + os.environ["RANK"]), "w").close()
 time.sleep(600)
 """
 
@@ -125,7 +129,7 @@ def test_a_failing_rank_stops_the_others_and_the_summary_names_it(tmp_path: Path
 
 def test_a_rank_killed_by_a_signal_is_named_with_the_signal(tmp_path: Path) -> None:
     script = write(tmp_path, "train.py", RANK1_KILLED)
-    result = ringrun(["--nproc-per-node", "3", script])
+    result = ringrun(["--nproc-per-node", "3", script], {"OUT_DIR": str(tmp_path)})
     assert result.returncode == 1
     root = result.stderr[result.stderr.index("Root Cause"):]
     assert re.search(r"rank      : 1 \(local_rank: 1\)\n  exitcode  : -9 \(pid: (\d+)\) "

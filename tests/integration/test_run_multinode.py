@@ -40,11 +40,17 @@ while rank == 0 and store.add("done", 0) < world:  # rank 0 hosts the store: lea
     time.sleep(0.01)
 """
 
+# FAIL_RANK fails once the other ranks' workers run (their marker files in OUT_DIR say so).
 SLEEPER = r"""
 import os, sys, time
+out = os.environ.get("OUT_DIR")
 if os.environ["RANK"] == os.environ.get("FAIL_RANK"):
-    time.sleep(0.5)
+    others = int(os.environ["WORLD_SIZE"]) - 1
+    while out and len([n for n in os.listdir(out) if n.startswith("up")]) < others:
+        time.sleep(0.01)
     sys.exit(4)
+if out:
+    open(os.path.join(out, "up" + os.environ["RANK"]), "w").close()
 time.sleep(600)
 """
 
@@ -135,7 +141,7 @@ def test_c10d_a_node_giving_up_stops_the_other(tmp_path: Path) -> None:
     port = free_port()
     started = time.monotonic()
     nodes = [start([*c10d_args(port), "--nnodes", "2", "--nproc-per-node", "1", str(script)],
-                   {"FAIL_RANK": "1"}) for _ in range(2)]
+                   {"FAIL_RANK": "1", "OUT_DIR": str(tmp_path)}) for _ in range(2)]
     results = finish(nodes)
     assert time.monotonic() - started < 60  # not the 600 s the other node's worker sleeps
     assert [code for code, _ in results] == [1, 1]

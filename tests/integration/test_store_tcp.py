@@ -27,7 +27,7 @@ from ringtorch._wire.handshake import SERVICE_STORE, client_handshake, handshake
 from ringtorch.store import StoreAddressInUseError, TCPStore
 from ringtorch.store import _protocol as P
 from ringtorch.store._tcp_master import bind_address
-from ringtorch.testing import run_ranks
+from ringtorch.testing import run_ranks, wait_for, wait_for_thread_in
 from tests.integration import _store_ranks as ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -245,7 +245,7 @@ def test_client_of_a_dead_server_gets_an_error_not_a_hang():
     errors: list[BaseException] = []
     thread = threading.Thread(target=lambda: _record(errors, lambda: waiter.get("never")))
     thread.start()
-    time.sleep(0.2)
+    wait_for_thread_in(thread, "_recv_answer")  # the get reached the server and waits
     started = time.monotonic()
     proc.kill()
     proc.wait()
@@ -335,7 +335,7 @@ def test_a_get_blocked_in_a_thread_returns_when_another_client_sets_the_key(mast
     results: list[bytes] = []
     getter = threading.Thread(target=lambda: results.append(master.get("later")))
     getter.start()
-    time.sleep(0.05)
+    wait_for_thread_in(getter, "_recv_answer")  # the get reached the server and waits
     setter = TCPStore("127.0.0.1", master.port, None, False, T30)
     setter.set("later", "now")
     getter.join(5)
@@ -367,7 +367,7 @@ def test_a_forked_child_of_the_master_does_not_keep_connections_alive_after_it_d
     errors: list[BaseException] = []
     thread = threading.Thread(target=lambda: _record(errors, lambda: client.get("never")))
     thread.start()
-    time.sleep(0.1)
+    wait_for_thread_in(thread, "_recv_answer")  # the get reached the master and waits
     started = time.monotonic()
     proc.kill()
     proc.wait()
@@ -383,11 +383,9 @@ def test_a_signal_during_a_blocking_get_does_not_break_it(master):
     try:
         setter = TCPStore("127.0.0.1", master.port, None, False, T30)
         def signal_then_set() -> None:
-            time.sleep(0.1)
+            wait_for_thread_in(threading.main_thread(), "_recv_answer")  # blocked in get
             os.kill(os.getpid(), signal.SIGUSR1)
-            deadline = time.monotonic() + 20
-            while not received and time.monotonic() < deadline:  # the handler ran (in the
-                time.sleep(0.01)                                 # thread blocked in get)
+            wait_for(lambda: received, 20, "the handler to run (in the thread blocked in get)")
             setter.set("late", "value")
 
         threading.Thread(target=signal_then_set, daemon=True).start()

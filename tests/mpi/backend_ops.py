@@ -1,16 +1,19 @@
-"""Runs under `mpirun -n N`: every operation of MpiBackend on every dtype, results saved per rank.
+"""Runs under `mpirun -n N`: what is particular to the MPI backend, results saved per rank.
 
 Usage: mpirun -n N python tests/mpi/backend_ops.py OUTDIR [THREAD_LEVEL]
 
-Then the same processes run the collectives issue's own rank code
-(tests/integration/_collectives_ranks.py) through ringtorch.distributed on the "mpi" backend,
-and a few facade scenarios of their own (subgroups, async p2p, object collectives).
+MpiBackend's own checks (its refusals, messages of the wrong size, mismatched collectives,
+groups whose ranks are not MPI's, subgroups and groups running at once on threads, timeouts),
+then, through ringtorch.distributed on the "mpi" backend, the backend conformance suite
+(``ringtorch.testing.run_backend_cases``: every collective x dtype x reduction against NumPy)
+and a few facade scenarios (init_process_group's warning, subgroups, object collectives,
+what torch refuses on MPI).
 
 Each rank runs the same cases in the same order and pickles, into OUTDIR/rank{R}.pkl, a dict
-case name -> {"in": its input as NumPy, "out": its output as NumPy, "error": (type, message),
-...}. The rank computes nothing it is checked against: tests/integration/test_mpi_backend.py
-reads every rank's inputs and computes the expected outputs itself with NumPy. An unexpected
-exception is recorded with its traceback under the case's name; the rank goes on.
+case name -> {"out": what it got, "error": (type, message), ...}; the conformance suite's
+report is under "facade/conformance". tests/integration/test_mpi_backend.py and
+tests/conformance/test_backend.py check them. An unexpected exception is recorded with its
+traceback under the case's name; the rank goes on.
 """
 
 from __future__ import annotations
@@ -29,51 +32,20 @@ if len(sys.argv) > 2:  # the MPI threading level to ask for (before mpi4py.MPI i
 
     mpi4py.rc.thread_level = sys.argv[2]
 
-import numpy as np
 import torch
 
 from ringtorch.collectives.backends import mpi_env
 from ringtorch.collectives.backends.base import BackendContext
 from ringtorch.collectives.backends.mpi import MpiBackend
-from ringtorch.collectives.reduce_op import ReduceOp, make_premul_sum
+from ringtorch.collectives.reduce_op import ReduceOp
+from ringtorch.testing import run_backend_cases
 
 R = ReduceOp
-FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
-INTS = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.uint16,
-        torch.uint32, torch.uint64]
-COMPLEX = [torch.complex64, torch.complex128, torch.complex32]
-OPS_FOR = {
-    **{d: [R.SUM, R.AVG, R.PRODUCT, R.MIN, R.MAX, "PREMUL_SUM"] for d in FLOATS},
-    **{d: [R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR] for d in [*INTS, torch.bool]},
-    **{d: [R.SUM, R.AVG, "PREMUL_SUM"] for d in COMPLEX},
-}
-PREMUL_FACTOR = 2.0
+
+
 def D() -> float:
     """The deadline of one operation: a minute from now."""
     return time.monotonic() + 60.0
-
-N = 7  # odd on purpose: no chunk of any algorithm comes out even
-
-
-def make_input(dtype: torch.dtype, rank: int, salt: int, n: int = N) -> torch.Tensor:
-    """Small integer-valued data (exact in every dtype, products stay small), per rank."""
-    k = torch.arange(n, dtype=torch.int64) * 3 + rank * 5 + salt
-    if dtype is torch.bool:
-        return (k % 3 == 0)
-    if dtype.is_complex:
-        return torch.complex((k % 5 - 2).float(), (k % 3).float()).to(dtype)
-    if dtype in (torch.uint8, torch.uint16, torch.uint32, torch.uint64):
-        return (k % 4).to(dtype)
-    return (k % 6 - 2).to(dtype)
-
-
-def to_numpy(t: torch.Tensor) -> np.ndarray:
-    if t.dtype is torch.bfloat16:
-        return t.float().numpy()
-    if t.dtype is torch.complex32:
-        return t.to(torch.complex64).numpy()
-    return t.numpy().copy()
-
 
 class Ranks:
     """The world as this rank sees it: backends, the sequence counters, the result book."""
@@ -110,152 +82,9 @@ class Ranks:
         os.replace(path + ".tmp", path)
 
 
-def reduce_op(op: object) -> object:
-    return make_premul_sum(PREMUL_FACTOR) if op == "PREMUL_SUM" else op
-
-
-def op_name(op: object) -> str:
-    return op if isinstance(op, str) else op.name  # type: ignore[union-attr]
-
-
-def all_reduce_cases(w: Ranks) -> None:
-    for salt, (dtype, ops) in enumerate(OPS_FOR.items()):
-        for op in ops:
-            def run(dtype=dtype, op=op, salt=salt):
-                buf = make_input(dtype, w.rank, salt)
-                inp = to_numpy(buf)
-                w.world.all_reduce(buf, reduce_op(op), w.next_seq(w.world), D())
-                return {"in": inp, "out": to_numpy(buf)}
-            w.record(f"all_reduce/{op_name(op)}/{dtype}", run)
-
-    def random_floats() -> dict:  # not exact: checks closeness and bitwise agreement of ranks
-        buf = torch.from_numpy(np.random.default_rng(w.rank).standard_normal(1000, np.float32))
-        inp = buf.numpy().copy()
-        w.world.all_reduce(buf, R.SUM, w.next_seq(w.world), D())
-        return {"in": inp, "out": buf.numpy().copy()}
-    w.record("all_reduce/random_float32", random_floats)
-
-    def empty() -> dict:
-        buf = torch.empty(0, dtype=torch.float32)
-        w.world.all_reduce(buf, R.SUM, w.next_seq(w.world), D())
-        w.world.broadcast(buf, 0, w.next_seq(w.world), D())
-        return {"out": buf.numel()}
-    w.record("empty_tensors", empty)
-
-
-def rooted_cases(w: Ranks) -> None:
-    for root in sorted({0, w.size - 1}):
-        for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.bool):
-            def bcast(root=root, dtype=dtype):
-                buf = make_input(dtype, w.rank, 40)
-                inp = to_numpy(buf)
-                w.world.broadcast(buf, root, w.next_seq(w.world), D())
-                return {"in": inp, "out": to_numpy(buf)}
-            w.record(f"broadcast/root{root}/{dtype}", bcast)
-        for dtype, op in ((torch.float32, R.SUM), (torch.int32, R.MAX), (torch.float64, R.AVG),
-                          (torch.bfloat16, R.SUM), (torch.float32, "PREMUL_SUM")):
-            def reduce(root=root, dtype=dtype, op=op):
-                buf = make_input(dtype, w.rank, 41)
-                inp = to_numpy(buf)
-                w.world.reduce(buf, reduce_op(op), root, w.next_seq(w.world), D())
-                return {"in": inp, "out": to_numpy(buf) if w.rank == root else None}
-            w.record(f"reduce/root{root}/{op_name(op)}/{dtype}", reduce)
-
-        def gather(root=root):
-            inp = make_input(torch.bfloat16, w.rank, 42)
-            out = torch.zeros(w.size * N, dtype=torch.bfloat16) if w.rank == root else None
-            w.world.gather(out, inp, root, w.next_seq(w.world), D())
-            return {"in": to_numpy(inp), "out": None if out is None else to_numpy(out)}
-        w.record(f"gather/root{root}", gather)
-
-        def scatter(root=root):
-            inp = make_input(torch.int16, w.rank, 43, n=N * w.size) if w.rank == root else None
-            out = torch.zeros(N, dtype=torch.int16)
-            w.world.scatter(out, inp, root, w.next_seq(w.world), D())
-            return {"in": None if inp is None else to_numpy(inp), "out": to_numpy(out)}
-        w.record(f"scatter/root{root}", scatter)
-
-
-def gather_and_all_to_all_cases(w: Ranks) -> None:
-    for dtype in (torch.float32, torch.bool, torch.complex64):
-        def all_gather(dtype=dtype):
-            inp = make_input(dtype, w.rank, 50)
-            out = torch.zeros(w.size * N, dtype=dtype)
-            w.world.all_gather(out, inp, w.next_seq(w.world), D())
-            return {"in": to_numpy(inp), "out": to_numpy(out)}
-        w.record(f"all_gather/{dtype}", all_gather)
-    for dtype, op in ((torch.float32, R.SUM), (torch.int64, R.MAX), (torch.float64, R.AVG),
-                      (torch.bfloat16, R.SUM), (torch.float32, "PREMUL_SUM")):
-        def reduce_scatter(dtype=dtype, op=op):
-            inp = make_input(dtype, w.rank, 51, n=N * w.size)
-            before = to_numpy(inp)
-            out = torch.zeros(N, dtype=dtype)
-            w.world.reduce_scatter(out, inp, reduce_op(op), w.next_seq(w.world), D())
-            return {"in": before, "out": to_numpy(out), "in_after": to_numpy(inp)}
-        w.record(f"reduce_scatter/{op_name(op)}/{dtype}", reduce_scatter)
-
-    def all_to_all() -> dict:
-        # rank r sends (r + j) % 3 + 1 elements to rank j, each encoding (r, j, k).
-        in_splits = [(w.rank + j) % 3 + 1 for j in range(w.size)]
-        out_splits = [(j + w.rank) % 3 + 1 for j in range(w.size)]
-        inp = torch.tensor([1000 * w.rank + 10 * j + k for j in range(w.size)
-                            for k in range(in_splits[j])], dtype=torch.int64)
-        out = torch.full((sum(out_splits),), -1, dtype=torch.int64)
-        w.world.all_to_all(out, inp, out_splits, in_splits, w.next_seq(w.world), D())
-        return {"in": inp.numpy().copy(), "out": out.numpy().copy(), "splits": in_splits}
-    w.record("all_to_all", all_to_all)
-
-    def barrier() -> dict:
-        if w.rank == 0:
-            time.sleep(0.3)
-        entered = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of the host
-        w.world.barrier(w.next_seq(w.world), D())
-        return {"entered": entered, "left": time.monotonic()}
-    w.record("barrier", barrier)
-
-
 def p2p_cases(w: Ranks) -> None:
     if w.size == 1:
         return
-
-    def ring() -> dict:
-        # even ranks send first, odd ranks receive first: blocking sends of any size pair up.
-        right, left = (w.rank + 1) % w.size, (w.rank - 1) % w.size
-        out = make_input(torch.float64, w.rank, 60, n=100_000)  # past every eager limit
-        got = torch.zeros_like(out)
-        if w.rank % 2 == 0:
-            w.world.send(out, right, 7, D())
-            sender = w.world.recv(got, left, 7, D())
-        else:
-            sender = w.world.recv(got, left, 7, D())
-            w.world.send(out, right, 7, D())
-        return {"in": out.numpy().copy(), "out": got.numpy().copy(), "sender": sender}
-    w.record("p2p/ring", ring)
-
-    def tags_match_out_of_order() -> dict:
-        if w.rank == 0:
-            w.world.send(torch.tensor([5.0]), 1, 5, D())
-            w.world.send(torch.tensor([3.0]), 1, 3, D())
-            return {}
-        if w.rank == 1:
-            three, five = torch.zeros(1), torch.zeros(1)
-            w.world.recv(three, 0, 3, D())
-            w.world.recv(five, 0, 5, D())
-            return {"out": np.array([three.item(), five.item()])}
-        return {}
-    w.record("p2p/tags", tags_match_out_of_order)
-
-    def any_source() -> dict:
-        if w.rank != 0:
-            w.world.send(torch.tensor([w.rank], dtype=torch.int32), 0, 11, D())
-            return {}
-        got = []
-        for _ in range(w.size - 1):
-            buf = torch.zeros(1, dtype=torch.int32)
-            sender = w.world.recv(buf, None, 11, D())
-            got.append((sender, int(buf.item())))
-        return {"out": got}
-    w.record("p2p/any_source", any_source)
 
     def size_mismatch(extra: int) -> dict:
         if w.rank == 1:
@@ -311,7 +140,7 @@ def subgroup_cases(w: Ranks) -> None:
               if w.rank in ranks}
     for name, backend in groups.items():
         def sub(backend=backend):
-            buf = make_input(torch.int64, w.rank, 70)
+            buf = torch.arange(7, dtype=torch.int64) * (w.rank + 1)
             inp = buf.numpy().copy()
             backend.all_reduce(buf, R.SUM, w.next_seq(backend), D())
             # group ranks 0 and size-1 swap their global ranks over send/recv
@@ -383,41 +212,8 @@ def timeout_cases(w: Ranks) -> None:
     w.record("timeout/after_collective_timeout", lambda: w.world.barrier(w.next_seq(w.world), D()))
 
 
-class OnMpi:
-    """ringtorch.distributed, except that init_process_group always asks for the MPI backend:
-    lets the collectives issue's rank code, written for "gloo", run unchanged on MPI. Its one
-    gloo-only call, monitored_barrier (torch refuses it on other backends; facade_cases checks
-    that refusal), becomes a barrier."""
-
-    def __init__(self, real: object) -> None:
-        self._real = real
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._real, name)
-
-    def init_process_group(self, backend: object = None, **kwargs: object) -> None:
-        self._real.init_process_group("mpi", **kwargs)
-
-    def monitored_barrier(self, group: object = None, timeout: object = None,
-                          wait_all_ranks: bool = False) -> None:
-        self._real.barrier(group)
-
-
-def collectives_suite(w: Ranks) -> None:
-    def run() -> dict:
-        from tests.integration import _collectives_ranks as suite
-
-        real = suite.dist
-        suite.dist = OnMpi(real)
-        try:
-            return {"out": suite.run_all_ops(w.rank, w.size)}
-        finally:
-            suite.dist = real
-    w.record("facade/collectives_suite", run)
-
-
 def facade_cases(w: Ranks) -> None:
-    """init_process_group("mpi") itself, and what the suite above does not cover."""
+    """init_process_group("mpi") itself, the conformance suite, and what it does not cover."""
     import ringtorch.distributed as dist
 
     with warnings.catch_warnings(record=True) as caught:
@@ -426,6 +222,7 @@ def facade_cases(w: Ranks) -> None:
     w.results["facade/init"]["warnings"] = [str(m.message) for m in caught]
     w.record("facade/identity", lambda: {"out": (dist.get_rank(), dist.get_world_size(),
                                                  dist.get_backend(), dist.is_mpi_available())})
+    w.record("facade/conformance", lambda: {"report": run_backend_cases(w.outdir)})
 
     def subgroup() -> dict:
         g = dist.new_group(list(range(w.size - 1, -1, -2)))   # the last rank and every 2nd below
@@ -462,12 +259,10 @@ def main() -> None:
     w = Ranks(sys.argv[1])
     w.results["meta"] = {"rank": w.rank, "size": w.size,
                          "thread_level": mpi_env.thread_level_name()}
-    for part in (all_reduce_cases, rooted_cases, gather_and_all_to_all_cases, p2p_cases,
-                 error_cases, subgroup_cases, timeout_cases):
+    for part in (p2p_cases, error_cases, subgroup_cases, timeout_cases):
         part(w)
     w.world.close()
     w.record("errors/after_close", lambda: w.world.barrier(0, D()))
-    collectives_suite(w)
     facade_cases(w)
     w.save()
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import mmap
 import multiprocessing
+import os
 import struct
 import threading
 import time
 
 from ringtorch._wire import futex
+from ringtorch.testing import wait_for
 
 LONG = 60.0  # a sleep that would fail the test (its 120 s timeout is not reached by joins below)
 
@@ -38,6 +40,19 @@ def _sleep_on(area: mmap.mmap, expected: int, out: multiprocessing.Queue) -> Non
     out.put(struct.unpack_from("<I", area, 0)[0])
 
 
+_FUTEX_SYSCALL = {"x86_64": "202", "aarch64": "98"}.get(os.uname().machine, "202")
+
+
+def _in_futex_wait(pid: int, addr: int) -> bool:
+    """Whether process ``pid`` is inside the futex system call on ``addr`` (/proc says so)."""
+    try:
+        with open(f"/proc/{pid}/syscall") as f:
+            fields = f.read().split()
+    except OSError:
+        return False
+    return fields[:2] == [_FUTEX_SYSCALL, hex(addr)]
+
+
 def test_another_process_sleeping_on_a_shared_word_is_woken_by_the_writer() -> None:
     area = mmap.mmap(-1, 4096)  # MAP_SHARED|MAP_ANONYMOUS: shared with the forked child
     struct.pack_into("<I", area, 0, 1)
@@ -46,7 +61,8 @@ def test_another_process_sleeping_on_a_shared_word_is_woken_by_the_writer() -> N
     child.start()
     try:
         assert out.get(timeout=30) == "sleeping"
-        time.sleep(0.2)  # let it reach the futex (if it has not, it sees the new value anyway)
+        addr = futex.address_of(memoryview(area), 0)
+        wait_for(lambda: _in_futex_wait(child.pid, addr), what="the child to sleep on the word")
         struct.pack_into("<I", area, 0, 2)
         futex.wake(futex.address_of(memoryview(area), 0))
         assert out.get(timeout=10) == 2  # woken, not timed out after 60 s
