@@ -65,6 +65,7 @@ class HandshakePool:
         self._shaking: dict[socket.socket, str] = {}  # insertion order: the oldest first
         self.dropped: Counter[str] = Counter()
         self.refused_handshakes = 0  # failed or refused by the handshake itself
+        self.accept_pauses = 0  # accepts paused for want of descriptors
         self._backoff_s = 0.0
         self._last_log = 0.0
         self._unlogged = 0
@@ -132,11 +133,11 @@ class HandshakePool:
         except Exception as exc:
             with self._lock:
                 dropped = self._shaking.pop(sock, None) is None
-                if not dropped:
-                    self.refused_handshakes += 1
                 sock.close()
-            if not dropped:
+            if not dropped:  # logged before it is counted: a reader of the count sees the log
                 self._log.warning("%s: %s %s: %s", self.what, self._refused, peer, exc)
+                with self._lock:
+                    self.refused_handshakes += 1
             return
         with self._lock:
             if self._shaking.pop(sock, None) is None:  # dropped just as it finished
@@ -173,6 +174,7 @@ class HandshakePool:
 
     def _out_of_descriptors(self, exc: OSError) -> float:
         first = self._backoff_s == 0.0
+        self.accept_pauses += 1
         self._backoff_s = min(_MAX_BACKOFF_S, 2 * self._backoff_s or _FIRST_BACKOFF_S)
         dropped = self.drop_oldest(DROPPED_DESCRIPTORS)
         if first:
