@@ -16,7 +16,12 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ringtorch._wire.admission import HandshakePool, tcp_peer
+from ringtorch._wire.admission import (
+    DROPPED_CONNECTIONS,
+    REFUSED_CONNECTIONS,
+    HandshakePool,
+    tcp_peer,
+)
 from ringtorch._wire.handshake import SERVICE_STORE, handshake_deadline, server_handshake
 from ringtorch._wire.sockets import tune_tcp
 
@@ -38,6 +43,7 @@ class StoreServerStatistics:
     max_buffered_bytes: int  # the cap (RINGTORCH_STORE_MAX_BUFFERED_BYTES)
     dropped: dict[str, int]  # connections closed to stay within a limit, by reason
     refused_handshakes: int  # failed their handshake (wrong secret, garbage, timeout)
+    accept_pauses: int  # accepts paused for want of file descriptors
 
 
 class StoreAdmission:
@@ -98,7 +104,8 @@ class StoreAdmission:
         return StoreServerStatistics(
             connections=connections, handshakes_in_flight=self.pool.in_flight,
             buffered_bytes=buffered, peak_buffered_bytes=peak, max_buffered_bytes=cap,
-            dropped=dropped, refused_handshakes=self.pool.refused_handshakes)
+            dropped=dropped, refused_handshakes=self.pool.refused_handshakes,
+            accept_pauses=self.pool.accept_pauses)
 
     def close(self) -> None:
         """Shut down the handshakes in flight and close the queued connections."""
@@ -107,5 +114,12 @@ class StoreAdmission:
             sock.close()
 
 
-__all__ = ["DROPPED_SLOWEST", "MAX_CONNECTIONS", "MAX_HANDSHAKES_IN_FLIGHT", "StoreAdmission",
-           "StoreServerStatistics"]
+__all__ = [
+    "DROPPED_CONNECTIONS",
+    "DROPPED_SLOWEST",
+    "MAX_CONNECTIONS",
+    "MAX_HANDSHAKES_IN_FLIGHT",
+    "REFUSED_CONNECTIONS",
+    "StoreAdmission",
+    "StoreServerStatistics",
+]
