@@ -35,6 +35,7 @@ _OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _FIRST_BACKOFF_S = 0.05
 _MAX_BACKOFF_S = 1.0
 _LOG_EVERY_S = 1.0
+_ACCEPT_BATCH = 64
 
 
 class HandshakePool:
@@ -150,8 +151,10 @@ class HandshakePool:
         """Accept every connection waiting on the non-blocking ``listener`` and start its
         handshake. ``full()`` says the owner's connection cap is reached: the oldest
         connection in its handshake is then dropped, or the newcomer refused when there is
-        none. Returns 0, or the seconds to stop accepting for (out of descriptors)."""
-        while True:
+        none. At most ``_ACCEPT_BATCH`` at a time, so that a flood cannot starve an owner
+        accepting on its event loop. Returns 0, or the seconds to stop accepting for (out of
+        descriptors)."""
+        for _ in range(_ACCEPT_BATCH):
             try:
                 sock, addr = listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -171,6 +174,7 @@ class HandshakePool:
                 sock.close()
                 continue
             self.start(sock, peer)
+        return 0.0
 
     def _out_of_descriptors(self, exc: OSError) -> float:
         first = self._backoff_s == 0.0
