@@ -88,8 +88,14 @@ class HandshakePool:
             if len(self._shaking) >= self.limit:
                 self._drop_oldest_locked(DROPPED_SLOTS)
             self._shaking[sock] = peer
-        threading.Thread(target=self._run, args=(sock, peer), daemon=True,
-                         name=f"ringtorch-handshake-{peer}").start()
+        try:
+            threading.Thread(target=self._run, args=(sock, peer), daemon=True,
+                             name=f"ringtorch-handshake-{peer}").start()
+        except RuntimeError as exc:  # no thread to be had: this connection waits no longer
+            with self._lock:
+                self._shaking.pop(sock, None)
+                sock.close()
+            self._log.warning("%s: closed the connection from %s: %s", self.what, peer, exc)
 
     def drop_oldest(self, reason: str) -> bool:
         """Shut down the connection longest in its handshake; False when there is none."""
