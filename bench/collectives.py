@@ -6,7 +6,7 @@
     python bench/collectives.py --backend mpi --install-mpi    # + MPI backend; pip-installs MPI
     python bench/collectives.py --json bench/out/coll.json     # also bench/_report.py's JSON
 
-Libraries (--libs): ``shm`` is ShmNativeBackend with RINGTORCH_SHM=1 (shared memory between
+Libraries (--libs): ``shm`` is NativeBackend with RINGTORCH_SHM=1 (shared memory between
 the ranks of a host), ``sockets`` with RINGTORCH_SHM=0 (its socket mesh: Unix sockets on one
 host unless --transport tcp; ``ringtorch``, its old name, still works), ``ringtorch-dist`` the
 calls through ringtorch.distributed (the facade's cost on top; RINGTORCH_SHM/_TRANSPORT apply),
@@ -61,12 +61,12 @@ def iterations(nbytes: int, most: int = 1000) -> tuple[int, int]:
 
 
 class _Ringtorch:
-    """ShmNativeBackend driven directly (shm: shared memory on; sockets: off)."""
+    """NativeBackend driven directly (shm: shared memory on; sockets: off)."""
 
     def __init__(self, rank: int, world_size: int, port: int, shm: bool, transport: str) -> None:
         from ringtorch import _config
         from ringtorch.collectives.backends.base import BackendContext
-        from ringtorch.collectives.backends.shm_native import ShmNativeBackend
+        from ringtorch.collectives.backends.native import NativeBackend
         from ringtorch.store import TCPStore
 
         store = TCPStore("127.0.0.1", port, world_size, rank == 0, timeout=timedelta(seconds=120))
@@ -74,7 +74,7 @@ class _Ringtorch:
                              timeout=timedelta(seconds=120), group_name="bench",
                              global_ranks=tuple(range(world_size)))
         with _config.override(SHM=shm, TRANSPORT=transport):
-            self._start(ShmNativeBackend(ctx))
+            self._start(NativeBackend(ctx))
         if self.backend.uses_shm != (shm and world_size > 1):
             raise RuntimeError(f"shared memory {'not ' if shm else ''}in use: "
                                f"{self.backend.shm_reason}")

@@ -9,13 +9,13 @@ socket path, on fake hosts (RINGTORCH_HOST_ID per rank; TCP between them over lo
     python bench/hierarchical.py --json bench/out/hier.json   # also bench/_report.py's JSON
 
 Modes, each in its own world of processes, interleaved, --repeat times: ``hier`` is
-ShmNativeBackend with RINGTORCH_SHM=1 (shared memory within each fake host, the hosts'
+NativeBackend with RINGTORCH_SHM=1 (shared memory within each fake host, the hosts'
 leaders over TCP), ``sockets`` the same backend with RINGTORCH_SHM=0 (Unix sockets within a
 host, TCP across), ``one-host`` (--one-host) every rank on one host with shared memory, for
 reference, ``hier-forced`` (--forced) hier with all_gather and reduce_scatter hierarchical
 at every size (by default they take the socket path from 256 KiB), and ``hier-sliced``
 (--sliced) hier with all_reduce sliced at every size (every rank talks across; see
-shm_hierarchy.py). Every timed call follows a barrier; an iteration's time is the slowest
+transports/hierarchy.py). Every timed call follows a barrier; an iteration's time is the slowest
 rank's; a run's time is the median over iterations, and the table shows the median over
 repeats. float32 SUM; sizes are nccl-tests' (the whole buffer: all_gather's output,
 reduce_scatter's input) and so are the bus-bandwidth factors; the first call of every case
@@ -46,15 +46,15 @@ def iterations(nbytes: int, most: int = 500) -> tuple[int, int]:
 def rank_main(rank: int, world_size: int, hosts: str, shm: bool, ops: list[str],
               sizes: list[int], tweaks: dict[str, int], most: int = 500) -> Any:
     """One rank: build the backend on its fake host, time every op at every size
-    (``tweaks``: shm_hierarchy's thresholds to set first)."""
+    (``tweaks``: the hierarchy transport's thresholds to set first)."""
     import torch
     import torch.distributed as tdist
 
     from ringtorch import _config
-    from ringtorch.collectives.backends import shm_hierarchy
     from ringtorch.collectives.backends.base import BackendContext
-    from ringtorch.collectives.backends.shm_native import ShmNativeBackend
+    from ringtorch.collectives.backends.native import NativeBackend
     from ringtorch.collectives.reduce_op import ReduceOp
+    from ringtorch.collectives.transports import hierarchy as shm_hierarchy
 
     for name, value in tweaks.items():
         setattr(shm_hierarchy, name, value)
@@ -66,7 +66,7 @@ def rank_main(rank: int, world_size: int, hosts: str, shm: bool, ops: list[str],
                          timeout=timedelta(seconds=120), group_name="bench",
                          global_ranks=tuple(range(world_size)))
     with _config.override(SHM=shm, HOST_ID=f"host-{hosts[rank]}", SOCKET_ADDR="127.0.0.1"):
-        b = ShmNativeBackend(ctx)
+        b = NativeBackend(ctx)
     seq = 0
     ws, total = world_size, world_size * (world_size + 1) / 2
 

@@ -6,9 +6,10 @@ by a reader thread (mailbox.py) so that point-to-point messages, aborts and stat
 arrive whatever the caller is doing. mesh_setup.py builds the mesh through the store (Unix
 sockets between ranks of one host, TCP otherwise, every connection handshaken).
 
-Collective data frame (little-endian), checked against what the receiver expects:
+Collective data frame (little-endian), checked against what the receiver expects; the
+fields are produced and decoded by collectives/call.py (the mesh compares bytes only):
     offset  0  u8   tag 0xC1 (a stream out of step shows up as a bad tag)
-    offset  1  u8   op code (all_reduce, broadcast, ...; named by the backend)
+    offset  1  u8   op code (all_reduce, broadcast, ...)
     offset  2  u8   dtype code
     offset  3  u8   reduce op code (0xFF: none)
     offset  4  u32  root rank (0xFFFFFFFF: none)
@@ -32,18 +33,17 @@ from ringtorch import _config
 from ringtorch._errors import DistNetworkError
 from ringtorch._wire.channel import WAIT_SLICE_S, Channel
 from ringtorch._wire.errors import PeerClosedError
-from ringtorch._wire.framing import BytesLike
 
 COLL_HEADER = struct.Struct("<BBBBIQQQ")
+# A frame's payload or destination: anything exposing its memory through the buffer protocol
+# (bytes, bytearray, memoryview, a NumPy array), as bytes or castable to them.
+Payload = Any
 _HEAD = COLL_HEADER.size
 # A send the kernel did not take at once is handed to the sender thread from this size on
 # (below it, the poll loop's few iterations cost less than a thread wake-up).
 _HANDOFF_NBYTES = 128 * 1024
 # The adaptive spin never drops below this (a few polls), so it can grow back.
 _SPIN_FLOOR_S = 4e-6
-COLL_TAG = 0xC1
-NO_ROOT = 0xFFFFFFFF
-NO_REDOP = 0xFF
 KIND_COLL = "coll"
 KIND_P2P = "p2p"
 
@@ -125,11 +125,11 @@ class PeerMesh:
 
     # -- collective frames -------------------------------------------------------------------
 
-    def send(self, peer: int, header: bytes, payload: BytesLike) -> None:
+    def send(self, peer: int, header: bytes, payload: Payload) -> None:
         """Send one collective frame; returns once the kernel has it all."""
         self.coll[peer].send((header, payload))  # type: ignore[union-attr]
 
-    def recv(self, peer: int, expected: bytes, into: BytesLike) -> None:
+    def recv(self, peer: int, expected: bytes, into: Payload) -> None:
         """Receive one collective frame from ``peer`` into ``into``, checking its header.
 
         Raises:
@@ -138,8 +138,8 @@ class PeerMesh:
         """
         self.exchange((), ((peer, expected, into),))
 
-    def exchange(self, sends: Sequence[tuple[int, bytes, BytesLike]],
-                 recvs: Sequence[tuple[int, bytes, BytesLike]]) -> None:
+    def exchange(self, sends: Sequence[tuple[int, bytes, Payload]],
+                 recvs: Sequence[tuple[int, bytes, Payload]]) -> None:
         """Send and receive several frames at once without deadlocking on full buffers.
 
         First every send is offered without waiting; if the kernel took them all, the
@@ -154,14 +154,14 @@ class PeerMesh:
         except PeerClosedError as exc:
             raise PeerLost(getattr(exc, "peer", -1), str(exc)) from exc
 
-    def _exchange(self, sends: Sequence[tuple[int, bytes, BytesLike]],
-                  recvs: Sequence[tuple[int, bytes, BytesLike]]) -> None:
+    def _exchange(self, sends: Sequence[tuple[int, bytes, Payload]],
+                  recvs: Sequence[tuple[int, bytes, Payload]]) -> None:
         pending = []
         for peer, header, payload in sends:
             ch = self.coll[peer]
             total = len(header) + memoryview(payload).nbytes
             try:
-                sent = ch.send_nowait((header, payload))  # type: ignore[union-attr]
+                sent = ch.send_nowait((header, payload))  # type: ignore[union-attr,arg-type]
             except PeerClosedError as exc:
                 raise PeerLost(peer, str(exc)) from exc
             if sent < total:
@@ -185,7 +185,7 @@ class PeerMesh:
         for peer, expected, into in recvs:
             self._recv_frame(peer, expected, into)
 
-    def _recv_frame(self, peer: int, expected: bytes, into: BytesLike) -> None:
+    def _recv_frame(self, peer: int, expected: bytes, into: Payload) -> None:
         """Receive one frame with all sends done: scatter-read header and payload (one system
         call when the frame is there), spinning briefly before blocking (a blocking wake-up
         costs tens of microseconds on these machines)."""
@@ -197,7 +197,7 @@ class PeerMesh:
         total = _HEAD + len(body)
         got = ch.recv_some((head, body), False)  # type: ignore[union-attr]
         if got == 0 and self._spin_now:
-            got = self._spin(ch, head, body)
+            got = self._spin(ch, head, body)  # type: ignore[arg-type]
         checked = False
         start = 0.0
         while True:
@@ -368,7 +368,7 @@ class _Outgoing:
 class _Incoming:
     """A frame being received: header first (checked), then payload into the destination."""
 
-    def __init__(self, ch: Channel, peer: int, expected: bytes, into: BytesLike) -> None:
+    def __init__(self, ch: Channel, peer: int, expected: bytes, into: Payload) -> None:
         self.ch = ch
         self.fd = ch.fileno()
         self.peer = peer
@@ -409,11 +409,8 @@ class _Incoming:
 
 __all__ = [
     "COLL_HEADER",
-    "COLL_TAG",
     "KIND_COLL",
     "KIND_P2P",
-    "NO_REDOP",
-    "NO_ROOT",
     "FrameMismatch",
     "PeerLost",
     "PeerMesh",

@@ -14,7 +14,8 @@ that make the double-buffered data area safe without any other synchronisation:
   skips a round number (:meth:`ShmDomain.skip_round`) so the next collective's writes cannot
   reach it either.
 
-Every collective also publishes a descriptor (sequence number, op, detail, bytes): ``now``
+Every collective also publishes a descriptor (sequence number, op, detail, bytes; any object
+with those four attributes, the collectives layer's CollectiveCall is one): ``now``
 (what the rank is doing, any transport) and, for its first shared-memory round, a per-slot
 copy that every peer compares with its own after the round. Ranks that called different
 collectives, sizes, dtypes or roots therefore fail at their first round, before any data is
@@ -50,8 +51,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from datetime import timedelta
-from typing import NamedTuple, NoReturn
+from typing import NamedTuple, NoReturn, Protocol
 
 from ringtorch._errors import DistBackendError
 from ringtorch._wire import futex
@@ -80,13 +80,48 @@ LEFT_GRACE_S = 0.25  # how long a peer's departure waits for its reason on the s
 
 
 class Desc(NamedTuple):
-    """What a collective is, as every rank must agree on it. ``kind`` and ``detail`` are
-    codes the caller defines (op; dtype, reduction, root); ``describe`` names them."""
+    """What a collective is, as every rank must agree on it, as read from a peer's words.
+    ``kind`` and ``detail`` are codes the caller defines (op; dtype, reduction, root)."""
 
     seq: int
     kind: int
     detail: int
     nbytes: int
+
+
+class Descriptor(Protocol):
+    """Anything with a descriptor's four words (Desc, or the caller's own call object)."""
+
+    @property
+    def seq(self) -> int: ...
+
+    @property
+    def kind(self) -> int: ...
+
+    @property
+    def detail(self) -> int: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+
+class ShmReports(Protocol):
+    """The words of the domain's failures, supplied by the layer that knows what the codes
+    mean (collectives/reports.py). ``desc`` is a descriptor: ``seq``, ``kind``, ``detail``,
+    ``nbytes``; ranks are given as the messages must name them."""
+
+    def mismatch(self, mine: Descriptor, me: int, peer: int, theirs: Desc) -> str: ...
+
+    def where(self, peer: int, theirs: Desc) -> str: ...
+
+    def timed_out(self, desc: Descriptor, me: int, waited_s: float, late: list[int],
+                  where: list[str]) -> str: ...
+
+    def peer_aborted(self, desc: Descriptor, me: int, peer: int, reason: str) -> str: ...
+
+    def peer_died(self, desc: Descriptor, me: int, peer: int, pid: int) -> str: ...
+
+    def failed(self, desc: Descriptor, me: int, cause: str) -> str: ...
 
 
 class ShmPeerError(DistBackendError):
@@ -110,14 +145,18 @@ class ShmDomain:
         spread_out: the ranks together may run on at least as many CPUs as there are ranks
             (the same on every rank: from every rank's setup record); plans may rely on it.
         settings: rank 0's ``settings`` given to ``shm_setup.open_domain``.
+        names: ``names[j]`` is how messages name member j (its group rank when the domain
+            is one host's part of a larger group).
         poll_failure: optional callable a waiting rank polls every millisecond; a string it
             returns (another transport saw a peer die, say) fails the wait with that cause.
+        await_failure: optional callable ``(timeout_s) -> cause or None`` that waits, with a
+            bound, for another transport's cause (a departed peer's ABORT frame on its way).
         on_failure: optional callable given the message of every failure this domain raises,
             before it raises (the backend aborts the group with it).
     """
 
     def __init__(self, rank: int, size: int, segments: list[Segment], half_ceiling: int,
-                 describe: Callable[[Desc], str], group: str) -> None:
+                 reports: ShmReports, group: str, names: Sequence[int] | None = None) -> None:
         self.rank, self.size = rank, size
         self.segments = segments
         self.words = [seg.buf.cast("Q") for seg in segments]
@@ -126,24 +165,26 @@ class ShmDomain:
         self.half_ceiling = max(INITIAL_HALF, half_ceiling)
         self.generation = 0
         self.round = 0
-        self.describe = describe
+        self.reports = reports
         self.group = group
+        self.names = list(names) if names is not None else list(range(size))
         self.oversubscribed = size > len(os.sched_getaffinity(0))
         self.spin_iters = 16 if self.oversubscribed else SPIN_ITERS
         self.spread_out = False  # every rank can have a CPU of its own (shm_setup sets it)
         self.settings: dict[str, int] = {}
         self.poll_failure: Callable[[], str | None] | None = None
+        self.await_failure: Callable[[float], str | None] | None = None
         self.on_failure: Callable[[str], None] | None = None
         self._failure: str | None = None
         self._op_start = 0.0
 
     # -- descriptors and rounds ----------------------------------------------------------------
 
-    def enter(self, desc: Desc) -> None:
+    def enter(self, desc: Descriptor) -> None:
         """Publish what this rank is doing now (every collective, whatever its transport)."""
         self._write_desc(W_NOW, desc)
 
-    def arrive(self, desc: Desc, deadline: float) -> None:
+    def arrive(self, desc: Descriptor, deadline: float) -> None:
         """Enter the first round of collective ``desc``: publish it, wait for every peer and
         check that each peer is in the same collective.
 
@@ -157,14 +198,13 @@ class ShmDomain:
         self._write_desc(W_NOW, desc)
         self._signal_and_wait(t, desc, deadline)
         at = W_ROUND_DESC[t & 1]
-        seq, kind, detail, nbytes = desc
-        seq += 1  # as stored
+        seq, kind, detail, nbytes = desc.seq + 1, desc.kind, desc.detail, desc.nbytes
         for j in self.peers:
             w = self.words[j]
             if w[at] != seq or w[at + 1] != kind or w[at + 2] != detail or w[at + 3] != nbytes:
                 self._fail(self._mismatch(desc, j, self._read_desc(j, at)), [j])
 
-    def step(self, desc: Desc, deadline: float) -> None:
+    def step(self, desc: Descriptor, deadline: float) -> None:
         """Enter the next round of the current collective (data published before; see module)."""
         self._signal_and_wait(self.round + 1, desc, deadline)
 
@@ -183,7 +223,7 @@ class ShmDomain:
         """
         self.round += 1
 
-    def _signal_and_wait(self, t: int, desc: Desc, deadline: float) -> None:
+    def _signal_and_wait(self, t: int, desc: Descriptor, deadline: float) -> None:
         if self._failure is not None:
             raise DistBackendError(self._failure)
         words = self.words
@@ -197,7 +237,7 @@ class ShmDomain:
                 self._wait_peer(j, t, desc, deadline)
         self.round = t
 
-    def _wait_peer(self, j: int, t: int, desc: Desc, deadline: float) -> None:
+    def _wait_peer(self, j: int, t: int, desc: Descriptor, deadline: float) -> None:
         word = self.words[j]
         for _ in range(self.spin_iters):
             if word[W_ROUND] >= t:
@@ -222,58 +262,50 @@ class ShmDomain:
                 nap = min(nap * 2, SLEEP_MAX_S)
             now = time.monotonic()
 
-    def _explained_by_sockets(self, desc: Desc) -> None:
+    def _explained_by_sockets(self, desc: Descriptor) -> None:
         """A peer left: if it aborted the group on its sockets first (an ABORT frame, read by
         another thread, may still be on its way), fail with that cause, the real culprit,
         rather than with "rank j left"; wait for it at most LEFT_GRACE_S."""
-        if self.poll_failure is None:
+        if self.await_failure is None:
             return
-        until = time.monotonic() + LEFT_GRACE_S
-        while True:
-            external = self.poll_failure()
-            if external is not None:
-                self._fail(f"{self._what(desc)} failed: {external}", [])
-            if time.monotonic() >= until:
-                return
-            time.sleep(0.005)
+        external = self.await_failure(LEFT_GRACE_S)
+        if external is not None:
+            self._fail(self.reports.failed(desc, self._name(self.rank), external), [])
 
     def _round_addr(self, j: int) -> int:
         """Address of rank j's round word in this process, from its current mapping (a
         segment that grew moved); only the sleep and wake paths need it, so not cached."""
         return futex.address_of(self.segments[j].buf, 8 * W_ROUND)
 
-    def _check_late(self, t: int, desc: Desc, deadline: float, now: float) -> None:
+    def _check_late(self, t: int, desc: Descriptor, deadline: float, now: float) -> None:
         """Raise if this wait cannot end well: a late peer died, aborted or is elsewhere."""
         if self._failure is not None:
             raise DistBackendError(self._failure)
         external = self.poll_failure() if self.poll_failure is not None else None
+        me = self._name(self.rank)
         if external is not None:
-            self._fail(f"{self._what(desc)} failed: {external}", [])
+            self._fail(self.reports.failed(desc, me, external), [])
         late = [j for j in self.peers if self.words[j][W_ROUND] < t]
         for j in late:
             name = self._name(j)
             if self.words[j][W_ABORTED]:
-                self._fail(f"{self._what(desc)} failed: rank {name} aborted the group: "
-                           f"{self._reason(j)}", [name])
+                self._fail(self.reports.peer_aborted(desc, me, name, self._reason(j)), [name])
             theirs = self._read_desc(j, W_NOW)
-            if theirs.seq == desc.seq and theirs != desc:
+            if theirs.seq == desc.seq and (theirs.kind, theirs.detail, theirs.nbytes) != (
+                    desc.kind, desc.detail, desc.nbytes):
                 self._fail(self._mismatch(desc, j, theirs), [name])
             if not self.segments[j].owner_alive():
                 self._explained_by_sockets(desc)
-                pid = self.words[j][W_PID]
-                self._fail(f"{self._what(desc)} failed: rank {name} (pid {pid}) died or left "
-                           f"the group (its process no longer holds its shared-memory segment)",
-                           [name])
+                self._fail(self.reports.peer_died(desc, me, name, self.words[j][W_PID]), [name])
         if now > deadline:
-            where = "; ".join(self._where(j) for j in late)
-            waited = timedelta(seconds=round(now - self._op_start))
+            where = [self.reports.where(self._name(j), self._read_desc(j, W_NOW)) for j in late]
             names = [self._name(j) for j in late]
-            self._fail(f"{self._what(desc)} timed out after {waited}: ranks {names} did not "
-                       f"arrive ({where})", names)
+            self._fail(self.reports.timed_out(desc, me, now - self._op_start, names, where),
+                       names)
 
     # -- growth --------------------------------------------------------------------------------
 
-    def ensure_half(self, needed: int, desc: Desc, deadline: float) -> int:
+    def ensure_half(self, needed: int, desc: Descriptor, deadline: float) -> int:
         """Grow every rank's data slots to at least ``needed`` bytes if the cap allows;
         returns the slot size now in force (the same on every rank).
 
@@ -356,23 +388,17 @@ class ShmDomain:
     # -- helpers -------------------------------------------------------------------------------
 
     def _name(self, j: int) -> int:
-        """The rank number messages give domain member j (a subclass whose members are a
-        subset of a group names them by their group ranks)."""
-        return j
+        """The rank number messages give domain member j."""
+        return self.names[j]
 
-    def _what(self, desc: Desc) -> str:
-        return f"{self.describe(desc)} on group '{self.group}' (rank {self._name(self.rank)})"
-
-    def _mismatch(self, mine: Desc, j: int, theirs: Desc) -> str:
-        return (f"collective mismatch on group '{self.group}': rank {self._name(self.rank)} "
-                f"called {self.describe(mine)} but rank {self._name(j)} called "
-                f"{self.describe(theirs)}")
+    def _mismatch(self, mine: Descriptor, j: int, theirs: Desc) -> str:
+        return self.reports.mismatch(mine, self._name(self.rank), self._name(j), theirs)
 
     def _reason(self, j: int) -> str:
         n = min(self.words[j][W_REASON_LEN], REASON_MAX)
         return bytes(self.segments[j].buf[REASON_OFFSET:REASON_OFFSET + n]).decode(errors="replace")
 
-    def _write_desc(self, at: int, desc: Desc) -> None:
+    def _write_desc(self, at: int, desc: Descriptor) -> None:
         w = self.words[self.rank]
         w[at + 1], w[at + 2], w[at + 3] = desc.kind, desc.detail, desc.nbytes
         w[at] = desc.seq + 1  # 0 means "no collective yet"
@@ -386,14 +412,11 @@ class ShmDomain:
             if w[at] == stamp:
                 return desc
 
-    def _where(self, j: int) -> str:
-        now = self._read_desc(j, W_NOW)
-        return (f"rank {self._name(j)} is at "
-                + ("no collective yet" if now.seq < 0 else self.describe(now)))
 
 
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-__all__ = ["DATA_OFFSET", "INITIAL_HALF", "Desc", "ShmDomain", "ShmPeerError"]
+__all__ = ["DATA_OFFSET", "INITIAL_HALF", "Desc", "Descriptor", "ShmDomain", "ShmPeerError",
+           "ShmReports"]

@@ -13,7 +13,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -28,22 +28,23 @@ from ringtorch._wire.shm_domain import (
     W_MAGIC,
     W_PID,
     W_VERSION,
-    Desc,
     ShmDomain,
+    ShmReports,
 )
 
 
 def open_domain(store: Any, rank: int, size: int, group: str, host: str, enabled: bool,
-                max_bytes: int, deadline: float, describe: Callable[[Desc], str],
-                settings: dict[str, int] | None = None,
-                prefix: str = "rt_shm") -> tuple[ShmDomain | None, str]:
+                max_bytes: int, deadline: float, reports: ShmReports,
+                settings: dict[str, int] | None = None, prefix: str = "rt_shm",
+                names: Sequence[int] | None = None) -> tuple[ShmDomain | None, str]:
     """Set up shared memory for the group through its store, or decide not to.
 
     Every rank publishes its host, its segment, its cap and its ``settings``; the group
     uses shared memory only if every rank is on one host, has it enabled and created its
     segment (so all ranks decide alike). Each rank unlinks its segment's name once every
     rank mapped it. The cap in force is the smallest; the settings are rank 0's (plans
-    computed from them must agree everywhere), in ``domain.settings``.
+    computed from them must agree everywhere), in ``domain.settings``. ``reports`` words
+    the domain's failures; ``names`` is how messages name each member (default: its rank).
 
     Returns:
         (domain, "") or (None, the reason shared memory is not used).
@@ -79,7 +80,7 @@ def open_domain(store: Any, rank: int, size: int, group: str, host: str, enabled
             seg.close()
         return None, why
     ceiling = (min(r["max_bytes"] for r in records) - DATA_OFFSET) // 2 // PAGE * PAGE
-    domain = ShmDomain(rank, size, segments, ceiling, describe, group)
+    domain = ShmDomain(rank, size, segments, ceiling, reports, group, names)
     domain.settings = dict(records[0]["settings"])
     if pinned_apart(records):
         domain.spin_long()
@@ -90,7 +91,7 @@ def open_domain(store: Any, rank: int, size: int, group: str, host: str, enabled
 def spread_out(records: list[dict[str, Any]]) -> bool:
     """Whether the ranks together may run on at least as many CPUs as there are ranks (so
     each can have one; world 3 on 2 cores cannot)."""
-    cpus = set()
+    cpus: set[int] = set()
     for rec in records:
         cpus.update(rec.get("cpus") or [])
     return len(cpus) >= len(records)

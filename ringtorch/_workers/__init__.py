@@ -17,6 +17,7 @@ from ringtorch._workers.errorfile import (
     record,
     write_error_file,
 )
+from ringtorch._workers.forked import ForkedWorker
 from ringtorch._workers.guardian import JOB_MARK_VAR, Guardian
 from ringtorch._workers.lifeline import (
     become_subreaper,
@@ -40,6 +41,7 @@ __all__ = [
     "NOT_AVAILABLE",
     "ChildFailedError",
     "ErrorHandler",
+    "ForkedWorker",
     "Guardian",
     "JOB_MARK_VAR",
     "LineCopier",

@@ -19,11 +19,13 @@ import faulthandler
 import json
 import os
 import signal
+import socket
 import time
 import traceback
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import wraps
 from typing import Any, TypeVar
 
@@ -59,9 +61,12 @@ class ErrorHandler:
     def dump_error_file(self, rootcause_error_file: str, error_code: int = 0) -> None:
         """Copy a child's error file into this process's own (a supervisor of supervisors)."""
         with open(rootcause_error_file) as f:
-            data = json.load(f)
+            self.record_child_error(json.load(f), error_code)
+
+    def record_child_error(self, data: dict[str, Any], error_code: int = 0) -> None:
+        """Write a child's error-file contents as this process's own error."""
         if error_code and isinstance(data.get("message"), dict):
-            data["message"]["errorCode"] = error_code
+            data = {**data, "message": {**data["message"], "errorCode": error_code}}
         path = self._get_error_file_path()
         if path:
             if os.path.isfile(path):
@@ -129,6 +134,10 @@ class ProcessFailure:
         except ValueError:
             return NOT_AVAILABLE
 
+    def timestamp_isoformat(self) -> str:
+        """The failure's time as ``YYYY-MM-DD_HH:MM:SS``."""
+        return datetime.fromtimestamp(self.timestamp).isoformat(sep="_")
+
     def traceback(self) -> str:
         """The worker's traceback when its error file has one, else the message."""
         message = self.error_file_data.get("message")
@@ -147,8 +156,11 @@ def _message_and_time(data: dict[str, Any]) -> tuple[str, int]:
 class ChildFailedError(Exception):
     """Raised by a supervisor whose child failed: ``failures`` maps global rank to failure.
 
-    Raised inside a ``@record`` function, it copies the root cause's error file into the
-    supervisor's own, so a chain of supervisors reports the worker's error, not its own.
+    The message is torch's table (title, the other failures, then the root cause with its
+    time, host, rank, exit code, error file and traceback), so logs read the same under
+    either launcher. Raised inside a ``@record`` function, it copies the root cause's error
+    into the supervisor's own error file, so a chain of supervisors reports the worker's
+    error, not its own.
     """
 
     def __init__(self, name: str, failures: dict[int, ProcessFailure]) -> None:
@@ -156,14 +168,48 @@ class ChildFailedError(Exception):
             raise ValueError("ChildFailedError needs at least one failure")
         self.name = name
         self.failures = failures
-        super().__init__(f"{name} FAILED: " + ", ".join(
-            f"rank {rank} ({failure.message.splitlines()[0] if failure.message else ''})"
-            for rank, failure in failures.items()))
+        super().__init__(self.format_msg())
 
     def get_first_failure(self) -> tuple[int, ProcessFailure]:
         """The root cause: the earliest failure by error-file timestamp (first observed on ties)."""
         rank = min(self.failures, key=lambda r: self.failures[r].timestamp)
         return rank, self.failures[rank]
+
+    def format_msg(self, boarder_delim: str = "=", section_delim: str = "-") -> str:
+        """The failure table (torch's layout and argument names, spelling included)."""
+        title = f"{self.name} FAILED"
+        root_rank, _ = self.get_first_failure()
+        blocks = {rank: _format_failure(index, rank, failure)
+                  for index, (rank, failure) in enumerate(self.failures.items())}
+        width = min(60, max([len(title)] + [len(line) for block in blocks.values()
+                                            for line in block.split("\n")]))
+        others = [block for rank, block in blocks.items() if rank != root_rank]
+        return "\n".join([
+            "", boarder_delim * width, title, section_delim * width, "Failures:",
+            "\n".join(others or ["  <NO_OTHER_FAILURES>"]), section_delim * width,
+            "Root Cause (first observed failure):", blocks[root_rank], boarder_delim * width,
+        ])
+
+
+def _format_failure(index: int, rank: int, failure: ProcessFailure) -> str:
+    message = failure.error_file_data.get("message")
+    if isinstance(message, dict):
+        text = str(message.get("extraInfo", {}).get("py_callstack",
+                                                      message.get("message", NOT_AVAILABLE)))
+        text = text.replace("\n", "\n  ")
+    else:
+        text = failure.message
+    signal_name = failure.signal_name()
+    how = f" ({signal_name})" if signal_name != NOT_AVAILABLE else ""
+    return "\n".join([
+        f"[{index}]:",
+        f"  time      : {failure.timestamp_isoformat()}",
+        f"  host      : {socket.getfqdn()}",
+        f"  rank      : {rank} (local_rank: {failure.local_rank})",
+        f"  exitcode  : {failure.exitcode} (pid: {failure.pid}) {how}",
+        f"  error_file: {failure.error_file}",
+        f"  traceback : {text}",
+    ])
 
 
 def record(fn: Callable[..., _R],
@@ -186,8 +232,10 @@ def record(fn: Callable[..., _R],
             raise
         except ChildFailedError as exc:
             _, failure = exc.get_first_failure()
-            if failure.error_file != NOT_AVAILABLE:
+            if os.path.isfile(failure.error_file):
                 handler.dump_error_file(failure.error_file, failure.exitcode)
+            elif failure.error_file != NOT_AVAILABLE:  # read before its directory was removed
+                handler.record_child_error(failure.error_file_data, failure.exitcode)
             raise
         except Exception as exc:
             handler.record_exception(exc)

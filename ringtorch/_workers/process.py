@@ -107,6 +107,10 @@ class WorkerProcess:
         """Block until the worker exits (reaping it); its exit code."""
         return self._popen.wait(timeout)
 
+    def pipes(self) -> tuple[IO[bytes] | None, IO[bytes] | None]:
+        """The read ends of the worker's stdout and stderr pipes (None where not piped)."""
+        return self._popen.stdout, self._popen.stderr
+
 
 def wait_any(procs: Sequence[WorkerProcess], timeout: float) -> None:
     """Return as soon as one of the running ``procs`` exits, or after ``timeout`` seconds.

@@ -18,12 +18,14 @@ import torch
 
 from ringtorch._errors import DistBackendError
 from ringtorch.collectives.backends.base import Backend
+from ringtorch.collectives.call import CollectiveCall, facade_call
 from ringtorch.collectives.comm_thread import Lane, WorkerPool
 from ringtorch.collectives.work import Work
 
-# (group, seq, op name, [(shape, dtype), ...], deadline) -> raises if the ranks disagree
-# (installed by ringtorch.distributed when RINGTORCH_DEBUG=DETAIL).
-CollectiveCheck = Callable[[Any, int, str, list[tuple[tuple[int, ...], torch.dtype]], float],
+# (group, call, [(shape, dtype), ...]) -> raises if the ranks disagree (installed by
+# ringtorch.distributed when RINGTORCH_DEBUG=DETAIL); the call names the collective (its
+# facade op name, sequence number, group) and carries its deadline.
+CollectiveCheck = Callable[[Any, CollectiveCall, list[tuple[tuple[int, ...], torch.dtype]]],
                            None]
 RunFn = Callable[[int, float], Any]
 
@@ -109,6 +111,27 @@ class GroupBase:
     def _get_backend(self, device: Any = None) -> Backend | None:
         return self._backend
 
+    @property
+    def shares_memory(self) -> bool:
+        """Whether :meth:`shared_tensor` can place tensors in memory the group's ranks share
+        (ringtorch's backend on one host; not in torch)."""
+        return self._backend is not None and self._backend.shares_memory
+
+    def shared_tensor(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A zero-filled 1-D tensor for repeated all_reduces (a ringtorch extension, not in
+        torch): in the group's shared memory where it has some (:attr:`shares_memory`), whose
+        all_reduce of exactly this tensor then skips the copy in; an ordinary tensor
+        otherwise, so callers need no other path. DDP puts its large buckets there.
+
+        Collective: every rank of the group calls it with the same ``numel`` and ``dtype``
+        at the same place among the group's collectives. Allocate once, not per step: the
+        memory stays mapped until the group is destroyed.
+
+        Raises:
+            DistBackendError: the group has no backend, or a peer died, aborted or is late.
+        """
+        return self._backend_or_raise().shared_tensor(numel, dtype)
+
     def _get_sequence_number_for_group(self) -> int:
         """How many collectives this group has issued (the next one's sequence number)."""
         return self._collectives.next_seq
@@ -146,7 +169,8 @@ class GroupBase:
         def run(work: Work) -> Any:
             deadline = time.monotonic() + seconds
             if check is not None:
-                check(self, work.seq, op_name, fingerprint, deadline)
+                check(self, facade_call(op_name, work.seq, self._group_name, deadline),
+                      fingerprint)
             return fn(work.seq, deadline)
 
         work = Work(op_name, -1, run, outputs, self._group_name)

@@ -201,9 +201,9 @@ class P2POps(GroupBase):
             raise DistBackendError(f"[Rank 0]: Ranks {names} failed to pass monitoredBarrier in "
                                    f"{ms} ms")
         if failed:
-            rank, exc = failed[0]
+            rank, error = failed[0]
             raise DistBackendError(f"[Rank 0]: Rank {rank} failed to pass monitoredBarrier in "
-                                   f"{ms} ms\n Original exception: \n{exc}") from exc
+                                   f"{ms} ms\n Original exception: \n{error}") from error
 
     def _barrier_member(self, limit: timedelta, arrive: int, release: int) -> None:
         backend = self._backend_or_raise()

@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ringtorch._buffers import as_bytes, typed_view
+
 
 class RedOpType(enum.IntEnum):
     """The reduction kinds, numbered as torch numbers them (``ReduceOp.RedOpType``)."""
@@ -41,7 +43,10 @@ class RedOpType(enum.IntEnum):
     def __str__(self) -> str:
         return f"RedOpType.{self.name}"
 
-    __format__ = object.__format__
+    __format__ = object.__format__  # type: ignore[assignment]
+
+
+_Kind = RedOpType  # the enum, for annotations inside ReduceOp (whose RedOpType is an attribute)
 
 
 class _ReduceOpMeta(type):
@@ -71,9 +76,9 @@ class ReduceOp(metaclass=_ReduceOpMeta):
     PREMUL_SUM = RedOpType.PREMUL_SUM
     UNUSED = RedOpType.UNUSED
 
-    def __init__(self, op: RedOpType | ReduceOp) -> None:
+    def __init__(self, op: _Kind | ReduceOp) -> None:
         if isinstance(op, ReduceOp) and not isinstance(op, RedOpType):
-            self.op: RedOpType = op.op
+            self.op: _Kind = op.op
             self.factor: float | torch.Tensor | None = op.factor
             return
         if not isinstance(op, RedOpType):
@@ -258,21 +263,14 @@ def byte_reducer(op: Any, dtype: torch.dtype) -> ByteReducer:
     fn = _torch_kernel(kind, dtype)
 
     def reduce_torch(dst: np.ndarray, src: np.ndarray, src_first: bool) -> None:
-        d = torch.from_numpy(dst).view(dtype)
-        s = torch.from_numpy(src).view(dtype)
+        d = typed_view(dst, dtype)
+        s = typed_view(src, dtype)
         if src_first:
             fn(s, d, out=d)
         else:
             fn(d, s, out=d)
 
     return reduce_torch
-
-
-def as_bytes(tensor: torch.Tensor) -> np.ndarray:
-    """The bytes of a contiguous CPU tensor as a uint8 NumPy array sharing its memory."""
-    if tensor.dim() != 1:
-        tensor = tensor.reshape(-1)
-    return tensor.view(torch.uint8).numpy()
 
 
 def reduce_into(dst: torch.Tensor, src: torch.Tensor, op: Any, *, src_first: bool = False) -> None:
@@ -293,20 +291,12 @@ def reduce_into(dst: torch.Tensor, src: torch.Tensor, op: Any, *, src_first: boo
         reducer(as_bytes(dst), as_bytes(src), src_first)
 
 
-def finish_avg(buf: torch.Tensor, world_size: int) -> None:
-    """Turn a SUM into the AVG, in place (what AVG means after the sum)."""
-    if buf.numel():
-        buf.div_(world_size)
-
-
 __all__ = [
     "ByteReducer",
     "RedOpType",
     "ReduceOp",
-    "as_bytes",
     "byte_reducer",
     "check_reduce_op",
-    "finish_avg",
     "make_premul_sum",
     "op_type",
     "premul_factor",

@@ -32,7 +32,7 @@ def _check_op(op: object, dtype: object, name: str) -> None:
     key = (op, dtype, name)
     if type(op) is RedOpType and key in _VALID:
         return
-    check_reduce_op(op, dtype, name)  # type: ignore[arg-type]
+    check_reduce_op(op, dtype, name)
     if type(op) is RedOpType:
         _VALID.add(key)
 

@@ -30,6 +30,11 @@ from ringtorch.collectives.options import (
 from ringtorch.collectives.process_group import ProcessGroup
 from ringtorch.collectives.reduce_op import ReduceOp
 from ringtorch.collectives.work import Work
+
+# The submodule rendezvous.py is loaded here, before the function of the same name is bound:
+# imported later, it would replace ringtorch.distributed.rendezvous (the function, as in
+# torch) with the module.
+from ringtorch.distributed import rendezvous as _rendezvous_module  # noqa: F401
 from ringtorch.distributed._backend import (
     Backend,
     BackendConfig,

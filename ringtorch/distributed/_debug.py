@@ -27,6 +27,7 @@ import torch
 
 from ringtorch import _config
 from ringtorch._errors import DistBackendError
+from ringtorch.collectives.reports import fingerprint_mismatch, fingerprint_missing
 
 
 class DebugLevel(enum.Enum):
@@ -82,33 +83,18 @@ def _type_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def _render(entry: dict[str, Any]) -> str:
-    shapes = ", ".join(str(list(s)) for s in entry["shapes"])
-    dtypes = ", ".join(entry["dtypes"])
-    return (f"CollectiveFingerPrint(SequenceNumber={entry['seq']}, OpType={entry['op']}, "
-            f"TensorShape=[{shapes}], TensorDtypes=[{dtypes}])")
-
-
-def _differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    out = []
-    for key, label in (("seq", "sequence number"), ("op", "op type"),
-                       ("shapes", "tensor shapes"), ("dtypes", "tensor dtypes")):
-        if a[key] != b[key]:
-            out.append(f"{label}: {a[key]} vs {b[key]}")
-    return out
-
-
-def check_fingerprint(pg: Any, seq: int, op_name: str,
-                      tensors: list[tuple[tuple[int, ...], torch.dtype]],
-                      deadline: float) -> None:
-    """Compare this collective's fingerprint with every other rank's; raise on a mismatch.
+def check_fingerprint(pg: Any, call: Any, tensors: list[tuple[tuple[int, ...], torch.dtype]],
+                      ) -> None:
+    """Compare the fingerprint of ``call`` (a CollectiveCall named by the facade's op) with
+    every other rank's; raise on a mismatch.
 
     Raises:
         DistBackendError: ranks disagree (the message shows each rank's fingerprint and what
-            differs), or some rank did not reach this collective before ``deadline``.
+            differs), or some rank did not reach this collective before its deadline.
     """
     import time
 
+    seq, op_name, deadline = call.seq, call.op, call.deadline
     store = pg.get_group_store()
     rank, size = pg.rank(), pg.size()
     mine = {"seq": seq, "op": op_name.upper(), "shapes": [list(s) for s, _ in tensors],
@@ -121,21 +107,14 @@ def check_fingerprint(pg: Any, seq: int, op_name: str,
         store.wait(keys, timedelta(seconds=remaining))
     except Exception as exc:
         missing = [r for r in range(size) if not store.check([keys[r]])]
-        raise DistBackendError(
-            f"{op_name} #{seq} on group '{pg.group_name}': ranks {missing} did not reach this "
-            f"collective within {timedelta(seconds=round(remaining))} (collective fingerprint "
-            f"check, RINGTORCH_DEBUG=DETAIL): {exc}") from None
+        raise DistBackendError(fingerprint_missing(call, missing, remaining, exc)) from None
     entries = [json.loads(store.get(k)) for k in keys]
     if store.add(f"{prefix}read", 1) == size:
         for key in [*keys, f"{prefix}read"]:
             store.delete_key(key)
     for other, entry in enumerate(entries):
         if entry != mine:
-            raise DistBackendError(
-                f"Detected mismatch between collectives on ranks. Rank {rank} is running "
-                f"collective: {_render(mine)}, but Rank {other} is running collective: "
-                f"{_render(entry)}. Collectives differ in the following aspects: "
-                + "; ".join(_differences(mine, entry)))
+            raise DistBackendError(fingerprint_mismatch(rank, mine, other, entry))
 
 
 _breakpoint_counts: dict[int, int] = {}

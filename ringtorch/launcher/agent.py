@@ -31,9 +31,10 @@ from ringtorch._wire.shm import sweep_stale_segments
 from ringtorch._workers import Guardian, WorkerStartError, become_subreaper, reap_adopted
 from ringtorch.launcher.config import LaunchConfig
 from ringtorch.launcher.decisions import Action, Observation, decide, group_state
+from ringtorch.launcher.handlers import RendezvousGracefulExitError
 from ringtorch.launcher.node_rendezvous import NodeRendezvous, RendezvousError, StaticRendezvous
 from ringtorch.launcher.summary import format_summary, one_line, root_cause
-from ringtorch.launcher.workers import Assignment, LocalWorkerGroup
+from ringtorch.launcher.workers import Assignment, LocalWorkerGroup, WorkerFailure
 
 EXIT_FAILED = 1
 
@@ -47,10 +48,18 @@ class Agent:
     """Runs one job on this node; :meth:`run` returns the launcher's exit code."""
 
     def __init__(self, config: LaunchConfig, rendezvous: NodeRendezvous | None = None,
-                 title: str = "job") -> None:
+                 title: str = "job", embedded: bool = False) -> None:
+        """``embedded``: the agent runs inside a user's program (``elastic_launch``), which
+        keeps its other children: the agent neither becomes a subreaper nor kills the
+        processes it did not start, and leaves the failure summary to the caller
+        (``failures``)."""
         self.config = config
         self.rendezvous = rendezvous or make_rendezvous(config)
         self.title = title
+        self.embedded = embedded
+        self.failures: list[WorkerFailure] = []
+        self.last_assignment: Assignment | None = None
+        self.left_gracefully = False
         self.remaining_restarts = config.max_restarts
         self._signal: int | None = None
         self._force = False
@@ -91,7 +100,8 @@ class Agent:
 
     def run(self) -> int:
         """Run the job to the end; 0 on success, 1 on failure, 128+N after signal N."""
-        become_subreaper()
+        if not self.embedded:
+            become_subreaper()
         guardian = self._guardian = Guardian()  # first: it must hold none of the fds below
         self._install_signal_handlers()
         run_dir, keep = self._make_run_dir()
@@ -99,16 +109,23 @@ class Agent:
         try:
             with _config.override(SECRET=self.config.secret):
                 return self._run(run_dir)
+        except RendezvousGracefulExitError as exc:  # a custom backend left this node out
+            say(f"this node is not part of the job: {exc}")
+            self.left_gracefully = True
+            return 0
         except (RendezvousError, WorkerStartError) as exc:
             if self._signal is not None:
                 say(f"received {signal.Signals(self._signal).name} during the rendezvous")
                 return 128 + self._signal
+            if self.embedded:
+                raise  # the calling program handles it (elastic_launch raises it, as torch)
             say(f"error: {exc}")
             return EXIT_FAILED
         finally:
             if self._group is not None:
                 self._stop_group(signal.SIGKILL if self._force else signal.SIGTERM)
-            reap_adopted(spare={guardian.pid})
+            if not self.embedded:
+                reap_adopted(spare={guardian.pid})
             guardian.close()
             sweep_stale_segments()  # shared memory left by workers that were killed
             self.rendezvous.shutdown()
@@ -138,6 +155,7 @@ class Agent:
             if self._signal is not None:
                 return self._stopped_by_signal()
             restart_count = self.config.max_restarts - self.remaining_restarts
+            self.last_assignment = assignment
             self._group = group = LocalWorkerGroup(
                 self.config, assignment, restart_count,
                 attempt_dir=os.path.join(run_dir, f"attempt_{attempt}"),
@@ -184,8 +202,10 @@ class Agent:
             return EXIT_FAILED
         else:  # GIVE_UP
             self.rendezvous.close(f"node {node}: {one_line(root_cause(failures))}")
-            print(format_summary(self.title, failures, keep_files=self._keep_files),
-                  file=sys.stderr, flush=True)
+            self.failures = failures
+            if not self.embedded:
+                print(format_summary(self.title, failures, keep_files=self._keep_files),
+                      file=sys.stderr, flush=True)
             return EXIT_FAILED
         return None
 
@@ -235,13 +255,21 @@ def make_rendezvous(config: LaunchConfig) -> NodeRendezvous:
         from ringtorch.launcher.c10d_rendezvous import C10dRendezvous
 
         return C10dRendezvous(config)
-    return StaticRendezvous(config)
+    if config.rdzv_backend == "static":
+        return StaticRendezvous(config)
+    from ringtorch.launcher.handler_rendezvous import HandlerRendezvous
+
+    return HandlerRendezvous(config)
 
 
 def launch(config: LaunchConfig, title: str = "job",
            rendezvous_factory: Callable[[LaunchConfig], NodeRendezvous] | None = None) -> int:
     """Run ``config`` on this node; the exit code for the launcher process."""
-    rendezvous = (rendezvous_factory or make_rendezvous)(config)
+    try:
+        rendezvous = (rendezvous_factory or make_rendezvous)(config)
+    except RendezvousError as exc:
+        say(f"error: {exc}")
+        return EXIT_FAILED
     return Agent(config, rendezvous, title).run()
 
 

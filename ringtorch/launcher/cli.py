@@ -24,15 +24,12 @@ from argparse import REMAINDER, ArgumentParser
 from collections.abc import Sequence
 from typing import Any
 
-from ringtorch import _config
-from ringtorch._wire import secret_file
-from ringtorch._wire.handshake import job_secret
 from ringtorch.launcher.agent import launch, say
 from ringtorch.launcher.config import (
     LOCAL_RANK_MACRO,
     LaunchConfig,
     LaunchConfigError,
-    choose_job_secret,
+    job_secret_choice,
     parse_nnodes,
     parse_rdzv_conf,
     parse_signals,
@@ -48,11 +45,11 @@ _RUN_PATH_BOOTSTRAP = ("import runpy, sys; sys.argv = sys.argv[1:]; "
 class env(argparse.Action):
     """A flag whose default comes from ``PET_<DEST>`` before the given default."""
 
-    def __init__(self, option_strings: list[str], dest: str, default: Any = None,
-                 required: bool = False, **kwargs: Any) -> None:
+    def __init__(self, dest: str, default: Any = None, required: bool = False,
+                 **kwargs: Any) -> None:
         default = os.environ.get(f"PET_{dest.upper()}", default)
-        super().__init__(option_strings, dest, default=default,
-                         required=required and not default, **kwargs)
+        super().__init__(dest=dest, default=default, required=required and not default,
+                         **kwargs)
 
     def __call__(self, parser: ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
@@ -62,11 +59,9 @@ class env(argparse.Action):
 class check_env(argparse.Action):
     """A boolean flag, also set by ``PET_<DEST>=1``."""
 
-    def __init__(self, option_strings: list[str], dest: str, default: bool = False,
-                 **kwargs: Any) -> None:
+    def __init__(self, dest: str, default: bool = False, **kwargs: Any) -> None:
         value = os.environ.get(f"PET_{dest.upper()}", "1" if default else "0")
-        super().__init__(option_strings, dest, const=True, default=bool(int(value)), nargs=0,
-                         **kwargs)
+        super().__init__(dest=dest, const=True, default=bool(int(value)), nargs=0, **kwargs)
 
     def __call__(self, parser: ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
@@ -85,7 +80,8 @@ def _both(name: str) -> list[str]:
 _VALUE_FLAGS: list[tuple[list[str], Any, Any, str]] = [
     (["--nnodes"], str, "1:1", "Number of nodes, or MIN:MAX for an elastic job."),
     (_both("--nproc-per-node"), str, "1", "Workers per node: an int, or auto, cpu, gpu."),
-    (_both("--rdzv-backend"), str, "static", "Rendezvous backend: static or c10d."),
+    (_both("--rdzv-backend"), str, "static", "Rendezvous backend: static, c10d, or a custom one "
+                                            "(a torchrun.handlers entry point)."),
     (_both("--rdzv-endpoint"), str, "", "Rendezvous endpoint HOST[:PORT] (c10d)."),
     (_both("--rdzv-id"), str, "none", "Job id shared by the nodes of one job."),
     (_both("--rdzv-conf"), str, "", "Rendezvous options KEY=VALUE,... (join_timeout, "
@@ -229,14 +225,7 @@ def config_from_args(args: argparse.Namespace, use_env: bool = True,
     if args.max_restarts < 0:
         raise LaunchConfigError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     nproc = resolve_nproc_per_node(args.nproc_per_node)
-    multi_node = max_nodes > 1
-    try:
-        usable = multi_node and not _config.SECRET.get() and job_secret() is not None
-    except secret_file.SecretFileError as exc:
-        raise LaunchConfigError(str(exc)) from None
-    secret = choose_job_secret(_config.SECRET.get(), multi_node=multi_node,
-                               allow_no_secret=_config.ALLOW_NO_SECRET.get(),
-                               secret_file=secret_file.configured_path() if usable else None)
+    secret = job_secret_choice(multi_node=max_nodes > 1)
     if secret.warning:
         say(secret.warning)
     return LaunchConfig(

@@ -11,7 +11,13 @@ import enum
 import os
 import secrets
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+from ringtorch import _config
+from ringtorch._wire import secret_file
+from ringtorch._wire.handshake import job_secret
 
 DEFAULT_C10D_PORT = 29400
 LOCAL_RANK_MACRO = "${local_rank}"
@@ -226,6 +232,31 @@ def choose_job_secret(env_secret: str, multi_node: bool, allow_no_secret: bool,
         "recommended)")
 
 
+def _is_registered(backend: str) -> bool:
+    """Whether a custom rendezvous backend of that name is registered (handlers.py)."""
+    from ringtorch.launcher.handlers import rendezvous_handler_registry
+
+    return rendezvous_handler_registry.is_registered(backend)
+
+
+def job_secret_choice(multi_node: bool) -> SecretChoice:
+    """:func:`choose_job_secret` with this process's settings (RINGTORCH_SECRET,
+    RINGTORCH_ALLOW_NO_SECRET) and its per-user secret file, made here if need be.
+
+    Raises:
+        LaunchConfigError: as choose_job_secret, or the secret file must not be used (its
+            mode, owner or content; the message says what to do).
+    """
+    env_secret = _config.SECRET.get()
+    try:
+        usable = multi_node and not env_secret and job_secret() is not None
+    except secret_file.SecretFileError as exc:
+        raise LaunchConfigError(str(exc)) from None
+    return choose_job_secret(env_secret, multi_node=multi_node,
+                             allow_no_secret=_config.ALLOW_NO_SECRET.get(),
+                             secret_file=secret_file.configured_path() if usable else None)
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
     """Everything the agent needs to run one job on this node.
@@ -258,6 +289,9 @@ class LaunchConfig:
                                           signal.SIGQUIT)
     virtual_local_rank: bool = False
     secret: str = field(default="", repr=False)
+    fork_target: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
+    """When set, each worker is forked from the agent's process to run it (``argv`` only names
+    the job); ``elastic_launch`` with ``start_method="fork"``."""
 
     @property
     def is_single_node(self) -> bool:
@@ -272,10 +306,11 @@ class LaunchConfig:
         if self.monitor_interval <= 0:
             raise LaunchConfigError(
                 f"--monitor-interval must be > 0 seconds, got {self.monitor_interval}")
-        if self.rdzv_backend not in RDZV_BACKENDS:
+        if self.rdzv_backend not in RDZV_BACKENDS and not _is_registered(self.rdzv_backend):
             raise LaunchConfigError(
                 f"--rdzv-backend {self.rdzv_backend!r} is not supported; use one of "
-                f"{', '.join(RDZV_BACKENDS)}")
+                f"{', '.join(RDZV_BACKENDS)}, or register a custom backend under that name "
+                f"(rendezvous_handler_registry.register, or a torchrun.handlers entry point)")
         if self.rdzv_backend == "c10d" and not self.rdzv_endpoint:
             raise LaunchConfigError("--rdzv-backend c10d needs --rdzv-endpoint HOST[:PORT] "
                                     "(the address of the node that hosts the rendezvous)")

@@ -21,6 +21,7 @@ from typing import IO
 from ringtorch._workers import (
     ERROR_FILE_ENV,
     JOB_MARK_VAR,
+    ForkedWorker,
     Guardian,
     LineCopier,
     ProcessFailure,
@@ -120,7 +121,7 @@ class LocalWorkerGroup:
         self.attempt_dir = attempt_dir
         self.log_files = log_files
         self.consoles = consoles or (sys.stdout.buffer, sys.stderr.buffer)
-        self.workers: list[WorkerProcess] = []
+        self.workers: list[WorkerProcess | ForkedWorker] = []
         self.failures: dict[int, WorkerFailure] = {}
         self._copiers: list[LineCopier] = []
         self._guardian = guardian
@@ -130,7 +131,7 @@ class LocalWorkerGroup:
         for local_rank in range(self.config.nproc_per_node):
             self.workers.append(self._start_one(local_rank))
 
-    def _start_one(self, local_rank: int) -> WorkerProcess:
+    def _start_one(self, local_rank: int) -> WorkerProcess | ForkedWorker:
         rank = self.assignment.base_global_rank + local_rank
         rank_dir = os.path.join(self.attempt_dir, str(local_rank))
         os.makedirs(rank_dir, exist_ok=True)
@@ -153,15 +154,20 @@ class LocalWorkerGroup:
             targets.append(target)
             copiers.append((copier, name))
         try:
-            worker = WorkerProcess(worker_argv(self.config, local_rank), env,
-                                   stdout=targets[0], stderr=targets[1])
+            worker: WorkerProcess | ForkedWorker
+            if self.config.fork_target is not None:
+                worker = ForkedWorker(self.config.fork_target, env, stdout=targets[0],
+                                      stderr=targets[1])
+            else:
+                worker = WorkerProcess(worker_argv(self.config, local_rank), env,
+                                       stdout=targets[0], stderr=targets[1])
         finally:
             for target in targets:
                 if hasattr(target, "close"):
                     target.close()
         if self._guardian is not None:
             self._guardian.watch(worker.pid)
-        pipes = (worker._popen.stdout, worker._popen.stderr)
+        pipes = worker.pipes()
         for (copier, name), pipe in zip(copiers, pipes, strict=True):
             if copier is not None and pipe is not None:
                 copier.start(pipe, name=f"ringrun-{name}-{local_rank}")

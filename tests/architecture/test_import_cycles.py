@@ -24,7 +24,6 @@ from test_layers import PACKAGE, _module_name, import_records
 
 # Cycles there today, through imports inside functions; the redesign of the collective core and
 # of RPC's state removes them (then delete the marks).
-COLLECTIVES_CYCLE = "backends.shm_native <-> backends.shm_hierarchy (imports inside functions)"
 
 
 def import_graph(package: str, *, deferred: bool) -> dict[str, set[str]]:
@@ -95,8 +94,7 @@ def test_no_cycle_among_module_level_imports(package: str) -> None:
 
 
 @pytest.mark.parametrize("package", [
-    pytest.param("ringtorch.collectives",
-                 marks=pytest.mark.xfail(strict=True, reason=COLLECTIVES_CYCLE)),
+    "ringtorch.collectives",
     "ringtorch.distributed.rpc",
 ])
 def test_no_cycle_counting_imports_inside_functions(package: str) -> None:

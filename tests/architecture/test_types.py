@@ -14,6 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 CHECKED = [
+    "ringtorch/collectives",
     "ringtorch/distributed/rpc",
 ]
 

@@ -17,8 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-# torch's DDP models stay alive until the rank exits: destroying torch's Reducer right after
-# a PowerSGD hook ran on gloo sometimes hangs the process (torch 2.13, CPU).
+# Every DDP model stays alive until the rank exits (which frees nothing): under torch, freeing
+# a Reducer right after a PowerSGD hook ran on gloo, or after destroy_process_group, can hang
+# the process (torch 2.13, CPU: the freeing thread holds the GIL while joining gloo's loop).
 _KEEP: list[Any] = []
 
 
@@ -157,6 +158,7 @@ def regression(rank: int, world_size: int, package: str, hook: str, state_kwargs
         with torch.no_grad():
             losses.append(float(nn.functional.mse_loss(model(xs.reshape(-1, 8)),
                                                        ys.reshape(-1, 8))))
+    _KEEP.append(ddp)
     a.dist.destroy_process_group()
     return losses
 
@@ -176,6 +178,7 @@ def one_bucket_grads(rank: int, world_size: int, package: str, hook: str) -> tor
     x, _ = batches(rank, 1)[0]
     x = torch.cat([x] * 5, dim=1)
     ddp(x).pow(2).sum().backward()
+    _KEEP.append(ddp)
     a.dist.destroy_process_group()
     return model.weight.grad.clone()
 
@@ -205,6 +208,7 @@ def powersgd_state_pickle(rank: int, world_size: int, package: str) -> dict[str,
            "group_is_world": restored.process_group is a.dist.group.WORLD,
            "error_norms": {k: float(v.norm()) for k, v in restored.error_dict.items()},
            "next_seed": int(restored.rng.randint(1_000_000_000))}
+    _KEEP.append(ddp)
     a.dist.destroy_process_group()
     return out
 
@@ -340,5 +344,6 @@ def hook_on_foreign_group(rank: int, world_size: int) -> str:
         lambda: nn.functional.mse_loss(ddp(x), y).backward())
     if rank < 2:
         nn.functional.mse_loss(ddp(x), y).backward()
+    _KEEP.append(ddp)
     a.dist.destroy_process_group()
     return message

@@ -38,11 +38,12 @@ def store(rank: int, world_size: int) -> Any:
 
 def backend(rank: int, world_size: int, name: str, algorithms: str = "",
             timeout_s: float = 30.0) -> NativeBackend:
-    """A NativeBackend for group ``name`` with forced ``algorithms`` (RINGTORCH_ALGORITHMS)."""
+    """A NativeBackend for group ``name`` on its socket transport (RINGTORCH_SHM off) with
+    forced ``algorithms`` (RINGTORCH_ALGORITHMS)."""
     ctx = BackendContext(store=PrefixStore(f"{name}/", store(rank, world_size)), rank=rank,
                          size=world_size, timeout=timedelta(seconds=timeout_s), group_name=name,
                          global_ranks=tuple(range(world_size)))
-    with _config.override(ALGORITHMS=algorithms):
+    with _config.override(ALGORITHMS=algorithms, SHM=False):
         return NativeBackend(ctx)
 
 

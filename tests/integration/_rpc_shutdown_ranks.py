@@ -17,9 +17,10 @@ from tests.integration._rpc_common import start
 def reported(rank: int) -> bool:
     """(on worker0, the shutdown leader) whether ``rank`` has sent its first shutdown report,
     which it sends only after it has passed where its user RRefs could be deleted."""
-    from ringtorch.distributed.rpc.agent import current_agent
+    from ringtorch.distributed.rpc._state import STATE
 
-    return rank in current_agent().shutdown_leader.reports.get(0, {})
+    leader = STATE.shutdown_leader
+    return leader is not None and rank in leader.reports.get(0, {})
 
 
 def use_once_shutting_down(rref: rpc.RRef[Any]) -> Any:

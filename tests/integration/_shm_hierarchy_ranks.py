@@ -2,7 +2,7 @@
 onto several hosts (RINGTORCH_HOST_ID per rank, given as a string of host letters: "aabb" puts
 ranks 0 and 1 on host a, ranks 2 and 3 on host b).
 
-The ranks build ShmNativeBackends (or a ProcessGroup) and send back what they saw; the
+The ranks build NativeBackends (or a ProcessGroup) and send back what they saw; the
 drivers compute expected values themselves with torch.
 """
 
@@ -16,9 +16,9 @@ import torch
 
 import ringtorch.distributed as dist
 from ringtorch._wire.channel import TcpChannel, UnixChannel
-from ringtorch.collectives.backends import shm_hierarchy
-from ringtorch.collectives.backends.shm_native import ShmNativeBackend
+from ringtorch.collectives.backends.native import NativeBackend
 from ringtorch.collectives.reduce_op import ReduceOp
+from ringtorch.collectives.transports import hierarchy as shm_hierarchy
 from tests.integration import _shm_ranks
 
 
@@ -29,20 +29,20 @@ def knobs(hosts: str, rank: int) -> dict[str, Any]:
 
 
 def backend(rank: int, world_size: int, name: str, hosts: str, timeout_s: float = 30.0,
-            **extra: Any) -> ShmNativeBackend:
+            **extra: Any) -> NativeBackend:
     return _shm_ranks.backend(rank, world_size, name, timeout_s, **knobs(hosts, rank), **extra)
 
 
-def what_it_uses(b: ShmNativeBackend) -> dict[str, Any]:
+def what_it_uses(b: NativeBackend) -> dict[str, Any]:
     """The decision, the topology, this rank's host domain and the transport to each peer."""
-    h = b.hierarchy
-    space = None if h is None else h._space
+    h = b.transport if isinstance(b.transport, shm_hierarchy.HierarchyTransport) else None
+    space = None if h is None else h.space
     mesh = b._mesh
     kinds = {} if mesh is None else {
         peer: "tcp" if isinstance(ch, TcpChannel) else "unix" if isinstance(ch, UnixChannel)
         else type(ch).__name__ for peer, ch in enumerate(mesh.coll) if ch is not None}
     return {"uses_shm": b.uses_shm, "reason": b.shm_reason, "topology": b.topology,
-            "flat": b._space is not None,
+            "flat": _shm_ranks.flat_space(b) is not None,
             "domain": None if space is None else list(space.domain.names),
             "channels": kinds}
 

@@ -1,7 +1,7 @@
 """Rank-side code of the shared-memory backend tests: each function runs on every rank of a
 run_ranks world.
 
-The ranks build ShmNativeBackends directly (no ProcessGroup), run what the driver asks and
+The ranks build NativeBackends directly (no ProcessGroup), run what the driver asks and
 send back what they saw; the drivers (test_shm_*.py) compute expected values themselves from
 ``make_input`` with torch, never with ringtorch. The stress test is the exception that
 proves the rule: its expected values are computed on the rank, with plain torch, from every
@@ -24,8 +24,9 @@ import torch.distributed as tdist
 
 from ringtorch import _config
 from ringtorch.collectives.backends.base import BackendContext
-from ringtorch.collectives.backends.shm_native import ShmNativeBackend
+from ringtorch.collectives.backends.native import NativeBackend
 from ringtorch.collectives.reduce_op import ReduceOp, make_premul_sum
+from ringtorch.collectives.transports.shm import ShmTransport
 
 PREMUL_FACTOR = 2.0
 _store: Any = None
@@ -40,9 +41,14 @@ def store(rank: int, world_size: int) -> Any:
     return _store
 
 
+def flat_space(b: NativeBackend) -> Any:
+    """The slot space of a backend on shared memory within one host (None otherwise)."""
+    return b.transport.space if isinstance(b.transport, ShmTransport) else None
+
+
 def backend(rank: int, world_size: int, name: str, timeout_s: float = 30.0,
-            **knobs: Any) -> ShmNativeBackend:
-    """A ShmNativeBackend for group ``name``, built with the given knobs (SHM=False, ...).
+            **knobs: Any) -> NativeBackend:
+    """A NativeBackend for group ``name``, built with the given knobs (SHM=False, ...).
 
     Ranks use one torch thread each: up to 4 ranks share 2 cores, and idle OpenMP workers
     spinning for work would starve the ranks the others wait for."""
@@ -51,7 +57,7 @@ def backend(rank: int, world_size: int, name: str, timeout_s: float = 30.0,
                          size=world_size, timeout=timedelta(seconds=timeout_s), group_name=name,
                          global_ranks=tuple(range(world_size)))
     with _config.override(**knobs):
-        return ShmNativeBackend(ctx)
+        return NativeBackend(ctx)
 
 
 def make_input(dtype: torch.dtype, rank: int, salt: int, n: int) -> torch.Tensor:
@@ -76,7 +82,7 @@ def redop(name: str) -> Any:
     return make_premul_sum(PREMUL_FACTOR) if name == "PREMUL_SUM" else getattr(ReduceOp, name)
 
 
-def run_case(b: ShmNativeBackend, case: dict[str, Any], seq: int) -> Any:
+def run_case(b: NativeBackend, case: dict[str, Any], seq: int) -> Any:
     """Run one collective described by ``case``; return this rank's output (or None)."""
     r, ws = b.rank, b.size
     op, dtype, n, salt = case["op"], case["dtype"], case["n"], case["salt"]
@@ -134,7 +140,7 @@ def growth(rank: int, world_size: int, max_bytes: int, nbytes: list[int]) -> lis
     """all_reduce float32 buffers of the given sizes; report (half, own segment size, result
     correct) after each."""
     b = backend(rank, world_size, "grow", SHM_MAX_BYTES=max_bytes)
-    space = b._space
+    space = flat_space(b)
     assert space is not None
     seen: list[Any] = [(space.domain.half, space.domain.segments[rank].size, True)]
     for seq, n in enumerate(nbytes, start=1):
@@ -179,7 +185,7 @@ def stress(rank: int, world_size: int, seed: int, count: int,
         want = _expected(case, rank, world_size)
         if want is not None and not torch.equal(got, want):
             bad.append(f"#{seq} {op} {dtype} n={n}")
-    rotated = b._space is not None and b._space.domain.spread_out
+    rotated = flat_space(b) is not None and flat_space(b).domain.spread_out
     b.close()
     return {"bad": bad, "count": count, "rotated": rotated}
 
@@ -261,7 +267,7 @@ def killed_rank(rank: int, world_size: int, victim: int) -> dict[str, Any]:
 
 
 def kill_during_all_reduces(rank: int, victim: int,
-                            make: Callable[[], ShmNativeBackend]) -> dict[str, Any]:
+                            make: Callable[[], NativeBackend]) -> dict[str, Any]:
     """Rank ``victim`` runs as a forked child SIGKILLed 0.3 s into a stream of 4 MB
     all_reduces on the backend ``make`` builds; it reports the child's signal, the others
     their first error, how long it took to come, the next call's error, and their pid."""
@@ -352,8 +358,8 @@ def aborted(rank: int, world_size: int) -> dict[str, Any]:
     return {"error": error, "after": after}
 
 
-def segment_names(b: ShmNativeBackend) -> list[str]:
-    space = b._space
+def segment_names(b: NativeBackend) -> list[str]:
+    space = flat_space(b)
     return [] if space is None else [seg.name for seg in space.domain.segments]
 
 
@@ -441,7 +447,8 @@ def shared_tensors(rank: int, world_size: int, shm: bool) -> dict[str, Any]:
     whether the shared segments' names were still in /dev/shm once allocated."""
     b = backend(rank, world_size, f"shared-{shm}", SHM=shm)
     tensors = [b.shared_tensor(n, dtype) for n, dtype, _ in SHARED_SPECS]
-    own = [] if b._shared is None else [s.segments[rank].name for s in b._shared._buffers]
+    shared = b.transport.shared if isinstance(b.transport, ShmTransport) else None
+    own = [] if shared is None else [s.segments[rank].name for s in shared._buffers]
     out: dict[str, Any] = {
         "files": [_mapped_file(t) for t in tensors],
         "zeros": [bool((t == 0).all()) for t in tensors],
@@ -481,8 +488,27 @@ def staged_plan(rank: int, world_size: int, nbytes: int) -> tuple[bool, int, int
     """all_reduce ``nbytes`` of float32; return (spread_out, chunk bytes, rounds) of its plan."""
     b = backend(rank, world_size, "plan", SHM_ONESHOT_BYTES=0)
     b.all_reduce(torch.ones(nbytes // 4), ReduceOp.SUM, 0, time.monotonic() + 30)
-    space = b._space
+    space = flat_space(b)
     assert space is not None
     _half, p = space._plans[("all_reduce", nbytes, 4)]  # the plan the all_reduce used
     b.close()
     return space.domain.spread_out, p.chunk_nbytes, len(p.chunks)
+
+
+def group_shared_tensor(rank: int, world_size: int, shm: bool) -> dict[str, Any]:
+    """Through the facade: what the world group declares (ProcessGroup.shares_memory), where
+    its shared_tensor lives, and an all_reduce of it."""
+    import ringtorch.distributed as dist
+
+    os.environ["RINGTORCH_SHM"] = "1" if shm else "0"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    group = dist.group.WORLD
+    t = group.shared_tensor(1000, torch.float32)
+    out: dict[str, Any] = {"shares": group.shares_memory, "file": _mapped_file(t),
+                           "zeros": bool((t == 0).all())}
+    t.copy_(torch.arange(1000, dtype=torch.float32) * (rank + 1))
+    dist.all_reduce(t)
+    out["sum"] = t
+    dist.destroy_process_group()
+    return out

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from ringtorch.collectives.algorithms.hierarchical import SubLink, Topology
+from ringtorch.collectives.algorithms.sockets.hierarchical import SubLink, Topology
 from ringtorch.testing import run_ranks
 from tests.integration import _shm_hierarchy_ranks as ranks
 from tests.integration._shm_ranks import PREMUL_FACTOR, make_input, random_input
@@ -157,7 +157,7 @@ def test_a_rank_killed_mid_all_reduce_in_a_mixed_job_is_named_by_the_others():
 def test_a_late_rank_on_the_other_host_is_named_by_every_rank(hosts, late, tmp_path):
     # the others' deadline is 1 s. Rank 3 shares host b with a leader, which names it at
     # once; rank 2 is alone on host b (its own leader): rank 0's socket wait names it, up to
-    # 2.5 s past the deadline (shm_hierarchy.py, CROSS_GRACE_S)
+    # 2.5 s past the deadline (transports/hierarchy.py, CROSS_GRACE_S)
     results = run_ranks(ranks.late_rank, len(hosts), args=(hosts, late, str(tmp_path)),
                         timeout=60)
     for rank, (name, message) in enumerate(results):

@@ -1,6 +1,6 @@
-"""Tensors allocated in the group's shared memory (ShmNativeBackend.shared_tensor): they live
+"""Tensors allocated in the group's shared memory (ProcessGroup.shared_tensor): they live
 in /dev/shm mappings whose names are gone once allocated, start zero-filled, and all_reduce
-(through shm_shared.py, no copy in) to the same bits as ordinary tensors do, left to right in
+(through algorithms/shm/shared.py, no copy in) to the same bits as ordinary tensors do, left to right in
 rank order; without shared memory they are ordinary tensors; a rank passing an ordinary
 tensor where the others pass their shared one is a mismatch."""
 
@@ -68,3 +68,14 @@ def test_an_ordinary_tensor_against_the_others_shared_one_is_a_mismatch():
         assert "mismatch" in message, (rank, message)
     theirs = [m for _k, m in results if "collective mismatch" in m]
     assert theirs and any("shared tensor #0" in m for m in theirs), theirs
+
+
+@pytest.mark.parametrize("shm", [True, False])
+def test_a_group_declares_whether_its_shared_tensors_live_in_shared_memory(shm):
+    results = run_ranks(ranks.group_shared_tensor, 2, args=(shm,), timeout=120)
+    want = torch.arange(1000, dtype=torch.float32) * 3
+    for got in results:
+        assert got["shares"] is shm
+        assert got["file"].startswith("/dev/shm/ringtorch_") is shm, got["file"]
+        assert got["zeros"]
+        assert torch.equal(got["sum"], want)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ringtorch.collectives.algorithms.shm_plan import (
+from ringtorch.collectives.algorithms.shm.plan import (
     ROTATE_HALF,
     area_offset,
     chunk_ranges,

@@ -1,6 +1,9 @@
-"""Collective algorithms, written once against the small point-to-point interface of link.py.
+"""Collective algorithms, one family per folder, each written against what its medium offers.
 
-Every algorithm works on raw bytes (uint8 NumPy views of the caller's tensors) plus an item
-size, so it never touches torch and runs unchanged over sockets today and shared memory later.
-chunking.py and select.py are pure (no I/O) and unit-tested with tables.
+``sockets/`` — ring, tree, recursive doubling, direct and the hierarchy's pure pieces — is
+written against ``Link`` (sockets/link.py: point-to-point frames between ranks); ``shm/`` is
+written against the slot space of a group's shared memory (shm/space.py: rounds, not
+messages). Both work on raw bytes (uint8 NumPy views of the caller's tensors) plus an item
+size and a lowered reduction, never torch. chunking.py and select.py are pure (no I/O) and
+unit-tested with tables; select.py's table gives the socket algorithm itself, not a name.
 """

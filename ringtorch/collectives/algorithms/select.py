@@ -1,4 +1,4 @@
-"""Pure: which algorithm runs a collective, from (op, nbytes, world_size, same_host).
+"""Pure: which socket algorithm runs a collective, from (op, nbytes, world_size, same_host).
 
 Latency wins for small messages (fewest rounds: one direct exchange, or log2(p) rounds of
 recursive doubling); bandwidth wins for large ones (the ring sends 2(p-1)/p of the buffer per
@@ -6,31 +6,57 @@ rank instead of (p-1) times it, in bounded segments). The thresholds are in ``TA
 benchmark can read what it measures, and an override string (``RINGTORCH_ALGORITHMS``, e.g.
 ``"all_reduce=ring,broadcast=chain,segment=4096"``) forces a choice (and the segment size in
 bytes) for tests and measurements.
+
+The answer carries the algorithm itself (``Choice.run``, from the ``ALGORITHMS`` table): the
+caller runs it, it never maps a name back to a function. The functions of one op share one
+signature (sockets/*.py), so any of them can be called the same way:
+
+    all_reduce(link, buf, reducer, itemsize, segment_nbytes)
+    broadcast(link, buf, root, segment_nbytes)
+    reduce(link, buf, root, reducer, itemsize, segment_nbytes)
+    all_gather(link, out, inp)              reduce_scatter(link, out, inp, reducer, itemsize,
+    gather(link, out, inp, root)                           segment_nbytes)
+    scatter(link, out, inp, root)           all_to_all(link, out, inp, out_offsets, in_offsets)
+    barrier(link)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
-ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("direct", "recursive_doubling", "ring", "scatter_gather"),
-    "broadcast": ("tree", "chain"),
-    "reduce": ("direct", "ring"),
-    "all_gather": ("direct", "ring"),
-    "reduce_scatter": ("direct", "ring"),
-    "gather": ("direct",),
-    "scatter": ("direct",),
-    "all_to_all": ("direct",),
-    "barrier": ("dissemination",),
+from ringtorch.collectives.algorithms.sockets import direct, recursive_doubling, ring, tree
+
+Algorithm = Callable[..., None]
+
+ALGORITHMS: dict[str, dict[str, Algorithm]] = {
+    "all_reduce": {"direct": direct.all_reduce, "recursive_doubling": recursive_doubling.all_reduce,
+                   "ring": ring.all_reduce, "scatter_gather": direct.all_reduce_scatter_gather},
+    "broadcast": {"tree": tree.broadcast_tree, "chain": tree.broadcast_chain},
+    "reduce": {"direct": direct.reduce, "ring": ring.reduce},
+    "all_gather": {"direct": direct.all_gather, "ring": ring.all_gather},
+    "reduce_scatter": {"direct": direct.reduce_scatter, "ring": ring.reduce_scatter},
+    "gather": {"direct": direct.gather},
+    "scatter": {"direct": direct.scatter},
+    "all_to_all": {"direct": direct.all_to_all},
+    "barrier": {"dissemination": recursive_doubling.barrier},
 }
+
+# Algorithms in which only the root applies the reduction: the root's op is the one used and
+# the other ranks' op is not compared (torch's gloo does the same; seed 003's reduce passes
+# MAX on the root only). Everywhere else every rank reduces, so every rank must pass one op.
+ROOT_ONLY_REDUCTION = frozenset({direct.reduce})
 
 
 @dataclass(frozen=True)
 class Choice:
-    """An algorithm and its pipelining segment (bytes per frame for segmented algorithms)."""
+    """An algorithm, its pipelining segment (bytes per frame for segmented algorithms) and
+    the function that runs it (not compared: the name says which it is)."""
 
     algorithm: str
     segment_nbytes: int
+    run: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -92,9 +118,9 @@ def choose(op: str, nbytes: int, world_size: int, same_host: bool,
     segment = table.segment_same_host if same_host else table.segment_remote
     if overrides and "segment" in overrides:
         segment = int(overrides["segment"])
-    if overrides and op in overrides:
-        return Choice(overrides[op], segment)
-    return Choice(_default(op, nbytes, world_size, table), segment)
+    name = overrides[op] if overrides and op in overrides else _default(op, nbytes, world_size,
+                                                                          table)
+    return Choice(name, segment, ALGORITHMS[op][name])
 
 
 def _default(op: str, nbytes: int, world_size: int, table: Table) -> str:
@@ -114,7 +140,8 @@ def _default(op: str, nbytes: int, world_size: int, table: Table) -> str:
         return "direct" if nbytes <= table.small_all_gather or world_size <= 2 else "ring"
     if op == "reduce_scatter":
         return "direct" if nbytes <= table.small_reduce_scatter or world_size == 1 else "ring"
-    return ALGORITHMS[op][0]
+    return next(iter(ALGORITHMS[op]))
 
 
-__all__ = ["ALGORITHMS", "TABLE", "Choice", "Table", "choose", "parse_overrides"]
+__all__ = ["ALGORITHMS", "ROOT_ONLY_REDUCTION", "TABLE", "Algorithm", "Choice", "Table",
+           "choose", "parse_overrides"]

@@ -119,6 +119,19 @@ class Backend(ABC):
         """Receive into ``buf`` from group rank ``src`` (any rank when None); returns the
         sender's group rank."""
 
+    @property
+    def shares_memory(self) -> bool:
+        """Whether :meth:`shared_tensor` can place tensors in memory shared by the group's
+        ranks (a capability: False unless a backend says otherwise)."""
+        return False
+
+    def shared_tensor(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """Collective: a zero-filled 1-D tensor for repeated all_reduces, in shared memory
+        where the backend has it (then its all_reduce skips a copy). Every rank calls it
+        with the same arguments at the same place among the group's collectives. This
+        default, for backends without shared memory, returns an ordinary tensor."""
+        return torch.zeros(numel, dtype=dtype)
+
     @abstractmethod
     def abort(self, reason: str) -> None:
         """Fail every pending and later operation with ``reason``; tell the peers."""

@@ -29,7 +29,6 @@ Rules it keeps (docs/mpi.md numbers them):
 
 from __future__ import annotations
 
-import struct
 import sys
 import time
 from typing import Any
@@ -37,17 +36,27 @@ from typing import Any
 import numpy as np
 import torch
 
+from ringtorch._buffers import address, as_bytes
 from ringtorch._config import MPI_CHECK
 from ringtorch._errors import DistBackendError
 from ringtorch.collectives.backends import mpi_env
 from ringtorch.collectives.backends.base import Backend, BackendContext
+from ringtorch.collectives.call import (
+    AGREEMENT,
+    CallMaker,
+    Signature,
+    agreement_fields,
+    from_agreement,
+    new_call,
+)
+from ringtorch.collectives.lowering import Lowering, lower, scale
 from ringtorch.collectives.reduce_op import (
     RedOpType,
     byte_reducer,
-    check_reduce_op,
-    finish_avg,
+    op_type,
     premul_factor,
 )
+from ringtorch.collectives.reports import disagreement
 
 # torch dtype -> the MPI datatype (by name) of reductions MPI computes itself.
 _MPI_TYPES: dict[torch.dtype, str] = {
@@ -71,14 +80,6 @@ _BOOL_OPS = {
     RedOpType.MAX: "LOR", RedOpType.BAND: "LAND", RedOpType.BOR: "LOR", RedOpType.BXOR: "LXOR",
 }
 
-_COLLECTIVES = ("broadcast", "all_reduce", "reduce", "all_gather", "gather", "scatter",
-                "reduce_scatter", "all_to_all", "barrier")
-_DTYPE_CODES = {dtype: code for code, dtype in enumerate(
-    [*_MPI_TYPES, *_USER_OP_TYPES, torch.float8_e4m3fn, torch.float8_e5m2])}
-_COLLECTIVE_CODES = {name: code for code, name in enumerate(_COLLECTIVES)}
-# What each rank puts in the agreement check (rule 4), little-endian int64s; -1: not compared.
-#   seq | collective code | reduce op (RedOpType) | dtype code | nbytes | root
-_HEADER = struct.Struct("<6q")
 
 # Every subgroup is made with this tag: MPI matches Create_group calls on COMM_WORLD in the
 # order the members make them, which is new_group's order (every rank calls it in the same
@@ -117,7 +118,10 @@ class MpiBackend(Backend):
         with self._lock:
             self._comm = self._make_comm()
         self._check = MPI_CHECK.get() and ctx.size > 1
-        self._headers = bytearray(_HEADER.size * ctx.size)
+        self._records = bytearray(AGREEMENT.size * ctx.size)
+        self._calls = CallMaker(ctx.group_name)
+        self._agreements: dict[tuple[Any, ...], tuple[Signature, tuple[int, int, int, int]]] = {}
+        self._reductions: dict[tuple[RedOpType, torch.dtype, str], tuple[Any, Any, Lowering]] = {}
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -212,46 +216,45 @@ class MpiBackend(Backend):
                         f"cannot be used any more")
         raise DistBackendError(self._failed)
 
-    def _agree(self, name: str, seq: int, deadline: float, kind: int = -1,
+    def _agree(self, name: str, seq: int, deadline: float, redop: RedOpType | None = None,
                dtype: torch.dtype | None = None, nbytes: int = -1, root: int = -1) -> None:
-        """Rule 4: every rank is at the same collective with the same arguments, or all raise."""
+        """Rule 4: every rank is at the same collective with the same arguments, or all raise
+        (the fields left out are not compared)."""
         self._enter(name)
         if not self._check:
             return
-        header = _HEADER.pack(seq, _COLLECTIVE_CODES[name], kind,
-                              -1 if dtype is None else _DTYPE_CODES.get(dtype, 99), nbytes, root)
-        self._collective(name, deadline, "Allgather", [header, self._mpi.BYTE],
-                         [self._headers, self._mpi.BYTE])
-        if self._headers != header * self.size:
-            raise DistBackendError(self._describe_mismatch(name, seq))
+        key = (name, dtype, redop, root)
+        found = self._agreements.get(key)
+        if found is None:  # the call's signature and its record's fields, once per key
+            sig = self._calls.signature(name, dtype, redop, root)
+            found = self._agreements[key] = (sig, agreement_fields(sig))
+        sig, (kind, red, code, root) = found
+        record = AGREEMENT.pack(seq, kind, red, code, nbytes, root)  # call.agreement_record
+        self._collective(name, deadline, "Allgather", [record, self._mpi.BYTE],
+                         [self._records, self._mpi.BYTE])
+        if self._records != record * self.size:
+            call = new_call(sig, seq, nbytes, deadline)
+            raise DistBackendError(disagreement(call, from_agreement(bytes(self._records),
+                                                                     call.group)))
 
-    def _describe_mismatch(self, name: str, seq: int) -> str:
-        codes = {code: dtype for dtype, code in _DTYPE_CODES.items()}
-        lines = []
-        for rank, (r_seq, coll, kind, dt, nbytes, root) in enumerate(
-                _HEADER.iter_unpack(self._headers)):
-            parts = []
-            if kind >= 0:
-                parts.append(RedOpType(kind).name)
-            if dt >= 0:
-                parts.append(str(codes.get(dt, "another dtype")))
-            if nbytes >= 0:
-                parts.append(f"{nbytes} bytes")
-            if root >= 0:
-                parts.append(f"root {root}")
-            lines.append(f"rank {rank} called {_COLLECTIVES[coll]} #{r_seq} ({', '.join(parts)})")
-        return (f"{name} #{seq} on group '{self.ctx.group_name}': the ranks called different "
-                f"collectives or disagree on their arguments: " + "; ".join(lines))
+    def _reduction(self, name: str, op: Any, dtype: torch.dtype) -> tuple[Any, Any, Lowering]:
+        """(MPI datatype, MPI op, lowering) for reducing ``dtype`` with ``op``: MPI applies
+        the base op; PREMUL_SUM's scaling and AVG's division are the lowering's."""
+        kind = op if type(op) is RedOpType else op_type(op)
+        found = self._reductions.get((kind, dtype, name))
+        if found is None:  # checked and lowered once per (op, dtype, collective)
+            found = self._reductions[(kind, dtype, name)] = self._reduction_of(name, kind, dtype)
+        return found
 
-    def _reduction(self, name: str, op: Any, dtype: torch.dtype) -> tuple[Any, Any, RedOpType]:
-        """(MPI datatype, MPI op, kind) for reducing ``dtype`` with ``op``."""
+    def _reduction_of(self, name: str, kind: RedOpType,
+                      dtype: torch.dtype) -> tuple[Any, Any, Lowering]:
         MPI = self._mpi
-        kind = check_reduce_op(op, dtype, name)
+        low = lower(kind, dtype, name, self.size)
         if dtype in _MPI_TYPES:
             ops = _BOOL_OPS if dtype is torch.bool else _MPI_OPS
-            return getattr(MPI, _MPI_TYPES[dtype]), getattr(MPI, ops[kind]), kind
+            return getattr(MPI, _MPI_TYPES[dtype]), getattr(MPI, ops[low.base]), low
         if dtype in _USER_OP_TYPES:
-            return getattr(MPI, _USER_OP_TYPES[dtype]), _user_op(MPI, kind, dtype), kind
+            return getattr(MPI, _USER_OP_TYPES[dtype]), _user_op(MPI, low.base, dtype), low
         raise TypeError(f"{name}: the MPI backend cannot reduce dtype {dtype} with {kind.name}")
 
     def _typed(self, tensor: torch.Tensor, mpi_type: Any) -> list[Any]:
@@ -266,10 +269,7 @@ class MpiBackend(Backend):
         where ``tensor.view(torch.uint8).numpy()`` costs 1.5-3 µs). The caller keeps the
         tensor alive until MPI is done with it: every operation here completes before it
         returns."""
-        if not tensor.is_contiguous():
-            raise ValueError("the MPI backend needs contiguous tensors (the ProcessGroup stages "
-                             "non-contiguous ones)")
-        return self._mpi.buffer.fromaddress(tensor.data_ptr(), tensor.nbytes)
+        return self._mpi.buffer.fromaddress(*address(tensor))
 
     # -- collectives ----------------------------------------------------------------------
 
@@ -280,26 +280,26 @@ class MpiBackend(Backend):
 
     def all_reduce(self, buf: torch.Tensor, op: Any, seq: int, deadline: float) -> None:
         """See base class."""
-        types, mpi_op, kind = self._reduction("all_reduce", op, buf.dtype)
-        self._agree("all_reduce", seq, deadline, kind, buf.dtype, buf.nbytes)
-        _premultiply(buf, op, kind)
+        types, mpi_op, low = self._reduction("all_reduce", op, buf.dtype)
+        self._agree("all_reduce", seq, deadline, low.kind, buf.dtype, buf.nbytes)
+        if low.scales:
+            _premultiply(buf, op, low)
         self._collective("all_reduce", deadline, "Allreduce", self._mpi.IN_PLACE,
                          self._typed(buf, types), mpi_op)
-        if kind is RedOpType.AVG:
-            _finish_avg(buf, self.size)
+        if low.post is not None:
+            _post(buf, low)
 
     def reduce(self, buf: torch.Tensor, op: Any, root: int, seq: int, deadline: float) -> None:
         """See base class."""
-        types, mpi_op, kind = self._reduction("reduce", op, buf.dtype)
-        self._agree("reduce", seq, deadline, kind, buf.dtype, buf.nbytes, root)
+        types, mpi_op, low = self._reduction("reduce", op, buf.dtype)
+        self._agree("reduce", seq, deadline, low.kind, buf.dtype, buf.nbytes, root)
         if self.rank == root:
-            _premultiply(buf, op, kind)
+            _premultiply(buf, op, low)
             self._collective("reduce", deadline, "Reduce", self._mpi.IN_PLACE,
                              self._typed(buf, types), mpi_op, root)
-            if kind is RedOpType.AVG:
-                _finish_avg(buf, self.size)
+            _post(buf, low)
         else:
-            send = _premultiplied_copy(buf, op, kind)
+            send = _premultiplied_copy(buf, op, low)
             self._collective("reduce", deadline, "Reduce", self._typed(send, types), None, mpi_op,
                              root)
 
@@ -325,13 +325,12 @@ class MpiBackend(Backend):
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: Any, seq: int,
                        deadline: float) -> None:
         """See base class."""
-        types, mpi_op, kind = self._reduction("reduce_scatter", op, inp.dtype)
-        self._agree("reduce_scatter", seq, deadline, kind, inp.dtype, out.nbytes)
-        send = _premultiplied_copy(inp, op, kind)
+        types, mpi_op, low = self._reduction("reduce_scatter", op, inp.dtype)
+        self._agree("reduce_scatter", seq, deadline, low.kind, inp.dtype, out.nbytes)
+        send = _premultiplied_copy(inp, op, low)
         self._collective("reduce_scatter", deadline, "Reduce_scatter_block",
                          self._typed(send, types), self._typed(out, types), mpi_op)
-        if kind is RedOpType.AVG:
-            _finish_avg(out, self.size)
+        _post(out, low)
 
     def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
                    in_splits: list[int], seq: int, deadline: float) -> None:
@@ -398,24 +397,22 @@ class MpiBackend(Backend):
                 comm.Free()
 
 
-def _finish_avg(buf: torch.Tensor, size: int) -> None:
-    """Divide the SUM into the AVG; complex32 has no division kernel, so via complex64."""
-    if buf.dtype is torch.complex32 and buf.numel():
-        buf.copy_(buf.to(torch.complex64).div_(size))
-    else:
-        finish_avg(buf, size)
+def _post(buf: torch.Tensor, low: Lowering) -> None:
+    """The lowering's step after the reduction (AVG's division), if any."""
+    if low.post is not None and buf.numel():
+        low.post(as_bytes(buf))
 
 
-def _premultiply(buf: torch.Tensor, op: Any, kind: RedOpType) -> None:
-    if kind is RedOpType.PREMUL_SUM and buf.numel():
-        buf.mul_(premul_factor(op))
+def _premultiply(buf: torch.Tensor, op: Any, low: Lowering) -> None:
+    if low.scales and buf.numel():
+        scale(buf, premul_factor(op), in_place=True)
 
 
-def _premultiplied_copy(buf: torch.Tensor, op: Any, kind: RedOpType) -> torch.Tensor:
+def _premultiplied_copy(buf: torch.Tensor, op: Any, low: Lowering) -> torch.Tensor:
     """``buf`` itself, or for PREMUL_SUM a scaled copy (the caller's input stays as it was)."""
-    if kind is not RedOpType.PREMUL_SUM:
+    if not low.scales:
         return buf
-    return (buf * premul_factor(op)).to(buf.dtype)
+    return scale(buf, premul_factor(op), in_place=False)
 
 
 def _counted(spec: list[Any], splits: list[int], itemsize: int) -> list[Any]:

@@ -1,16 +1,18 @@
-"""The native backend: ringtorch's own collectives over a mesh of Unix/TCP sockets.
+"""The native backend: ringtorch's own collectives, over the transport chosen for the group.
 
 A collective runs on the calling thread from start to finish (no hand-off: each one costs
-25-60 us on these machines): it picks an algorithm (algorithms/select.py), wraps the mesh in
-a MeshLink that stamps every frame with (op, dtype, reduce op, root, sequence number, sizes)
-and checks every frame it receives, and runs the algorithm on the tensors' own bytes.
-Point-to-point messages go through a Mailbox (reader threads on separate connections), so they
-may be used from any thread while collectives run.
+25-60 us on these machines). Each call is checked, its reduction lowered once per (op, dtype)
+(lowering.py), named by one CollectiveCall (call.py) and handed, as bytes, to the group's
+transport (transports/): shared memory on one host, the hierarchy across hosts, or the socket
+algorithms; the transport is chosen once, when the group is made. Point-to-point messages go
+through a Mailbox (reader threads on separate connections), so they may be used from any
+thread while collectives run.
 
 Failures (see docs/design/failure-detection.md): a peer's EOF seen by a reader thread, an
-ABORT frame, a timeout or a mismatch aborts the backend: the cause is recorded, every blocked
-call is woken (sockets shut down), every later call raises ``DistBackendError`` with the same
-cause at once. Collectives on one backend must not overlap (the ProcessGroup orders them).
+ABORT frame, a shared-memory liveness probe, a timeout or a mismatch posts its cause to the
+group's AbortState (first cause wins), fails every blocked call (sockets shut down, the
+segment's abort flag set) and every later call raises ``DistBackendError`` with that cause at
+once. Collectives on one backend must not overlap (the ProcessGroup orders them).
 """
 
 from __future__ import annotations
@@ -18,47 +20,62 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import timedelta
 from typing import Any
 
 import numpy as np
 import torch
 
 from ringtorch import _config
+from ringtorch._buffers import as_bytes, typed_view
 from ringtorch._errors import DistBackendError
 from ringtorch._wire import mailbox as mb
 from ringtorch._wire.errors import DeadlineExceeded, PeerClosedError
-from ringtorch._wire.mesh import NO_REDOP, NO_ROOT, FrameMismatch, PeerMesh
+from ringtorch._wire.mesh import FrameMismatch, PeerMesh
 from ringtorch._wire.mesh_setup import connect_mesh
-from ringtorch.collectives.algorithms import direct, recursive_doubling, ring, tree
-from ringtorch.collectives.algorithms.link import MeshLink, ScratchPool
-from ringtorch.collectives.algorithms.select import choose, parse_overrides
+from ringtorch.collectives.abort import AbortState
+from ringtorch.collectives.algorithms.select import parse_overrides
 from ringtorch.collectives.backends.base import Backend, BackendContext
 from ringtorch.collectives.backends.native_status import (
-    DTYPE_CODES,
-    OP_CODES,
-    Scope,
-    SoloLink,
     StatusBoard,
     check_peer,
     check_rooted,
     check_sizes,
     check_splits,
-    describe_header,
-    frame_sizes,
-    missing_report,
 )
-from ringtorch.collectives.reduce_op import (
-    RedOpType,
-    as_bytes,
-    byte_reducer,
-    check_reduce_op,
-    finish_avg,
-    op_type,
-    premul_factor,
-)
+from ringtorch.collectives.call import CallMaker, CollectiveCall, Signature
+from ringtorch.collectives.lowering import Lowering, lower, scale
+from ringtorch.collectives.reduce_op import RedOpType, op_type, premul_factor
+from ringtorch.collectives.reports import Words
+from ringtorch.collectives.transports.base import Transport
+from ringtorch.collectives.transports.setup import open_transport
 
 log = logging.getLogger(__name__)
+_new_call = tuple.__new__  # CollectiveCall from (*signature, seq, nbytes, deadline): call.new_call
+
+# Overflow wraps (ints) or goes to inf (floats) silently, as in torch: NumPy's warnings are
+# switched off around a collective through its error-state context variable (what
+# np.errstate does, minus the cost of building a context manager on every call).
+try:
+    from numpy._core._ufunc_config import (  # type: ignore[attr-defined]
+        _extobj_contextvar as _FP_STATE,
+    )
+
+    with np.errstate(all="ignore"):
+        _FP_IGNORE = _FP_STATE.get()
+
+    def _ignore_fp_errors() -> Any:
+        return _FP_STATE.set(_FP_IGNORE)
+
+    def _restore_fp_errors(token: Any) -> None:
+        _FP_STATE.reset(token)
+except (ImportError, AttributeError):  # another NumPy layout: the public, slower way
+    def _ignore_fp_errors() -> Any:
+        state = np.errstate(all="ignore")
+        state.__enter__()
+        return state
+
+    def _restore_fp_errors(token: Any) -> None:
+        token.__exit__(None, None, None)
 
 
 class _Timeout(Exception):
@@ -68,60 +85,56 @@ class _Timeout(Exception):
 class NativeBackend(Backend):
     """See the module docstring and base.Backend.
 
-    Subclasses that add a faster path for some ops (the shared-memory backend) may use, and
-    this class keeps stable: ``_collective(op, seq, deadline)`` (the scope of one collective:
-    refuses a failed group, records progress, turns transport failures into
-    DistBackendError), ``_check_root(root, op)``, ``_cause`` (the abort cause or None) and
-    ``_abort_local(cause, tell_peers=True)``.
+    Attributes:
+        transport: the group's Transport (sockets, shared memory or the hierarchy).
+        abort_state: the group's AbortState (its ``cause`` is None while it is healthy).
+        uses_shm: whether collectives go through shared memory.
+        shm_reason: why the group does not use shared memory ("" when it does).
+        topology: what the group uses, in words (for tests and for debugging performance).
     """
 
     def __init__(self, ctx: BackendContext) -> None:
         super().__init__(ctx)
-        self._cause: str | None = None
+        self.abort_state = AbortState()
         self._closed = False
         self._bye: set[int] = set()
         self._gone: set[int] = set()
-        self._lock = threading.Lock()
         self._board = StatusBoard()
-        self._current: tuple[str, int, float, float] | None = None
-        self._warned = False
-        self._scratch = ScratchPool()
-        self._reducers: dict[tuple[RedOpType, torch.dtype], Any] = {}
-        self._choices: dict[tuple[str, int], tuple[str, int]] = {}
-        self._scope = Scope(self)
-        self._overrides = parse_overrides(_config.ALGORITHMS.get())
+        self._words = Words(ctx.group_name, ctx.global_ranks)
+        self._calls = CallMaker(ctx.group_name)
+        self._lowered: dict[tuple[RedOpType, torch.dtype, str], Lowering] = {}
+        self._all_reduce_plans: dict[tuple[RedOpType, torch.dtype], tuple[Lowering, Signature]] = {}
+        self._shared_at: dict[int, tuple[int, int]] = {}  # data_ptr -> (index, nbytes)
+        self._fp_token: Any = None
         self._mesh: PeerMesh | None = None
         self._mailbox: mb.Mailbox | None = None
         if ctx.size > 1:
             deadline = time.monotonic() + ctx.timeout.total_seconds()
             self._mesh = connect_mesh(ctx.store, ctx.rank, ctx.size, ctx.group_name, deadline)
             self._mesh.on_slow_wait = self._slow_wait
-            self._same_host = all(self._mesh.same_host)
             self._mailbox = mb.Mailbox(ctx.rank, self._mesh.p2p, self._on_event,
                                        name=ctx.group_name)
             self._mailbox.start()
-        else:
-            self._same_host = True
+        self.transport: Transport
+        self.transport, self.shm_reason = open_transport(
+            ctx, self._mesh, parse_overrides(_config.ALGORITHMS.get()), self.abort_state,
+            self._abort_local)
+        self.uses_shm = self.transport.uses_shm
+        self.topology = self.transport.description
 
-    # -- naming ------------------------------------------------------------------------------
-
-    def _who(self, rank: int) -> str:
-        glob = self.ctx.global_ranks[rank] if rank < len(self.ctx.global_ranks) else rank
-        return f"rank {rank}" if glob == rank else f"rank {rank} (global rank {glob})"
-
-    def _what(self, op: str, seq: int) -> str:
-        return f"{op} #{seq} on group '{self.ctx.group_name}'"
+    @property
+    def shares_memory(self) -> bool:
+        """See base class: on one host's shared memory."""
+        return self.transport.shares_memory
 
     # -- failure handling --------------------------------------------------------------------
 
     def _abort_local(self, cause: str, tell_peers: bool = True) -> None:
-        """Record the first cause, fail every receive, tell the peers (ABORT frames carry the
-        cause, so a peer learns the real culprit before it sees this rank's connections
-        close), then shut every connection down to wake blocked calls."""
-        with self._lock:
-            if self._cause is not None:
-                return
-            self._cause = cause
+        """Post the cause (the first one wins), fail every receive, tell the peers (ABORT
+        frames carry the cause, so a peer learns the real culprit before it sees this rank's
+        connections close), then shut every connection down to wake blocked calls."""
+        if not self.abort_state.post(cause):
+            return
         if self._mailbox is not None:
             self._mailbox.fail(DistBackendError(f"the group was aborted: {cause}"))
         if threading.current_thread().name.startswith("ringtorch-p2p"):
@@ -141,7 +154,9 @@ class NativeBackend(Backend):
 
     def abort(self, reason: str) -> None:
         """See base class."""
-        self._abort_local(f"rank {self.rank} aborted the group: {reason}", tell_peers=True)
+        cause = f"rank {self.rank} aborted the group: {reason}"
+        self.transport.abort(cause)
+        self._abort_local(cause, tell_peers=True)
 
     def _on_event(self, peer: int, kind: str, payload: bytes) -> None:
         """Called on reader threads: must not block on anything a sender may hold."""
@@ -157,11 +172,9 @@ class NativeBackend(Backend):
             if peer in self._bye:
                 assert self._mailbox is not None
                 self._mailbox.fail_peer(peer, DistBackendError(
-                    f"{self._who(peer)} has closed its process group"))
+                    f"{self._words.who(peer)} has closed its process group"))
                 return
-            self._abort_local(f"{self._who(peer)} closed its connection to {self._who(self.rank)}"
-                              f" of group '{self.ctx.group_name}' without leaving the group: "
-                              f"the process exited or was killed")
+            self._abort_local(self._words.peer_left(peer, self.rank))
         elif kind == "status_request" and self._mailbox is not None:
             self._board.answer(self._mailbox, peer)
         elif kind == "status":
@@ -169,29 +182,44 @@ class NativeBackend(Backend):
 
     def _check_usable(self, what: str) -> None:
         if self._closed:
-            raise DistBackendError(f"{what}: the process group was closed")
-        if self._cause is not None:
-            raise DistBackendError(f"{what} failed: the group was aborted: {self._cause}")
+            raise DistBackendError(self._words.closed(what))
+        cause = self.abort_state.cause
+        if cause is not None:
+            raise DistBackendError(self._words.aborted(what, cause))
 
-    def _collective(self, op: str, seq: int, deadline: float) -> Scope:
-        """The scope of one collective: refuses to start on a failed group, records where
-        this rank is (for peers' status queries and for timeouts), turns transport failures
-        into DistBackendError and aborts the group on them."""
-        if self._closed or self._cause is not None:
-            self._check_usable(self._what(op, seq))
-        self._board.progress = (op, seq, "running")
-        self._current = (op, seq, deadline, time.monotonic())
-        self._warned = False
-        return self._scope
+    def _enter(self, call: CollectiveCall) -> NativeBackend:
+        """The scope of one collective (``with self._enter(call):``): refuses to start on a
+        failed group, records where this rank is (for peers' status queries and for
+        timeouts), turns transport failures into DistBackendError and aborts the group on
+        them. The backend is its own context manager: cheaper than a generator or an
+        object per call."""
+        if self._closed or self.abort_state.cause is not None:
+            self._check_usable(self._words.what(call))
+        board = self._board
+        board.call = call
+        board.running = True
+        board.start = time.monotonic()
+        board.warned = False
+        return self
+
+    def __enter__(self) -> None:
+        self._fp_token = _ignore_fp_errors()
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        _restore_fp_errors(self._fp_token)
+        self._board.running = False
+        if exc is not None:
+            error = self._collective_failed(exc)
+            if error is not None:
+                raise error from None
 
     def _collective_failed(self, exc: BaseException) -> BaseException | None:
         """The DistBackendError for a failure inside a collective (None: not ours)."""
-        op, seq = self._board.progress[:2]
-        what = self._what(str(op), seq)
+        call = self._board.call
+        assert call is not None
         if isinstance(exc, FrameMismatch):
-            message = (f"{what}: mismatched collectives: {self._who(self.rank)} runs "
-                       f"{describe_header(exc.expected)} but {self._who(exc.peer)} sent "
-                       f"{describe_header(exc.got)}{frame_sizes(exc.expected, exc.got)}")
+            message = self._words.mismatched_frame(call, self.rank, exc.peer, exc.expected,
+                                                   exc.got)
             self._abort_local(message, tell_peers=True)
             return DistBackendError(message)
         if isinstance(exc, _Timeout):
@@ -199,224 +227,203 @@ class NativeBackend(Backend):
             return DistBackendError(str(exc))
         if isinstance(exc, PeerClosedError):
             peer = getattr(exc, "peer", -1)
-            return DistBackendError(f"{what} failed: {self._peer_lost_cause(exc, peer)}")
+            return DistBackendError(self._words.failed(self._words.what(call),
+                                                       self._peer_lost_cause(exc, peer)))
         # Anything else (KeyboardInterrupt, MemoryError, a bug) stopped this rank half way
         # through its frames: the streams are out of step, so the group cannot go on.
-        self._abort_local(f"{what} was interrupted on {self._who(self.rank)} by "
-                          f"{type(exc).__name__}: {exc}", tell_peers=True)
+        self._abort_local(self._words.interrupted(call, self.rank, exc), tell_peers=True)
         return None
-
-    def _collective_done(self) -> None:
-        op, seq = self._board.progress[:2]
-        self._current = None
-        self._board.progress = (op, seq, "finished")
 
     def _peer_lost_cause(self, exc: PeerClosedError, peer: int) -> str:
         # A reader thread usually explains the loss first (EOF of the dead peer, an ABORT
-        # frame); give it a moment, since the connection we were using may only have been
-        # shut down because of another peer's death.
-        end = time.monotonic() + 0.2
-        while self._cause is None and time.monotonic() < end:
-            time.sleep(0.005)
-        if self._cause is None:
-            if peer in self._bye:
-                cause = f"{self._who(peer)} closed its process group during this collective"
-            else:
-                cause = (f"{self._who(peer)} closed its connection: the process exited or was "
-                         f"killed ({exc})")
-            self._abort_local(cause, tell_peers=True)
-        return f"the group was aborted: {self._cause}"
+        # frame); wait for it a moment, since the connection we were using may only have
+        # been shut down because of another peer's death.
+        cause = self.abort_state.wait(0.2)
+        if cause is None:
+            self._abort_local(self._words.peer_lost(peer, peer in self._bye, exc),
+                              tell_peers=True)
+        return f"the group was aborted: {self.abort_state.cause}"
 
     # -- waiting: stall warning and timeout --------------------------------------------------
 
     def _slow_wait(self, peers: list[int], waited: float) -> None:
-        current = self._current
-        if current is None:
+        board = self._board
+        call = board.call
+        if call is None or not board.running:
             return
-        op, seq, deadline, start = current
         now = time.monotonic()
-        if self._cause is not None:  # aborted meanwhile (e.g. another rank timed out first)
+        if self.abort_state.cause is not None:  # aborted meanwhile (another rank timed out)
             raise PeerClosedError("the group was aborted while this rank waited")
-        if now >= deadline:
-            elapsed = timedelta(seconds=round(now - start))
-            report = self._missing_report(seq, peers)
-            if self._cause is not None:  # another rank's abort beat ours: report its cause
+        if now >= self.transport.socket_deadline(call):
+            report = self._missing_report(call.seq, peers)
+            if self.abort_state.cause is not None:  # another rank's abort beat ours
                 raise PeerClosedError("the group was aborted while this rank waited")
-            raise _Timeout(f"{self._what(op, seq)} timed out after {elapsed}: {report}")
-        if now - start >= _config.STALL_WARNING_S.get() and not self._warned:
-            self._warned = True
-            log.warning("%s has waited %.0f s: %s", self._what(op, seq), now - start,
-                        self._missing_report(seq, peers))
+            raise _Timeout(self._words.timed_out(call, now - board.start, report))
+        if now - board.start >= _config.STALL_WARNING_S.get() and not board.warned:
+            board.warned = True
+            log.warning("%s", self._words.stalled(call, now - board.start,
+                                                  self._missing_report(call.seq, peers)))
 
     def _missing_report(self, seq: int, waiting_on: list[int]) -> str:
         """Ask every peer where it is (status frames answered by its reader thread)."""
         assert self._mailbox is not None
         peers = [p for p in range(self.size) if p != self.rank]
         statuses = self._board.query(self._mailbox, peers)
-        return missing_report(seq, statuses, peers, waiting_on, self._who)
+        return self._words.missing(seq, statuses, peers, waiting_on)
 
     # -- plumbing ----------------------------------------------------------------------------
-
-    def _link(self, op: str, dtype: torch.dtype, redop: int, root: int, seq: int,
-              total_nbytes: int) -> Any:
-        if self._mesh is None:
-            return SoloLink(self._scratch)
-        return MeshLink(self._mesh, self._scratch, OP_CODES[op], DTYPE_CODES.get(dtype, 0), redop,
-                        root, seq, total_nbytes)
-
-    def _choose(self, op: str, nbytes: int) -> tuple[str, int]:
-        key = (op, nbytes)
-        found = self._choices.get(key)
-        if found is None:
-            if len(self._choices) > 4096:
-                self._choices.clear()
-            choice = choose(op, nbytes, self.size, self._same_host, self._overrides)
-            found = self._choices[key] = (choice.algorithm, choice.segment_nbytes)
-        return found
 
     def _check_root(self, root: int, op: str) -> None:
         if not 0 <= root < self.size:
             raise ValueError(f"{op}: root {root} is not a rank of a group of size {self.size}")
 
-    def _plan_reduce(self, op: Any, dtype: torch.dtype, opname: str) -> tuple[RedOpType, Any]:
-        """(kind, byte reducer) for ``op`` on ``dtype``, checked once per pair.
+    def _lower(self, op: Any, dtype: torch.dtype, opname: str) -> Lowering:
+        """The lowering of ``op`` on ``dtype``, checked once per pair.
 
         Raises:
             ValueError, RuntimeError: the pair has no meaning (reduce_op.check_reduce_op).
         """
-        kind = op_type(op)
-        reducer = self._reducers.get((kind, dtype))
-        if reducer is None:
-            check_reduce_op(kind, dtype, opname)
-            reducer = self._reducers[(kind, dtype)] = byte_reducer(kind, dtype)
-        return kind, reducer
+        kind = op if type(op) is RedOpType else op_type(op)
+        found = self._lowered.get((kind, dtype, opname))
+        if found is None:
+            found = self._lowered[(kind, dtype, opname)] = lower(kind, dtype, opname, self.size)
+        return found
 
     # -- collectives -------------------------------------------------------------------------
 
     def all_reduce(self, buf: torch.Tensor, op: Any, seq: int, deadline: float) -> None:
         """See base class."""
-        kind, reducer = self._plan_reduce(op, buf.dtype, "all_reduce")
-        factor = premul_factor(op)
-        with self._collective("all_reduce", seq, deadline):
+        kind = op if type(op) is RedOpType else op_type(op)
+        hot = self._all_reduce_plans.get((kind, buf.dtype))
+        if hot is None:  # the lowering and the call's signature, once per (op, dtype)
+            low = self._lower(op, buf.dtype, "all_reduce")
+            hot = self._all_reduce_plans[(kind, buf.dtype)] = (low, self._calls.signature(
+                "all_reduce", buf.dtype, kind, -1))
+        low, sig = hot
+        factor = premul_factor(op) if low.scales else None
+        data = as_bytes(buf)
+        call = _new_call(CollectiveCall, (*sig, seq, data.nbytes, deadline))
+        if self._shared_at:
+            at = self._shared_at.get(buf.data_ptr())
+            if at is not None and at[1] == data.nbytes:
+                call = call.on_shared(at[0])
+        with self._enter(call):
             if factor is not None:
-                buf.mul_(factor)
-            data = as_bytes(buf)
-            link = self._link("all_reduce", buf.dtype, int(kind), NO_ROOT, seq, data.nbytes)
-            algorithm, segment = self._choose("all_reduce", data.nbytes)
-            if algorithm == "ring":
-                ring.all_reduce(link, data, reducer, buf.element_size(), segment)
-            elif algorithm == "scatter_gather":
-                direct.all_reduce_scatter_gather(link, data, reducer, buf.element_size(), segment)
-            elif algorithm == "recursive_doubling":
-                recursive_doubling.all_reduce(link, data, reducer)
-            else:
-                direct.all_reduce(link, data, reducer)
-            if kind is RedOpType.AVG:
-                finish_avg(buf, self.size)
+                scale(buf, factor, in_place=True)
+            self.transport.all_reduce(call, data, low.reducer, low.itemsize, low.post)
 
     def broadcast(self, buf: torch.Tensor, root: int, seq: int, deadline: float) -> None:
         """See base class."""
         self._check_root(root, "broadcast")
-        with self._collective("broadcast", seq, deadline):
-            data = as_bytes(buf)
-            link = self._link("broadcast", buf.dtype, NO_REDOP, root, seq, data.nbytes)
-            algorithm, segment = self._choose("broadcast", data.nbytes)
-            if algorithm == "chain":
-                tree.broadcast_chain(link, data, root, segment)
-            else:
-                tree.broadcast_tree(link, data, root)
+        data = as_bytes(buf)
+        call = self._calls("broadcast", seq, buf.dtype, None, root, data.nbytes, deadline)
+        with self._enter(call):
+            self.transport.broadcast(call, data, buf.element_size())
 
     def reduce(self, buf: torch.Tensor, op: Any, root: int, seq: int, deadline: float) -> None:
         """See base class."""
-        kind, reducer = self._plan_reduce(op, buf.dtype, "reduce")
+        low = self._lower(op, buf.dtype, "reduce")
         self._check_root(root, "reduce")
-        factor = premul_factor(op)
-        with self._collective("reduce", seq, deadline):
+        factor = premul_factor(op) if low.scales else None
+        data = as_bytes(buf)
+        call = self._calls("reduce", seq, buf.dtype, low.kind, root, data.nbytes, deadline)
+        with self._enter(call):
             if factor is not None:
-                buf.mul_(factor)
-            data = as_bytes(buf)
-            algorithm, segment = self._choose("reduce", data.nbytes)
-            # direct: only the root reduces, so the root's op is the one applied and the
-            # others' op is not compared (seed 003's reduce passes MAX on the root only);
-            # the ring reduces on every rank, so there every rank must pass the same op
-            redop = NO_REDOP if algorithm == "direct" else int(kind)
-            link = self._link("reduce", buf.dtype, redop, root, seq, data.nbytes)
-            if algorithm == "ring":
-                ring.reduce(link, data, root, reducer, buf.element_size(), segment)
-            else:
-                direct.reduce(link, data, root, reducer)
-            if kind is RedOpType.AVG and self.rank == root:
-                finish_avg(buf, self.size)
+                scale(buf, factor, in_place=True)
+            self.transport.reduce(call, data, low.reducer, low.itemsize)
+            if low.post is not None and self.rank == root:
+                low.post(data)
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, seq: int, deadline: float) -> None:
         """See base class."""
         check_sizes("all_gather", out, inp, self.size)
-        with self._collective("all_gather", seq, deadline):
-            out_bytes, inp_bytes = as_bytes(out), as_bytes(inp)
-            link = self._link("all_gather", inp.dtype, NO_REDOP, NO_ROOT, seq, inp_bytes.nbytes)
-            algorithm, _ = self._choose("all_gather", out_bytes.nbytes)
-            if algorithm == "ring":
-                ring.all_gather(link, out_bytes, inp_bytes)
-            else:
-                direct.all_gather(link, out_bytes, inp_bytes)
+        inp_bytes = as_bytes(inp)
+        call = self._calls("all_gather", seq, inp.dtype, None, -1, inp_bytes.nbytes, deadline)
+        with self._enter(call):
+            self.transport.all_gather(call, as_bytes(out), inp_bytes, inp.element_size())
 
     def gather(self, out: torch.Tensor | None, inp: torch.Tensor, root: int, seq: int,
                deadline: float) -> None:
         """See base class."""
         self._check_root(root, "gather")
         check_rooted("gather", self.rank, root, out, inp, self.size)
-        with self._collective("gather", seq, deadline):
-            inp_bytes = as_bytes(inp)
-            link = self._link("gather", inp.dtype, NO_REDOP, root, seq, inp_bytes.nbytes)
-            direct.gather(link, None if out is None else as_bytes(out), inp_bytes, root)
+        inp_bytes = as_bytes(inp)
+        call = self._calls("gather", seq, inp.dtype, None, root, inp_bytes.nbytes, deadline)
+        with self._enter(call):
+            self.transport.gather(call, None if out is None else as_bytes(out), inp_bytes,
+                                  inp.element_size())
 
     def scatter(self, out: torch.Tensor, inp: torch.Tensor | None, root: int, seq: int,
                 deadline: float) -> None:
         """See base class."""
         self._check_root(root, "scatter")
         check_rooted("scatter", self.rank, root, inp, out, self.size)
-        with self._collective("scatter", seq, deadline):
-            out_bytes = as_bytes(out)
-            link = self._link("scatter", out.dtype, NO_REDOP, root, seq, out_bytes.nbytes)
-            direct.scatter(link, out_bytes, None if inp is None else as_bytes(inp), root)
+        out_bytes = as_bytes(out)
+        call = self._calls("scatter", seq, out.dtype, None, root, out_bytes.nbytes, deadline)
+        with self._enter(call):
+            self.transport.scatter(call, out_bytes, None if inp is None else as_bytes(inp),
+                                   out.element_size())
 
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: Any, seq: int,
                        deadline: float) -> None:
         """See base class."""
-        kind, reducer = self._plan_reduce(op, inp.dtype, "reduce_scatter")
+        low = self._lower(op, inp.dtype, "reduce_scatter")
         check_sizes("reduce_scatter", inp, out, self.size)
-        factor = premul_factor(op)
-        with self._collective("reduce_scatter", seq, deadline):
+        factor = premul_factor(op) if low.scales else None
+        nbytes = inp.numel() * low.itemsize
+        call = self._calls("reduce_scatter", seq, inp.dtype, low.kind, -1, nbytes, deadline)
+        with self._enter(call):
             if factor is not None:
-                inp = inp * factor
-            out_bytes, inp_bytes = as_bytes(out), as_bytes(inp)
-            link = self._link("reduce_scatter", inp.dtype, int(kind), NO_ROOT, seq,
-                              inp_bytes.nbytes)
-            algorithm, segment = self._choose("reduce_scatter", inp_bytes.nbytes)
-            if algorithm == "ring":
-                ring.reduce_scatter(link, out_bytes, inp_bytes, reducer, inp.element_size(),
-                                    segment)
-            else:
-                direct.reduce_scatter(link, out_bytes, inp_bytes, reducer)
-            if kind is RedOpType.AVG:
-                finish_avg(out, self.size)
+                inp = scale(inp, factor, in_place=False)
+            out_bytes = as_bytes(out)
+            self.transport.reduce_scatter(call, out_bytes, as_bytes(inp), low.reducer,
+                                          low.itemsize)
+            if low.post is not None:
+                low.post(out_bytes)
 
     def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
                    in_splits: list[int], seq: int, deadline: float) -> None:
         """See base class."""
         check_splits(self.rank, self.size, out, inp, out_splits, in_splits)
-        with self._collective("all_to_all", seq, deadline):
-            size = inp.element_size()
+        size = inp.element_size()
+        call = self._calls("all_to_all", seq, inp.dtype, None, -1, inp.numel() * size,
+                           deadline)
+        with self._enter(call):
             out_offsets = [0, *np.cumsum(out_splits).tolist()]
             in_offsets = [0, *np.cumsum(in_splits).tolist()]
-            link = self._link("all_to_all", inp.dtype, NO_REDOP, NO_ROOT, seq, 0)
-            direct.all_to_all(link, as_bytes(out), as_bytes(inp),
-                              [o * size for o in out_offsets], [o * size for o in in_offsets])
+            self.transport.all_to_all(call, as_bytes(out), as_bytes(inp),
+                                      [o * size for o in out_offsets],
+                                      [o * size for o in in_offsets])
 
     def barrier(self, seq: int, deadline: float) -> None:
         """See base class."""
-        with self._collective("barrier", seq, deadline):
-            recursive_doubling.barrier(self._link("barrier", torch.uint8, NO_REDOP, NO_ROOT, seq, 0))
+        call = self._calls("barrier", seq, torch.uint8, None, -1, 0, deadline)
+        with self._enter(call):
+            self.transport.barrier(call)
+
+    # -- tensors in shared memory ---------------------------------------------------------------
+
+    def shared_tensor(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """See base class: on one host, in the group's shared memory (an all_reduce of exactly
+        this tensor then skips the copy in: algorithms/shm/shared.py); elsewhere, or when
+        some rank cannot get the memory, an ordinary tensor.
+
+        Raises:
+            DistBackendError: a peer died, aborted, is in a collective or is late.
+        """
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        if not self.transport.shares_memory or nbytes == 0:
+            return torch.zeros(numel, dtype=dtype)
+        self._check_usable("shared_tensor")
+        call = self._calls.shared_tensor(len(self._shared_at), dtype, nbytes,
+                                         time.monotonic() + self.ctx.timeout.total_seconds())
+        got = self.transport.shared_buffer(call)
+        if got is None:
+            return torch.zeros(numel, dtype=dtype)
+        index, data = got
+        tensor = typed_view(data, dtype)
+        self._shared_at[tensor.data_ptr()] = (index, nbytes)
+        return tensor
 
     # -- point to point ------------------------------------------------------------------------
 
@@ -427,9 +434,9 @@ class NativeBackend(Backend):
         self._check_usable(what)
         assert self._mailbox is not None
         try:
-            self._mailbox.send(dst, tag, as_bytes(buf), deadline)
+            self._mailbox.send(dst, tag, as_bytes(buf), deadline)  # type: ignore[arg-type]
         except DeadlineExceeded:
-            cause = f"{what} timed out: {self._who(dst)} does not read its messages"
+            cause = f"{what} timed out: {self._words.who(dst)} does not read its messages"
             self._abort_local(cause, tell_peers=True)
             raise DistBackendError(cause) from None
         except PeerClosedError as exc:
@@ -445,15 +452,16 @@ class NativeBackend(Backend):
         if self._mailbox is None:
             raise ValueError(f"{what}: a group of one rank has nobody to receive from")
         try:
-            return self._mailbox.recv(as_bytes(buf), src, tag, deadline)
+            return self._mailbox.recv(as_bytes(buf), src, tag,  # type: ignore[arg-type]
+                                      deadline)
         except mb.RecvError as exc:
             error = exc.args[0]
             if isinstance(error, PeerClosedError) and src is not None:
                 raise DistBackendError(f"{what} failed: {self._peer_lost_cause(error, src)}") \
                     from None
-            if isinstance(error, PeerClosedError) and self._cause is not None:
-                raise DistBackendError(f"{what} failed: the group was aborted: {self._cause}") \
-                    from None
+            cause = self.abort_state.cause
+            if isinstance(error, PeerClosedError) and cause is not None:
+                raise DistBackendError(self._words.aborted(what, cause)) from None
             raise DistBackendError(f"{what} failed: {error}") from None
         except DeadlineExceeded:
             raise DistBackendError(f"{what} timed out: no matching message arrived") from None
@@ -477,6 +485,8 @@ class NativeBackend(Backend):
             self._mailbox.join(1.0)
         if self._mesh is not None:
             self._mesh.close()
+        self._shared_at.clear()
+        self.transport.close()
 
 
 __all__ = ["NativeBackend"]

@@ -1,11 +1,9 @@
-"""The native backend's vocabulary on the wire, its answers to "where are you?", its input
-checks and its per-call scaffolding (kept here so native.py reads as the operations).
+"""The native backend's answers to "where are you?" and its input checks (kept here so
+native.py reads as the operations).
 
-Codes for ops and dtypes in collective frame headers (the table is append-only: a code never
-changes meaning), the words a mismatch error uses for a header, and the StatusBoard: each
-rank's current collective (op, sequence number, running/finished), answered to a peer's
-STATUS_REQ frame by the p2p reader thread, so a timeout message can say where every rank is
-without the store and without the missing rank's main thread.
+The StatusBoard holds this rank's current collective (its CollectiveCall, running or
+finished), answered to a peer's STATUS_REQ frame by the p2p reader thread, so a timeout message
+can say where every rank is without the store and without the missing rank's main thread.
 """
 
 from __future__ import annotations
@@ -13,66 +11,29 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 
 from ringtorch._wire import mailbox as mb
-from ringtorch._wire.mesh import COLL_HEADER, NO_REDOP, NO_ROOT
-from ringtorch.collectives.algorithms.link import ScratchPool
-from ringtorch.collectives.reduce_op import RedOpType
+from ringtorch.collectives.call import CollectiveCall, status_record
 
 STATUS_WAIT_S = 1.0
-
-OP_CODES = {"all_reduce": 1, "broadcast": 2, "reduce": 3, "all_gather": 4, "gather": 5,
-            "scatter": 6, "reduce_scatter": 7, "all_to_all": 8, "barrier": 9}
-OP_NAMES = {code: name for name, code in OP_CODES.items()}
-DTYPES: list[torch.dtype] = [
-    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64,
-    torch.complex128, torch.complex32, torch.bool, torch.uint8, torch.int8, torch.int16,
-    torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn,
-    torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
-]
-DTYPE_CODES = {dtype: i + 1 for i, dtype in enumerate(DTYPES)}
-
-
-def _dtype_name(code: int) -> str:
-    return str(DTYPES[code - 1]).replace("torch.", "") if 0 < code <= len(DTYPES) else f"#{code}"
-
-
-def describe_header(raw: bytes) -> str:
-    """A frame header in words: 'broadcast #3 (float32, 4096 bytes, root 1)'."""
-    _tag, op, dtype, redop, root, seq, total, _payload = COLL_HEADER.unpack(raw)
-    parts = [_dtype_name(dtype), f"{total} bytes"]
-    if redop != NO_REDOP:
-        parts.append(f"op {RedOpType(redop).name}" if redop in RedOpType._value2member_map_
-                     else f"op #{redop}")
-    if root != NO_ROOT:
-        parts.append(f"root {root}")
-    return f"{OP_NAMES.get(op, f'op#{op}')} #{seq} ({', '.join(parts)})"
-
-
-def frame_sizes(expected: bytes, got: bytes) -> str:
-    want, have = COLL_HEADER.unpack(expected)[-1], COLL_HEADER.unpack(got)[-1]
-    if want == have:
-        return ""
-    return f"; this frame should carry {want} bytes, the peer's carries {have}"
-
 
 class StatusBoard:
     """This rank's progress, and the answers peers gave to our status queries."""
 
     def __init__(self) -> None:
-        self.progress: tuple[str | None, int, str] = (None, -1, "idle")
+        self.call: CollectiveCall | None = None  # the current or last collective
+        self.running = False
+        self.start = 0.0  # time.monotonic() when the current one started
+        self.warned = False  # whether its stall warning was logged
         self._cond = threading.Condition()
         self._answers: dict[int, dict[str, Any]] = {}
 
     def answer(self, mailbox: mb.Mailbox, peer: int) -> None:
         """Reply to ``peer``'s query off the reader thread (readers never send)."""
-        op, seq, state = self.progress
-        payload = json.dumps({"op": op, "seq": seq, "state": state}).encode()
+        payload = json.dumps(status_record(self.call, self.running)).encode()
         threading.Thread(target=mailbox.send_control, args=(peer, mb.STATUS, payload),
                          daemon=True, name="ringtorch-status-reply").start()
 
@@ -93,26 +54,6 @@ class StatusBoard:
             while len(self._answers) < len(peers) and time.monotonic() < end:
                 self._cond.wait(max(0.0, end - time.monotonic()))
             return dict(self._answers)
-
-
-def missing_report(seq: int, statuses: dict[int, dict[str, Any]], peers: list[int],
-                   waiting_on: list[int], who: Callable[[int], str]) -> str:
-    """Which ranks have not arrived at collective ``seq``, and where each of them is."""
-    missing, where = [], []
-    for peer in peers:
-        status = statuses.get(peer)
-        if status is None:
-            missing.append(peer)
-            where.append(f"{who(peer)} did not answer")
-        elif status["op"] is None or status["seq"] < seq:
-            missing.append(peer)
-            at = "no collective yet" if status["op"] is None else \
-                f"{status['op']} #{status['seq']} ({status['state']})"
-            where.append(f"{who(peer)} is at {at}")
-    if not missing:
-        waiting = ", ".join(who(p) for p in waiting_on)
-        return f"every rank arrived; this rank was waiting for data from {waiting}"
-    return f"ranks {missing} did not arrive ({'; '.join(where)})"
 
 
 # -- input checks (before anything is sent) -----------------------------------------------
@@ -164,76 +105,4 @@ def check_peer(rank: int, size: int, peer: int, what: str) -> None:
         raise ValueError(f"{what}: a rank cannot send to or receive from itself")
 
 
-# -- per-call scaffolding of NativeBackend ---------------------------------------------
-
-
-class Scope:
-    """Context manager of ``NativeBackend._collective`` (a class: cheaper than a generator)."""
-
-    __slots__ = ("_backend", "_token")
-
-    def __init__(self, backend: Any) -> None:
-        self._backend = backend
-        self._token: Any = None
-
-    def __enter__(self) -> None:
-        self._token = _ignore_fp_errors()
-
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
-        _restore_fp_errors(self._token)
-        self._backend._collective_done()
-        if exc is not None:
-            error = self._backend._collective_failed(exc)
-            if error is not None:
-                raise error from None
-        return False
-
-
-# Overflow wraps (ints) or goes to inf (floats) silently, as in torch: NumPy's warnings are
-# switched off around a collective through its error-state context variable (what
-# np.errstate does, minus the cost of building a context manager on every call).
-try:
-    from numpy._core._ufunc_config import _extobj_contextvar as _FP_STATE
-
-    with np.errstate(all="ignore"):
-        _FP_IGNORE = _FP_STATE.get()
-
-    def _ignore_fp_errors() -> Any:
-        return _FP_STATE.set(_FP_IGNORE)
-
-    def _restore_fp_errors(token: Any) -> None:
-        _FP_STATE.reset(token)
-except (ImportError, AttributeError):  # another NumPy layout: the public, slower way
-    def _ignore_fp_errors() -> Any:
-        state = np.errstate(all="ignore")
-        state.__enter__()
-        return state
-
-    def _restore_fp_errors(token: Any) -> None:
-        token.__exit__(None, None, None)
-
-
-class SoloLink:
-    """The Link of a group of one: nothing to exchange."""
-
-    rank = 0
-    size = 1
-
-    def __init__(self, scratch: ScratchPool) -> None:
-        self._scratch = scratch
-
-    def send(self, peer: int, data: np.ndarray) -> None:
-        raise AssertionError("a group of one has no peers")
-
-    recv = send
-
-    def exchange(self, sends: Any, recvs: Any) -> None:
-        assert not sends and not recvs
-
-    def scratch(self, nbytes: int) -> np.ndarray:
-        return self._scratch.get(nbytes)
-
-
-__all__ = ["DTYPES", "DTYPE_CODES", "OP_CODES", "OP_NAMES", "Scope", "SoloLink", "StatusBoard",
-           "check_peer", "check_rooted", "check_sizes", "check_splits", "describe_header", "frame_sizes",
-           "missing_report"]
+__all__ = ["StatusBoard", "check_peer", "check_rooted", "check_sizes", "check_splits"]

@@ -1,7 +1,7 @@
 """Which backend moves a group's bytes: a registry keyed by name, with helpful errors.
 
-``"gloo"`` is ringtorch's own native CPU backend (``backends/native.py``, with the same-host
-shared-memory fast path of ``backends/shm_native.py``) under the name torch
+``"gloo"`` is ringtorch's own native CPU backend (``backends/native.py``: shared memory on
+one host, sockets across hosts, chosen per group by ``transports/``) under the name torch
 scripts use: it plays gloo's role (CPU collectives over TCP, here also shared memory and Unix
 sockets) but it is not the gloo library. ``"native"`` and ``"ringtorch"`` name the same
 backend. ``"mpi"`` is the MPI backend (backends/mpi.py, over mpi4py); without mpi4py asking
@@ -53,7 +53,7 @@ def _mpi_missing() -> str | None:
             "run without MPI.")
 
 
-_NATIVE = "ringtorch.collectives.backends.shm_native:ShmNativeBackend"
+_NATIVE = "ringtorch.collectives.backends.native:NativeBackend"
 
 _ENTRIES: dict[str, _Entry] = {
     "gloo": _Entry(import_path=_NATIVE),

@@ -1,6 +1,8 @@
-"""``torch.distributed.elastic``'s place in ringtorch: only what workers import from it.
+"""``torch.distributed.elastic``'s place in ringtorch: what programs import from it.
 
-Workers written for torchrun decorate their entry point with
-``torch.distributed.elastic.multiprocessing.errors.record``; the same import path works
-under ``ringtorch.distributed``. The agent itself lives in ``ringtorch.launcher``.
+``multiprocessing.errors`` (``record``, ``ChildFailedError``) for workers and launching
+programs, ``multiprocessing`` (log specs, ``SignalException``) for ``elastic_launch``'s
+config, ``rendezvous`` (the handler API and registry of custom rendezvous backends) and
+``utils`` (store barriers, a logger, free ports). The agent itself is ``ringtorch.launcher``;
+nothing here imports torch.
 """

@@ -15,6 +15,7 @@ from typing import Any
 import ringtorch.distributed.autograd as dist_autograd
 import ringtorch.distributed.rpc as rpc
 from ringtorch.distributed.optim.post_localSGD_optimizer import PostLocalSGDOptimizer
+from ringtorch.distributed.optim.zero_redundancy_optimizer import ZeroRedundancyOptimizer
 
 
 class _LocalOptimizer:
@@ -82,5 +83,5 @@ class DistributedOptimizer:
             raise errors[0]
 
 
-__all__ = ["DistributedOptimizer", "PostLocalSGDOptimizer"]
+__all__ = ["DistributedOptimizer", "PostLocalSGDOptimizer", "ZeroRedundancyOptimizer"]
 

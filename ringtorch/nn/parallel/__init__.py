@@ -2,13 +2,14 @@
 
 DistributedDataParallel averages gradients with ringtorch's collectives; DataParallel and its
 helpers (replicate, scatter, parallel_apply, gather) run replicas in threads of one process.
-Join/Joinable/JoinHook (torch.distributed.algorithms.join) live here too, since
-``ringtorch.distributed`` is the facade layer below this one; ``comm_hooks`` re-exports torch's
-default communication hooks from ``ringtorch.distributed.algorithms.ddp_comm_hooks``.
+Join/Joinable/JoinHook are re-exported from ``ringtorch.distributed.algorithms.join`` (torch's
+path, where they live); ``comm_hooks`` re-exports torch's default communication hooks from
+``ringtorch.distributed.algorithms.ddp_comm_hooks``.
 """
 
 from __future__ import annotations
 
+from ringtorch.distributed.algorithms.join import Join, Joinable, JoinHook
 from ringtorch.nn.parallel import comm_hooks
 from ringtorch.nn.parallel.data_parallel import (
     DataParallel,
@@ -20,7 +21,6 @@ from ringtorch.nn.parallel.data_parallel import (
     scatter_kwargs,
 )
 from ringtorch.nn.parallel.ddp import DistributedDataParallel
-from ringtorch.nn.parallel.join import Join, Joinable, JoinHook
 from ringtorch.nn.parallel.reducer import GradBucket
 
 __all__ = [

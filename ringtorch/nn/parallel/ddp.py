@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from ringtorch import distributed as dist
+from ringtorch.distributed.algorithms.join import Join, Joinable, JoinHook
 from ringtorch.nn.parallel.buckets import bucket_caps, plan_buckets
-from ringtorch.nn.parallel.join import Join, Joinable, JoinHook, _notify_join_context
 from ringtorch.nn.parallel.reducer import GradBucket, Reducer
 
 __all__ = ["DistributedDataParallel"]
@@ -294,7 +294,7 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         grad_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
-        notified = _notify_join_context(self)
+        notified = Join.notify_join_context(self)
         self.reducer.set_forward_pass_work_handle(
             notified, self._divide_by_initial_world_size or notified is None)
         if self.will_sync_module_buffers():

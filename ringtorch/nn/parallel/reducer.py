@@ -111,7 +111,7 @@ class _Bucket:
         self.offsets = plan.offsets
         self.params = [params[i] for i in plan.indices]
         first = self.params[0]
-        # `allocate` (the backend's shared_tensor) puts the buffer in the group's shared memory,
+        # `allocate` (the group's shared_tensor) puts the buffer in the group's shared memory,
         # whose all_reduce needs no copy in; it gives an ordinary tensor where that is off
         self.shared = allocate is not None and first.device.type == "cpu"
         self.buffer = (allocate(plan.numel, first.dtype) if self.shared and allocate is not None
@@ -185,7 +185,7 @@ class Reducer:
         self._used_map = torch.zeros(len(self._params), dtype=torch.int32)
         self._used = [0] * len(self._params)  # this iteration's, as _used_map before its reduce
         self._div_factor: float = float(self._world_size)
-        self._count_work: tuple[Any, torch.Tensor] | None = None
+        self._count_work: Any = None
         self._in_join = False
         # buckets whose by_avg is set are all_reduced with AVG (the backend divides the sum,
         # right after copying it out); other buckets divide while copying into the bucket
@@ -210,10 +210,11 @@ class Reducer:
                                "called once.")
         self._comm_hook = (hook, state)
 
-    def set_forward_pass_work_handle(self, notified: tuple[Any, torch.Tensor] | None,
+    def set_forward_pass_work_handle(self, notified: Any,
                                      divide_by_initial_world_size: bool) -> None:
-        """Under Join: ``notified`` is (work, tensor) of the all_reduce that counts the ranks
-        still training; unless ``divide_by_initial_world_size``, gradients are divided by it."""
+        """Under Join: ``notified`` is the Work of the all_reduce that counts the ranks still
+        training (its ``result()[0]``); unless ``divide_by_initial_world_size``, gradients are
+        divided by that count."""
         self._count_work = None if divide_by_initial_world_size else notified
         self._in_join = notified is not None
 
@@ -301,9 +302,7 @@ class Reducer:
             raise RuntimeError(_READY_TWICE_ERROR.format(index=index, name=self._names[index]))
         self._ready[index] = True
         if self._count_work is not None:  # Join without divide_by_initial_world_size
-            work, count = self._count_work
-            work.wait()
-            self._div_factor = float(count.item())
+            self._div_factor = float(self._count_work.result()[0].item())
             self._count_work = None
         b, pos = self._locator[index]
         bucket = self._buckets[b]
@@ -441,12 +440,11 @@ class Reducer:
             buffer.copy_(content)
 
 
-def _shared_allocator(group: Any) -> Callable[[int, torch.dtype], torch.Tensor] | None:
-    """The group's ``shared_tensor(numel, dtype)`` (the same-host shared-memory backend's), or
-    None for a backend without one (MPI, a custom backend)."""
-    get_backend = getattr(group, "_get_backend", None)
-    backend = get_backend(torch.device("cpu")) if get_backend is not None else None
-    return getattr(backend, "shared_tensor", None)
+def _shared_allocator(group: dist.ProcessGroup) -> Callable[[int, torch.dtype],
+                                                             torch.Tensor] | None:
+    """The group's ``shared_tensor(numel, dtype)`` where the group declares shared memory
+    (``ProcessGroup.shares_memory``), else None (sockets, MPI, a custom backend)."""
+    return group.shared_tensor if group.shares_memory else None
 
 
 class _Pending:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ringtorch.collectives.algorithms.chunking import elements_per, pipeline_chunks, split_even
-from ringtorch.collectives.algorithms.link import Link
+from ringtorch.collectives.algorithms.sockets.link import Link
 from ringtorch.collectives.reduce_op import ByteReducer
 
 
@@ -32,7 +32,8 @@ def _reduce_in_rank_order(link: Link, own: np.ndarray, slot: dict[int, np.ndarra
         reduce(own, slot[p], False)
 
 
-def all_reduce(link: Link, buf: np.ndarray, reduce: ByteReducer) -> None:
+def all_reduce(link: Link, buf: np.ndarray, reduce: ByteReducer, itemsize: int = 1,
+               segment_nbytes: int = 0) -> None:
     """Everyone sends its buffer to everyone and reduces all of them, in rank order."""
     peers = _peers(link)
     n = buf.nbytes
@@ -68,7 +69,8 @@ def all_reduce_scatter_gather(link: Link, buf: np.ndarray, reduce: ByteReducer, 
                       [(q, buf[blocks[q][0]:blocks[q][1]]) for q in peers])
 
 
-def reduce(link: Link, buf: np.ndarray, root: int, reduce: ByteReducer) -> None:
+def reduce(link: Link, buf: np.ndarray, root: int, reduce: ByteReducer, itemsize: int = 1,
+           segment_nbytes: int = 0) -> None:
     """Everyone sends to root; root reduces in rank order."""
     if link.rank != root:
         link.send(root, buf)
@@ -81,7 +83,8 @@ def reduce(link: Link, buf: np.ndarray, root: int, reduce: ByteReducer) -> None:
     _reduce_in_rank_order(link, buf, slot, reduce)
 
 
-def reduce_scatter(link: Link, out: np.ndarray, inp: np.ndarray, reduce: ByteReducer) -> None:
+def reduce_scatter(link: Link, out: np.ndarray, inp: np.ndarray, reduce: ByteReducer,
+                   itemsize: int = 1, segment_nbytes: int = 0) -> None:
     """Rank r sends block j of its input to rank j and reduces the blocks r it receives."""
     peers = _peers(link)
     m = out.nbytes

@@ -28,9 +28,9 @@ from typing import NamedTuple
 import numpy as np
 
 from ringtorch._wire.shm import Segment
-from ringtorch._wire.shm_domain import Desc, ShmDomain
-from ringtorch.collectives.algorithms.shm_plan import split_bytes
-from ringtorch.collectives.algorithms.shm_space import reduce_in_rank_order
+from ringtorch._wire.shm_domain import Descriptor, ShmDomain
+from ringtorch.collectives.algorithms.shm.plan import split_bytes
+from ringtorch.collectives.algorithms.shm.space import reduce_in_rank_order
 from ringtorch.collectives.reduce_op import ByteReducer
 
 
@@ -50,7 +50,7 @@ class SharedBuffers:
     def __len__(self) -> int:
         return len(self._buffers)
 
-    def allocate(self, nbytes: int, desc: Desc, deadline: float) -> tuple[int, np.ndarray] | None:
+    def allocate(self, nbytes: int, desc: Descriptor, deadline: float) -> tuple[int, np.ndarray] | None:
         """Collective: a new buffer of ``nbytes`` in every rank's shared memory; returns
         (its index, this rank's uint8 view of it, zero-filled), or None on every rank when
         some rank could not get the memory.
@@ -89,7 +89,7 @@ class SharedBuffers:
         self._buffers.append(_Shared(nbytes, segments, views))
         return len(self._buffers) - 1, views[d.rank]
 
-    def all_reduce(self, index: int, reduce: ByteReducer, itemsize: int, desc: Desc,
+    def all_reduce(self, index: int, reduce: ByteReducer, itemsize: int, desc: Descriptor,
                    deadline: float) -> None:
         """Collective: reduce buffer ``index`` across ranks, in place on every rank."""
         d = self.domain

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ringtorch.collectives.algorithms.link import Link
+from ringtorch.collectives.algorithms.sockets.link import Link
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,12 @@ from __future__ import annotations
 import numpy as np
 
 from ringtorch.collectives.algorithms.chunking import power_of_two_below
-from ringtorch.collectives.algorithms.link import Link
+from ringtorch.collectives.algorithms.sockets.link import Link
 from ringtorch.collectives.reduce_op import ByteReducer
 
 
-def all_reduce(link: Link, buf: np.ndarray, reduce: ByteReducer) -> None:
+def all_reduce(link: Link, buf: np.ndarray, reduce: ByteReducer, itemsize: int = 1,
+               segment_nbytes: int = 0) -> None:
     """In-place all_reduce of ``buf`` by recursive doubling (see the module docstring)."""
     r, p = link.rank, link.size
     p2 = power_of_two_below(p)

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ringtorch._wire.shm_domain import Desc, ShmDomain
-from ringtorch.collectives.algorithms.shm_plan import Plan, area_offset, plan, wanted_half
+from ringtorch._wire.shm_domain import Descriptor, ShmDomain
+from ringtorch.collectives.algorithms.shm.plan import Plan, area_offset, plan, wanted_half
 from ringtorch.collectives.reduce_op import ByteReducer
 
 _MAX_CACHED_VIEWS = 4096
@@ -63,20 +63,20 @@ class ShmSpace:
 
     def next_area(self, steps: Plan) -> int:
         """Byte offset of where this rank writes in the next round: the next slot, at the
-        plan's rotating area when it has one (shm_plan.area_offset), else at its start."""
+        plan's rotating area when it has one (plan.area_offset), else at its start."""
         base = self.next_slot()
         if steps.area:
             base += area_offset(steps, self.domain.round + 1, self.domain.half)
         return base
 
-    def round(self, first: bool, desc: Desc, deadline: float) -> None:
+    def round(self, first: bool, desc: Descriptor, deadline: float) -> None:
         """Enter the next round: the collective's first (checked against the peers) or a later one."""
         if first:
             self.domain.arrive(desc, deadline)
         else:
             self.domain.step(desc, deadline)
 
-    def plan(self, op: str, nbytes: int, itemsize: int, desc: Desc, deadline: float) -> Plan:
+    def plan(self, op: str, nbytes: int, itemsize: int, desc: Descriptor, deadline: float) -> Plan:
         """The plan of ``op`` on ``nbytes``, after growing the slots if it wants more room
         (every rank grows at the same call). Plans are cached while the slot size holds."""
         key = (op, nbytes, itemsize)

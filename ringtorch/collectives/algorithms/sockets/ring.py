@@ -21,7 +21,7 @@ from ringtorch.collectives.algorithms.chunking import (
     segments,
     split_even,
 )
-from ringtorch.collectives.algorithms.link import Link
+from ringtorch.collectives.algorithms.sockets.link import Link
 from ringtorch.collectives.reduce_op import ByteReducer
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from ringtorch.collectives.algorithms.chunking import elements_per, segments
-from ringtorch.collectives.algorithms.link import Link
+from ringtorch.collectives.algorithms.sockets.link import Link
 
 
-def broadcast_tree(link: Link, buf: np.ndarray, root: int) -> None:
+def broadcast_tree(link: Link, buf: np.ndarray, root: int, segment_nbytes: int = 0) -> None:
     """Binomial tree: a rank receives from the vrank with its lowest set bit cleared, then
     sends to vrank + 2^j for every 2^j below that bit."""
     r, p = link.rank, link.size

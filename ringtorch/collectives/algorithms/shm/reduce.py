@@ -12,9 +12,10 @@ peers' segments.
   rank r reduces its piece from every slot straight into its output (no copy out).
 * reduce: per chunk, the non-roots copy in, one round, the root reduces into its buffer.
 
-Every reduction is computed left to right in rank order (shm_space.reduce_in_rank_order), once
-per element, so results are bitwise identical on every rank. AVG's division and PREMUL_SUM's
-scaling are the caller's, as for the socket algorithms.
+Every reduction is computed left to right in rank order (space.reduce_in_rank_order), once
+per element, so results are bitwise identical on every rank. Reductions arrive lowered
+(lowering.py): a base op, plus for all_reduce an optional post step (AVG's division) applied
+here to each reduced slice once, while it is still in cache.
 """
 
 from __future__ import annotations
@@ -23,33 +24,33 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ringtorch._wire.shm_domain import Desc
-from ringtorch.collectives.algorithms.shm_plan import Plan, split_bytes
-from ringtorch.collectives.algorithms.shm_space import ShmSpace, reduce_in_rank_order
+from ringtorch._wire.shm_domain import Descriptor
+from ringtorch.collectives.algorithms.shm.plan import Plan, split_bytes
+from ringtorch.collectives.algorithms.shm.space import ShmSpace, reduce_in_rank_order
 from ringtorch.collectives.reduce_op import ByteReducer
 
 
 def all_reduce(space: ShmSpace, buf: np.ndarray, reduce: ByteReducer, itemsize: int,
-               desc: Desc, deadline: float,
-               finish: Callable[[np.ndarray], None] | None = None) -> None:
+               desc: Descriptor, deadline: float,
+               post: Callable[[np.ndarray], None] | None = None) -> None:
     """Reduce ``buf`` (uint8) across ranks, in place on every rank.
 
-    ``finish``, when given, is applied in place to every reduced element exactly once, before
+    ``post``, when given, is applied in place to every reduced element exactly once, before
     anyone copies it (AVG's division: in the staged plan each slice is divided by the rank
     that reduced it, while it is still in cache, instead of in a pass over the whole buffer
     afterwards on every rank)."""
     steps = space.plan("all_reduce", buf.nbytes, itemsize, desc, deadline)
     if steps.oneshot:
         _all_reduce_oneshot(space, buf, reduce, steps, desc, deadline)
-        if finish is not None:
-            finish(buf)
+        if post is not None:
+            post(buf)
     else:
         _all_reduce_staged(space, buf, reduce, itemsize, steps.chunks, steps.chunk_nbytes,
-                           desc, deadline, finish)
+                           desc, deadline, post)
 
 
 def _all_reduce_oneshot(space: ShmSpace, buf: np.ndarray, reduce: ByteReducer, steps: Plan,
-                        desc: Desc, deadline: float) -> None:
+                        desc: Descriptor, deadline: float) -> None:
     r, p, n = space.rank, space.size, buf.nbytes
     base = space.next_area(steps)
     np.copyto(space.view(r, base, n), buf)
@@ -59,8 +60,8 @@ def _all_reduce_oneshot(space: ShmSpace, buf: np.ndarray, reduce: ByteReducer, s
 
 
 def _all_reduce_staged(space: ShmSpace, buf: np.ndarray, reduce: ByteReducer, itemsize: int,
-                       chunks: tuple[tuple[int, int], ...], chunk_nbytes: int, desc: Desc,
-                       deadline: float, finish: Callable[[np.ndarray], None] | None) -> None:
+                       chunks: tuple[tuple[int, int], ...], chunk_nbytes: int, desc: Descriptor,
+                       deadline: float, post: Callable[[np.ndarray], None] | None) -> None:
     r, p = space.rank, space.size
     # ranks 0 and 1 reduce their slice in place in their buffer (their own operand can be
     # the left-to-right reduction's accumulator) and then publish it; the others reduce into
@@ -82,13 +83,13 @@ def _all_reduce_staged(space: ShmSpace, buf: np.ndarray, reduce: ByteReducer, it
         operands = [own if j == r else space.view(j, base + s0, s1 - s0) for j in range(p)]
         if in_place:
             reduce_in_rank_order(own, operands, r, reduce)
-            if finish is not None:
-                finish(own)
+            if post is not None:
+                post(own)
             np.copyto(out, own)
         else:
             reduce_in_rank_order(out, operands, -1, reduce)
-            if finish is not None:
-                finish(out)
+            if post is not None:
+                post(out)
         if pending is not None:
             _collect(space, buf, itemsize, pending, chunk_nbytes, in_place)
         pending = (a, b, base)
@@ -111,7 +112,7 @@ def _collect(space: ShmSpace, buf: np.ndarray, itemsize: int, chunk: tuple[int, 
 
 
 def reduce_scatter(space: ShmSpace, out: np.ndarray, inp: np.ndarray, reduce: ByteReducer,
-                   itemsize: int, desc: Desc, deadline: float) -> None:
+                   itemsize: int, desc: Descriptor, deadline: float) -> None:
     """Rank r's ``out`` receives the reduction over ranks of piece r of ``inp`` (uint8;
     ``inp`` holds ``size`` pieces of ``out.nbytes``)."""
     r, p, m = space.rank, space.size, out.nbytes
@@ -130,7 +131,7 @@ def reduce_scatter(space: ShmSpace, out: np.ndarray, inp: np.ndarray, reduce: By
 
 
 def reduce(space: ShmSpace, buf: np.ndarray, reduce: ByteReducer, root: int, itemsize: int,
-           desc: Desc, deadline: float) -> None:
+           desc: Descriptor, deadline: float) -> None:
     """Root's ``buf`` (uint8) receives the reduction over ranks; the others' stay as they were."""
     r, p = space.rank, space.size
     steps = space.plan("reduce", buf.nbytes, itemsize, desc, deadline)

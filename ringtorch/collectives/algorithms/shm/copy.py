@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ringtorch._wire.shm_domain import Desc
-from ringtorch.collectives.algorithms.shm_space import ShmSpace
+from ringtorch._wire.shm_domain import Descriptor
+from ringtorch.collectives.algorithms.shm.space import ShmSpace
 
 
-def broadcast(space: ShmSpace, buf: np.ndarray, root: int, itemsize: int, desc: Desc,
+def broadcast(space: ShmSpace, buf: np.ndarray, root: int, itemsize: int, desc: Descriptor,
               deadline: float) -> None:
     """Copy root's ``buf`` (uint8) into every rank's ``buf``."""
     steps = space.plan("broadcast", buf.nbytes, itemsize, desc, deadline)
@@ -31,7 +31,7 @@ def broadcast(space: ShmSpace, buf: np.ndarray, root: int, itemsize: int, desc: 
             np.copyto(buf[a:b], space.view(root, base, b - a))
 
 
-def all_gather(space: ShmSpace, out: np.ndarray, inp: np.ndarray, itemsize: int, desc: Desc,
+def all_gather(space: ShmSpace, out: np.ndarray, inp: np.ndarray, itemsize: int, desc: Descriptor,
                deadline: float) -> None:
     """``out`` (size * inp.nbytes, uint8) receives every rank's ``inp`` in rank order."""
     m = inp.nbytes
@@ -49,7 +49,7 @@ def all_gather(space: ShmSpace, out: np.ndarray, inp: np.ndarray, itemsize: int,
 
 
 def gather(space: ShmSpace, out: np.ndarray | None, inp: np.ndarray, root: int, itemsize: int,
-           desc: Desc, deadline: float) -> None:
+           desc: Descriptor, deadline: float) -> None:
     """Root's ``out`` (size * inp.nbytes, uint8) receives every rank's ``inp`` in rank order;
     the others pass ``out`` None."""
     m = inp.nbytes
@@ -72,7 +72,7 @@ def gather(space: ShmSpace, out: np.ndarray | None, inp: np.ndarray, root: int, 
 
 
 def scatter(space: ShmSpace, out: np.ndarray, inp: np.ndarray | None, root: int, itemsize: int,
-            desc: Desc, deadline: float) -> None:
+            desc: Descriptor, deadline: float) -> None:
     """Rank r's ``out`` (uint8) receives piece r of root's ``inp`` (size pieces of
     ``out.nbytes``); the others pass ``inp`` None. A round's slot holds one chunk of every
     piece, as reduce_scatter's does."""
@@ -94,7 +94,7 @@ def scatter(space: ShmSpace, out: np.ndarray, inp: np.ndarray | None, root: int,
             np.copyto(out[a:b], space.view(root, base + r * c, b - a))
 
 
-def barrier(space: ShmSpace, desc: Desc, deadline: float) -> None:
+def barrier(space: ShmSpace, desc: Descriptor, deadline: float) -> None:
     """Return once every rank has entered the barrier (one round)."""
     space.domain.arrive(desc, deadline)
 
