@@ -168,6 +168,12 @@ STORE_MAX_VALUE_BYTES = _knob(
     "largest value (bytes) a TCPStore accepts in one set; a larger one is refused with a "
     "ValueError naming the key, and the server drops a request announcing more",
 )
+STORE_MAX_BUFFERED_BYTES = _knob(
+    "RINGTORCH_STORE_MAX_BUFFERED_BYTES", 256 * 1024 * 1024, int,
+    "most bytes of partial request frames a TCPStore server holds, all connections together; "
+    "past it, the connection whose partial request made progress least recently is closed "
+    "(logged), so slow or hostile clients cannot grow the server without bound",
+)
 
 STORE_LINGER_S = _knob(
     "RINGTORCH_STORE_LINGER_S", 30.0, float,

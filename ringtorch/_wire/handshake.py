@@ -19,7 +19,8 @@ Messages (little-endian; both hellos have the same layout):
             offset 44  ...  info: opaque bytes for the caller (e.g. JSON naming group and rank)
     MAC     32 bytes: HMAC-SHA256(secret, LABEL + role + client_hello + server_hello),
             role b"server" or b"client"; sent only when both sides have a secret
-    STATUS  u8 code (0 accepted, 1 refused), u16 reason_nbytes, reason (UTF-8)
+    STATUS  u8 code (0 accepted, 1 refused), u16 reason_nbytes, reason (UTF-8); the server
+            may refuse for the identity the client claims in its info (``admit``)
 
 Flow:
     client -> server   HELLO
@@ -36,6 +37,7 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ringtorch import _config
@@ -218,8 +220,15 @@ def client_handshake(sock: socket.socket, service: int, deadline: float, peer: s
 
 def server_handshake(sock: socket.socket, service: int, deadline: float, peer: str,
                      info: bytes = b"", secret: bytes | None = None,
-                     use_env_secret: bool = True) -> bytes:
+                     use_env_secret: bool = True,
+                     admit: Callable[[bytes], str | None] | None = None) -> bytes:
     """Run the server side of the handshake on an accepted socket.
+
+    ``admit(info)``, when given, is asked about the client's info bytes (authenticated when
+    there is a secret) before "accepted" is sent: it returns None to accept, or the reason to
+    refuse, which is sent to the client. A server that knows whom it expects (the ranks of a
+    mesh, the workers of an RPC job) checks the identity claimed here, so that a client it
+    would drop is never told it was accepted.
 
     Returns:
         The client's info bytes, once the client is accepted.
@@ -256,6 +265,10 @@ def server_handshake(sock: socket.socket, service: int, deadline: float, peer: s
                 hint = _file_hint() if from_file else "wrong RINGTORCH_SECRET"
                 raise HandshakeError(f"refused {peer}: it failed to prove the job secret "
                                      f"({hint})")
+        refusal = admit(theirs.info) if admit is not None else None
+        if refusal is not None:
+            _send_status(sock, _REFUSED, refusal, deadline, peer)
+            raise HandshakeError(f"refused {peer}: {refusal}")
         _send_status(sock, _ACCEPTED, "", deadline, peer)
         return theirs.info
     except (PeerClosedError, DeadlineExceeded) as exc:

@@ -4,8 +4,10 @@ channel and peer (see mesh.py for the layout of the mesh and its frames).
 Ranks on the same host (same host identity) connect over Unix sockets in the abstract
 namespace, others over TCP. The lower rank connects to the higher; every connection starts
 with the handshake (handshake.py: magic, version, HMAC on the job secret) whose info is JSON
-``{group, rank, kind, token}``; the server checks the group, the rank and its own
-per-incarnation token, so a stale or stray client is dropped.
+``{group, rank, kind, token}``; the server checks the group, its own per-incarnation token
+and that the rank and channel are expected and not yet connected before it answers
+"accepted", so a stale or stray client is refused, and a second connection for a rank
+already connected is refused loudly (logged, naming the rank and the peer's address).
 
 Rendezvous keys (in the group's private store):
     rt_mesh/host/<rank>   host identity of <rank>
@@ -27,12 +29,14 @@ from typing import Any
 from ringtorch import _config
 from ringtorch._errors import DistNetworkError
 from ringtorch._wire import handshake
+from ringtorch._wire.admission import HandshakePool, tcp_peer
 from ringtorch._wire.channel import Channel, TcpChannel, UnixChannel
-from ringtorch._wire.errors import DeadlineExceeded, HandshakeError
+from ringtorch._wire.errors import DeadlineExceeded
 from ringtorch._wire.mesh import KIND_COLL, KIND_P2P, PeerMesh, host_identity
 from ringtorch._wire.sockets import connect_tcp, connect_unix, listen_tcp, listen_unix
 
 log = logging.getLogger(__name__)
+MAX_HANDSHAKES_IN_FLIGHT = 64
 
 
 def _tcp_address(all_local: bool) -> str:
@@ -69,58 +73,90 @@ def _info(group: str, rank: int, kind: str, token: str) -> bytes:
 
 
 class _Acceptor:
-    """Accepts the connections of the lower ranks, one handshake thread per connection so a
-    slow or hostile client cannot stall the others."""
+    """Accepts the connections of the lower ranks (``_wire/admission.py``: one handshake
+    thread per connection, a bounded number at once, so a slow or hostile client cannot stall
+    the others). The identity a client claims (group, incarnation token, rank and channel)
+    is checked before it is told it was accepted: a rank already connected is refused loudly
+    and its first connection kept."""
 
     def __init__(self, listeners: list[socket.socket], group: str, rank: int, token: str,
                  deadline: float) -> None:
         self.expected = {(peer, kind) for peer in range(rank) for kind in (KIND_COLL, KIND_P2P)}
         self.got: dict[tuple[int, str], tuple[socket.socket, bool]] = {}
         self.errors: list[str] = []
+        self._claimed: set[tuple[int, str]] = set()
         self._lock = threading.Condition()
         self._group, self._rank, self._token, self._deadline = group, rank, token, deadline
         self._listeners = listeners
+        self._stopped = False
+        self._pool = HandshakePool(f"rank {rank} of group '{group}'", MAX_HANDSHAKES_IN_FLIGHT,
+                                   self._handshake, self._adopt, log,
+                                   refused="refused a connection from")
+        for listener in listeners:
+            listener.setblocking(False)
         self._thread = threading.Thread(target=self._accept_loop, daemon=True,
                                         name=f"ringtorch-accept-{group}-{rank}")
-        if self.expected:
-            self._thread.start()
+        self._thread.start()
 
     def _accept_loop(self) -> None:
-        while not self._done() and time.monotonic() < self._deadline:
-            ready, _, _ = select.select(self._listeners, [], [], 0.2)
+        while not self._stopped and time.monotonic() < self._deadline:
+            try:
+                ready, _, _ = select.select(self._listeners, [], [], 0.2)
+            except (OSError, ValueError):
+                return  # the listeners were closed: the mesh is built
             for listener in ready:
-                try:
-                    sock, _addr = listener.accept()
-                except OSError:
-                    continue
-                unix = listener.family == socket.AF_UNIX
-                threading.Thread(target=self._handshake, args=(sock, unix), daemon=True,
-                                 name="ringtorch-mesh-handshake").start()
+                pause_s = self._pool.accept_ready(listener, tcp_peer)
+                if pause_s:
+                    time.sleep(pause_s)
 
-    def _done(self) -> bool:
-        with self._lock:
-            return self.expected <= self.got.keys()
+    def stop(self) -> None:
+        """Stop accepting; shut down the handshakes still in flight (strangers by now)."""
+        self._stopped = True
+        self._pool.close()
 
-    def _handshake(self, sock: socket.socket, unix: bool) -> None:
-        me = _info(self._group, self._rank, "server", self._token)
+    def _claim(self, raw: bytes, peer: str, claimed: list[tuple[int, str]]) -> str | None:
+        """Reserve the rank and channel a client claims (appended to ``claimed``); the reason
+        to refuse it, or None."""
         try:
-            raw = handshake.server_handshake(sock, handshake.SERVICE_COLLECTIVE,
-                                             handshake.handshake_deadline(), "a connecting rank",
-                                             info=me)
             info = json.loads(raw)
             key = (int(info["rank"]), str(info["kind"]))
-            valid = (info.get("group") == self._group and info.get("token") == self._token
-                     and key in self.expected)
-        except (HandshakeError, ValueError, KeyError, TypeError) as exc:
-            sock.close()
-            with self._lock:
-                self.errors.append(str(exc))
-            return
+        except (ValueError, KeyError, TypeError):
+            return "malformed handshake info"
+        me = f"rank {self._rank} of group '{self._group}'"
+        if info.get("group") != self._group or info.get("token") != self._token:
+            return f"this is {me} in another incarnation or group"
         with self._lock:
-            if not valid or key in self.got:
-                sock.close()
-                self.errors.append(f"dropped an unexpected connection claiming {info}")
-                return
+            if key in self._claimed:
+                log.error("%s: refused a second connection claiming to be rank %d (%s channel) "
+                          "from %s: rank %d is already connected; its connection is kept", me,
+                          key[0], key[1], peer, key[0])
+                return f"rank {key[0]} ({key[1]} channel) is already connected to {me}"
+            if key not in self.expected:
+                return f"{me} expects no connection from rank {key[0]} ({key[1]} channel)"
+            self._claimed.add(key)
+        claimed.append(key)
+        return None
+
+    def _handshake(self, sock: socket.socket, peer: str) -> tuple[tuple[int, str], bool]:
+        me = _info(self._group, self._rank, "server", self._token)
+        claimed: list[tuple[int, str]] = []
+        try:
+            handshake.server_handshake(sock, handshake.SERVICE_COLLECTIVE,
+                                       handshake.handshake_deadline(), peer, info=me,
+                                       admit=lambda raw: self._claim(raw, peer, claimed))
+        except Exception as exc:
+            with self._lock:
+                self._claimed.difference_update(claimed)  # admitted, but it did not hear it
+                self.errors.append(str(exc))
+            raise
+        return claimed[0], sock.family == socket.AF_UNIX
+
+    def _adopt(self, sock: socket.socket, peer: str,
+               result: tuple[tuple[int, str], bool]) -> None:
+        key, unix = result
+        log.debug("rank %d of group '%s': rank %d connected (%s channel) from %s", self._rank,
+                  self._group, key[0], key[1], peer)
+        with self._lock:
             self.got[key] = (sock, unix)
             self._lock.notify_all()
 
@@ -193,6 +229,7 @@ def connect_mesh(store: Any, rank: int, size: int, group: str, deadline: float,
         for (peer, kind), (sock, _unix) in acceptor.wait().items():
             (coll if kind == KIND_COLL else p2p)[peer] = _channel(sock, peer)
     finally:
+        acceptor.stop()
         for listener in listeners:
             listener.close()
     return PeerMesh(rank, size, coll, p2p, same_host)

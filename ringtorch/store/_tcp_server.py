@@ -1,8 +1,10 @@
 """The TCPStore server: one selectors event loop serving every client of a store.
 
 Each accepted connection first runs the ringtorch handshake in a short thread of its own (a
-slow or hostile client never stalls the loop), then its socket is handed to the loop, which
-reads request frames (``_protocol.py``), applies them to one KeyValueTable and answers.
+slow or hostile client never stalls the loop; ``_tcp_admission.py`` bounds them and drops the
+oldest unauthenticated one rather than refuse a newcomer), then its socket is handed to the
+loop, which reads request frames (``_protocol.py``), applies them to one KeyValueTable and
+answers.
 
 Guarantees kept here:
 - bytes only: nothing received is unpickled or evaluated; a frame that does not parse (unknown
@@ -12,7 +14,8 @@ Guarantees kept here:
   watches one missing key and is re-examined when that key changes; a timer heap answers
   STATUS_TIMEOUT at its deadline and drops it;
 - a client silent in the middle of a frame for longer than the handshake timeout is closed
-  (slowloris), as is a client that closes mid-frame;
+  (slowloris), as is a client that closes mid-frame; partial frames hold at most
+  RINGTORCH_STORE_MAX_BUFFERED_BYTES in all: past it the slowest is closed, and logged;
 - the loop never raises: an unexpected error closes the connection it came from;
 - ``retire`` (a master's store closed) stops listening at once, serves the connected clients
   until they have left (at most RINGTORCH_STORE_LINGER_S), then stops; ``close`` stops at once.
@@ -24,7 +27,6 @@ import heapq
 import itertools
 import logging
 import os
-import queue
 import selectors
 import socket
 import struct
@@ -33,17 +35,15 @@ import time
 import weakref
 
 from ringtorch import _config
-from ringtorch._wire.errors import HandshakeError
-from ringtorch._wire.handshake import SERVICE_STORE, handshake_deadline, job_secret, server_handshake
+from ringtorch._wire.handshake import job_secret
 from ringtorch._wire.sockets import listen_tcp, tune_tcp
 from ringtorch.store import _protocol as P
 from ringtorch.store._table import KeyValueTable
+from ringtorch.store._tcp_admission import StoreAdmission, StoreServerStatistics
 from ringtorch.store._tcp_ops import ARITY, Conn, StoreOps, Waiter
 
 log = logging.getLogger("ringtorch.store")
 
-MAX_CONNECTIONS = 1024
-MAX_HANDSHAKES_IN_FLIGHT = 128
 RECV_NBYTES = 256 * 1024
 OUT_HIGH_WATER_NBYTES = 16 * 1024 * 1024
 IDLE_CLIENT_S = 5.0  # a client silent this long, with nothing parked, does not hold a lingering exit
@@ -92,10 +92,12 @@ class StoreServer(StoreOps):
         self._seq = itertools.count()
         self._conns: set[Conn] = set()
         self._dirty: list[Conn] = []
-        self._handshakes = 0
-        self._handshakes_lock = threading.Lock()
-        self._shaking: set[socket.socket] = set()
-        self._pending: queue.SimpleQueue[tuple[socket.socket, str]] = queue.SimpleQueue()
+        self._admission = StoreAdmission(self.address, self._secret, lambda: len(self._conns),
+                                         self._wake)
+        self._buffered = 0  # bytes of partial request frames, all connections together
+        self._peak_buffered = 0
+        self._max_buffered = _config.STORE_MAX_BUFFERED_BYTES.get()
+        self._dropped_slowest = 0
         self._wake_r, self._wake_w = socket.socketpair()
         for end in (self._wake_r, self._wake_w):
             end.setblocking(False)
@@ -158,7 +160,7 @@ class StoreServer(StoreOps):
             busy_since = time.monotonic() - IDLE_CLIENT_S
             others = sum(1 for conn in list(self._conns) if conn.peer not in ignore and (
                 conn.parked or conn.inbuf or conn.last_request > busy_since))
-            others += self._handshakes + self._pending.qsize()
+            others += self._admission.waiting
             if not others:
                 return 0
             if time.monotonic() >= deadline:
@@ -171,13 +173,15 @@ class StoreServer(StoreOps):
         """In a forked child: close our copies of every socket, so that the parent's death
         still closes its clients' connections (a child holding them would keep them open)."""
         self._stopping = True
-        socks = [self._listener, self._wake_r, self._wake_w, *(c.sock for c in self._conns),
-                 *self._shaking]
-        while not self._pending.empty():
-            socks.append(self._pending.get_nowait()[0])
-        for sock in socks:
+        for sock in [self._listener, self._wake_r, self._wake_w,
+                     *(c.sock for c in self._conns), *self._admission.sockets()]:
             sock.close()
         self._sel.close()
+
+    def statistics(self) -> StoreServerStatistics:
+        """A snapshot of the server's connections and of what they hold (any thread)."""
+        return self._admission.statistics(len(self._conns), self._buffered, self._peak_buffered,
+                                          self._max_buffered, self._dropped_slowest)
 
     def serve_forever(self) -> None:
         """Run the loop in the calling thread until close() (the standalone server)."""
@@ -221,10 +225,13 @@ class StoreServer(StoreOps):
     def _retired(self) -> bool:
         """Retiring: close the listener (once); True when the clients have left or time is up."""
         if not self._unlistened.is_set():
-            self._sel.unregister(self._listener)
+            try:
+                self._sel.unregister(self._listener)
+            except (KeyError, ValueError):
+                pass  # paused (out of descriptors)
             self._listener.close()
             self._unlistened.set()
-        left = len(self._conns) + self._handshakes + self._pending.qsize()
+        left = len(self._conns) + self._admission.waiting
         if not left:
             return True
         if time.monotonic() < self._retire_at:
@@ -237,8 +244,7 @@ class StoreServer(StoreOps):
         self._unlistened.set()
         for conn in list(self._conns):
             self._close_conn(conn, None)
-        while not self._pending.empty():
-            self._pending.get_nowait()[0].close()
+        self._admission.close()
         self._sel.close()
         for sock in (self._listener, self._wake_r, self._wake_w):
             sock.close()
@@ -252,49 +258,10 @@ class StoreServer(StoreOps):
     # ----- connections ------------------------------------------------------------------
 
     def _accept(self) -> None:
-        while True:
-            try:
-                sock, addr = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # e.g. EMFILE: keep serving the connections we have
-                log.warning("TCPStore server on %s: accept failed: %s", self.address, exc)
-                return
-            peer = f"{addr[0]}:{addr[1]}"
-            with self._handshakes_lock:
-                busy = self._handshakes >= MAX_HANDSHAKES_IN_FLIGHT
-                full = len(self._conns) + self._handshakes >= MAX_CONNECTIONS
-                if not (busy or full):
-                    self._handshakes += 1
-                    self._shaking.add(sock)
-            if busy or full:
-                log.warning("TCPStore server on %s: refused %s: too many %s", self.address, peer,
-                            "handshakes in flight" if busy else "connections")
-                sock.close()
-                continue
-            threading.Thread(target=self._handshake, args=(sock, peer), daemon=True,
-                             name=f"ringtorch-store-handshake-{peer}").start()
-
-    def _handshake(self, sock: socket.socket, peer: str) -> None:
-        shaken = False
-        try:
-            sock.setblocking(True)
-            tune_tcp(sock)
-            server_handshake(sock, SERVICE_STORE, handshake_deadline(), peer, secret=self._secret,
-                             use_env_secret=False)
-            sock.settimeout(None)
-            sock.setblocking(False)
-            shaken = True
-        except (HandshakeError, OSError) as exc:
-            log.warning("TCPStore server on %s: auth failed from %s: %s", self.address, peer, exc)
-            sock.close()
-        finally:
-            if shaken:  # queued before it stops counting as a handshake (a retiring loop
-                self._pending.put((sock, peer))  # stops when it sees neither)
-            with self._handshakes_lock:
-                self._handshakes -= 1
-                self._shaking.discard(sock)
-            self._wake()
+        pause_s = self._admission.accept(self._listener)
+        if pause_s:  # out of descriptors: stop watching the listener for a while (no spin)
+            self._sel.unregister(self._listener)
+            self._push_timer(time.monotonic() + pause_s, _LISTENER)
 
     def _adopt_pending(self) -> None:
         try:
@@ -302,8 +269,7 @@ class StoreServer(StoreOps):
                 pass
         except (BlockingIOError, InterruptedError):
             pass
-        while not self._pending.empty():
-            sock, peer = self._pending.get_nowait()
+        for sock, peer in self._admission.take():
             conn = Conn(sock, peer)
             self._conns.add(conn)
             self._sel.register(sock, selectors.EVENT_READ, conn)
@@ -319,6 +285,8 @@ class StoreServer(StoreOps):
             self._sel.unregister(conn.sock)
         except (KeyError, ValueError):
             pass
+        self._buffered -= len(conn.inbuf)  # before the close a client may see
+        conn.inbuf = bytearray()
         conn.sock.close()
         self._conns.discard(conn)
         for waiter in list(conn.parked):
@@ -342,17 +310,44 @@ class StoreServer(StoreOps):
         conn.last_request = time.monotonic()
         was_partial = bool(conn.inbuf)
         if was_partial:
+            if not self._room_for(conn, n):
+                return
             conn.inbuf += self._rview[:n]
+            self._buffered += n
+            self._peak_buffered = max(self._peak_buffered, self._buffered)
             consumed = self._parse(conn, conn.inbuf, len(conn.inbuf))
             del conn.inbuf[:consumed]
+            self._buffered -= consumed
         else:
             consumed = self._parse(conn, self._rbuf, n)
-            if consumed < n and not conn.closed:
+            if consumed < n and not conn.closed and self._room_for(conn, n - consumed):
                 conn.inbuf = bytearray(self._rview[consumed:n])
+                self._buffered += n - consumed
+                self._peak_buffered = max(self._peak_buffered, self._buffered)
         if conn.inbuf and not conn.closed:
             conn.last_progress = time.monotonic()
             if not was_partial:
                 self._push_timer(conn.last_progress + self._idle_limit, conn)
+
+    def _room_for(self, conn: Conn, nbytes: int) -> bool:
+        """Room for ``nbytes`` more of ``conn``'s partial request under the cap, made by closing
+        the slowest others (least recent progress); False (``conn`` closed) when none left."""
+        cap = self._max_buffered
+        while self._buffered + nbytes > cap:
+            others = [c for c in self._conns if c.inbuf and c is not conn]
+            self._dropped_slowest += 1
+            if not others:
+                self._close_conn(conn, f"its partial request of {len(conn.inbuf) + nbytes} bytes "
+                                       f"is over the cap of {cap} bytes on partial requests "
+                                       f"(RINGTORCH_STORE_MAX_BUFFERED_BYTES)")
+                return False
+            slowest = min(others, key=lambda c: c.last_progress)
+            self._close_conn(slowest, (
+                f"partial requests hold {self._buffered} bytes, at the cap of {cap} "
+                f"(RINGTORCH_STORE_MAX_BUFFERED_BYTES), and its {len(slowest.inbuf)}-byte "
+                f"partial request made progress least recently "
+                f"({time.monotonic() - slowest.last_progress:.2f} s ago)"))
+        return True
 
     def _parse(self, conn: Conn, buf: bytearray, total: int) -> int:
         """Serve every complete request in buf[:total]; the number of bytes consumed."""
@@ -489,6 +484,9 @@ class StoreServer(StoreOps):
             if isinstance(item, Waiter):
                 if not item.done:
                     self._expire(item)
+            elif item is _LISTENER:  # the pause after running out of descriptors is over
+                if not self._unlistened.is_set() and not self._stopping:
+                    self._sel.register(self._listener, selectors.EVENT_READ, _LISTENER)
             elif isinstance(item, Conn) and item.inbuf and not item.closed:
                 idle = now - item.last_progress
                 if idle >= self._idle_limit:

@@ -7,20 +7,17 @@ too; ``port=0`` picks a free port (read ``.port``); ``wait_for_workers`` makes t
 at construction until ``world_size`` clients (itself included) have joined; ``multi_tenant``
 shares one server per (host, port) in the process.
 
-The client keeps one connection, guarded by a lock (one request in flight), sends each request
-with one system call and reads the answer into a reusable buffer. Blocking operations carry
-their timeout to the server, which answers STATUS_TIMEOUT at the deadline; the client itself
-waits one grace second longer, so a server that died or hangs is reported, naming host:port,
-instead of waited on forever. After a fork, the child reconnects on its first operation and
-never touches the parent's stream. A master's server outlives ``close()`` and its process's
-exit while other processes' clients are still connected, at most RINGTORCH_STORE_LINGER_S
-(``_tcp_master.linger_at_exit``): a rank that leaves right after its last collective must not
-pull the store from under a rank still in its last round trips.
+One connection per client, behind a lock (one request in flight); each request is one system
+call. Blocking operations carry their timeout to the server, which answers STATUS_TIMEOUT at
+the deadline; the client waits one grace second longer, so a dead or hung server is reported,
+naming host:port. A forked child reconnects on first use, never touching the parent's stream.
+A master's server outlives ``close()`` and its process while other processes' clients are
+connected, at most RINGTORCH_STORE_LINGER_S (``_tcp_master.linger_at_exit``), so a rank
+leaving after its last collective does not pull the store from under a slower one.
 
-Binding (DESIGN.md, Security; ``_tcp_master.py``): a master whose host name is a loopback
-address listens on that address only; any other host name binds every interface, and without a
-job secret (RINGTORCH_SECRET) that logs a loud warning. ``master_listen_fd`` hands the master an
-already-listening socket (a launcher's, so no other process can take the port in between).
+Binding (DESIGN.md, Security; ``_tcp_master.py``): a loopback master host name listens there
+only; any other binds every interface (without a job secret, with a loud warning).
+``master_listen_fd`` hands the master a launcher's already-listening socket.
 """
 
 from __future__ import annotations
@@ -38,7 +35,7 @@ from datetime import timedelta
 
 from ringtorch import _config
 from ringtorch._errors import DistError, DistNetworkError, DistStoreError
-from ringtorch._wire.errors import DeadlineExceeded, HandshakeError
+from ringtorch._wire.errors import DeadlineExceeded, HandshakeError, PeerClosedError
 from ringtorch._wire.handshake import SERVICE_STORE, client_handshake
 from ringtorch._wire.sockets import connect_tcp
 from ringtorch.store import _protocol as P
@@ -56,9 +53,7 @@ log = logging.getLogger("ringtorch.store")
 
 JOIN_KEY = INTERNAL_PREFIX + b"joined"
 GRACE_S = 1.0
-# after a connection broke, how long a client tries to connect again before it says the
-# server is gone (a refused connection answers at once; this bounds an unanswered one)
-RECONNECT_AFTER_LOSS_S = 1.0
+RECONNECT_AFTER_LOSS_S = 1.0  # after a loss, how long to try to connect again (see _reconnect)
 _RECV_BUFFER_NBYTES = 64 * 1024
 _TIMEVAL = struct.Struct("@ll")
 _ONE_KEY_HEAD = struct.Struct(P.REQUEST_HEAD.format + "I")  # the head and the key's length
@@ -86,8 +81,7 @@ _lingered_pid = 0
 def _at_exit() -> None:
     """Linger once per process (atexit and multiprocessing's exit hook may both call this), and
     only when the program ended well: a process leaving through an unhandled exception
-    (``sys.last_value``, which spawn's worker wrapper sets too) must not hide its failure from
-    the launcher and from its peers for the linger's duration."""
+    (``sys.last_value``, set by spawn's wrapper too) must not hide it for the linger's time."""
     global _lingered_pid
     if _lingered_pid == os.getpid():
         return
@@ -204,21 +198,28 @@ class TCPStore(Store):
     # ----- connection -------------------------------------------------------------------
 
     def _connect(self, deadline: float) -> None:
-        peer = f"{self._host}:{self._port}"
-        try:
-            sock = connect_tcp(self._connect_host, self._port, deadline)
-        except DeadlineExceeded as exc:
-            raise DistNetworkError(
-                f"TCPStore client could not connect to {peer} within {self._timeout}: "
-                f"{exc}") from None
-        except OSError as exc:
-            raise DistNetworkError(f"TCPStore client could not connect to {peer}: {exc}") from None
-        try:
-            client_handshake(sock, SERVICE_STORE, min(deadline, time.monotonic() + max(
-                _config.HANDSHAKE_TIMEOUT.get(), 0.1)), peer)
-        except HandshakeError:
-            sock.close()
-            raise
+        """Connect and handshake before ``deadline``; a handshake the server cut short (closed
+        or unanswered: a flooded server drops its oldest unauthenticated connections) is tried
+        again after a short pause, a wrong secret or a refusal with a reason raised at once."""
+        peer, pause = f"{self._host}:{self._port}", 0.01
+        while True:
+            try:
+                sock = connect_tcp(self._connect_host, self._port, deadline)
+            except OSError as exc:  # DeadlineExceeded included
+                within = f" within {self._timeout}" if isinstance(exc, DeadlineExceeded) else ""
+                raise DistNetworkError(f"TCPStore client could not connect to {peer}{within}: "
+                                       f"{exc}") from None
+            try:
+                client_handshake(sock, SERVICE_STORE, min(deadline, time.monotonic() + max(
+                    _config.HANDSHAKE_TIMEOUT.get(), 0.1)), peer)
+                break
+            except HandshakeError as exc:
+                sock.close()
+                if not isinstance(exc.__cause__, (PeerClosedError, DeadlineExceeded)) or (
+                        time.monotonic() + pause >= deadline):
+                    raise
+            time.sleep(pause)
+            pause = min(2 * pause, 0.25)
         sock.settimeout(None)  # blocking: SO_RCVTIMEO bounds each wait, without a poll() per recv
         self._sock = self._res.sock = sock
         self._set_recv_timeout(sock, self._plain_wait_s)

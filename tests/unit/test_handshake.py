@@ -231,3 +231,52 @@ def test_a_replayed_client_proof_is_refused_because_the_server_nonce_changed():
         thread.join()
     assert outcomes == ["accepted", f"refused {C}: it failed to prove the job secret (wrong "
                                     f"RINGTORCH_SECRET)"]
+
+
+def _admitting(client_secret, server_secret, admit) -> dict[str, object]:
+    """A handshake whose server asks ``admit`` about the client's info."""
+    a, b = socket.socketpair()
+    out: dict[str, object] = {"asked": []}
+
+    def ask(info: bytes) -> str | None:
+        out["asked"].append(info)
+        return admit(info)
+
+    def serve() -> None:
+        try:
+            out["server"] = server_handshake(b, SERVICE_RPC, time.monotonic() + 5, C, b"",
+                                             secret=server_secret, use_env_secret=False,
+                                             admit=ask)
+        except HandshakeError as exc:
+            out["server"] = str(exc)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        out["client"] = client_handshake(a, SERVICE_RPC, time.monotonic() + 5, S, b"rank 1",
+                                         secret=client_secret, use_env_secret=False)
+    except HandshakeError as exc:
+        out["client"] = str(exc)
+    thread.join()
+    a.close()
+    b.close()
+    return out
+
+
+def test_the_server_refuses_an_identity_it_does_not_admit_before_saying_accepted():
+    out = _admitting(b"k", b"k", lambda info: f"{info.decode()} is already connected")
+    assert out["asked"] == [b"rank 1"]
+    assert out["client"] == f"{S} refused the connection: rank 1 is already connected"
+    assert out["server"] == f"refused {C}: rank 1 is already connected"
+
+
+def test_an_admitted_identity_is_accepted():
+    out = _admitting(None, None, lambda info: None)
+    assert (out["asked"], out["client"], out["server"]) == ([b"rank 1"], b"", b"rank 1")
+
+
+def test_an_identity_is_not_even_looked_at_before_the_secret_is_proven():
+    out = _admitting(b"wrong", b"right", lambda info: None)
+    assert out["asked"] == []
+    assert out["client"] == (f"{S} failed to prove the job secret: RINGTORCH_SECRET differs "
+                             f"between this process and the server")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ringtorch.distributed.rpc._workerinfo import WorkerInfo
@@ -140,6 +140,9 @@ class AgentStatistics:
     transports: dict[int, str]         # rank -> "AF_UNIX", "AF_INET", ... or "loopback"
     by_reference: dict[int, bool]      # rank -> it may copy our tensors out of our memory
     address: dict[str, Any]            # where this agent listens
+    handshakes_in_flight: int = 0      # connections to our listener not yet authenticated
+    dropped_connections: dict[str, int] = field(default_factory=dict)  # by reason, ever
+    accept_pauses: int = 0             # accepts paused for want of file descriptors, ever
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 import os
 import secrets
 import selectors
@@ -29,11 +30,21 @@ from urllib.parse import urlparse
 
 from ringtorch import _config
 from ringtorch._wire import sockets
-from ringtorch._wire.handshake import SERVICE_RPC, client_handshake, job_secret
+from ringtorch._wire.admission import HandshakePool, tcp_peer
+from ringtorch._wire.handshake import (
+    SERVICE_RPC,
+    client_handshake,
+    handshake_deadline,
+    job_secret,
+    server_handshake,
+)
 from ringtorch._wire.mesh import core_per_rank, host_identity
+from ringtorch.distributed.rpc._workerinfo import WorkerInfo, describe
 from ringtorch.store import Store
 
 SOCKET_BUFFER_NBYTES = 4 * 1024 * 1024
+MAX_HANDSHAKES_IN_FLIGHT = 64
+logger = logging.getLogger("ringtorch.distributed.rpc")
 
 
 def _master_host(init_method: str) -> str | None:
@@ -86,45 +97,51 @@ def tune(sock: socket.socket) -> None:
 
 
 class Listener:
-    """The TCP and Unix listening sockets of one worker, and the thread accepting on them."""
+    """The TCP and Unix listening sockets of one worker, and the thread accepting on them.
+
+    Each accepted connection's handshake runs in a thread of its own, at most
+    MAX_HANDSHAKES_IN_FLIGHT at once: past that the oldest unauthenticated one is dropped
+    (``_wire/admission.py``), so idle strangers cannot multiply threads or lock workers out;
+    running out of descriptors pauses accepting (logged) instead of spinning.
+    """
 
     def __init__(self, bind_host: str, advertise_host: str,
-                 on_accept: Callable[[socket.socket, str], None]) -> None:
+                 handshake: Callable[[socket.socket, str], Any],
+                 adopt: Callable[[socket.socket, str, Any], None]) -> None:
         self.tcp = sockets.listen_tcp(bind_host, 0)
         self.unix_name = f"\0ringtorch-rpc-{os.getpid()}-{secrets.token_hex(8)}"
         self.unix = sockets.listen_unix(self.unix_name)
         self.address = {"host": advertise_host, "port": self.tcp.getsockname()[1],
                         "unix": self.unix_name[1:], "host_id": host_identity(),
                         "pid": os.getpid()}
-        self._on_accept = on_accept
+        self.pool = HandshakePool("ringtorch RPC", MAX_HANDSHAKES_IN_FLIGHT, handshake, adopt,
+                                  logger, refused="refused a connection from")
         self._selector = selectors.DefaultSelector()
-        self._selector.register(self.tcp, selectors.EVENT_READ, "tcp")
-        self._selector.register(self.unix, selectors.EVENT_READ, "unix")
-        self._closed = False
+        for listener in (self.tcp, self.unix):
+            listener.setblocking(False)
+            self._selector.register(listener, selectors.EVENT_READ)
+        self._closed = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="rpc-accept")
         self._thread.start()
 
     def _loop(self) -> None:
-        while not self._closed:
+        while not self._closed.is_set():
             try:
                 events = self._selector.select(timeout=0.2)
             except (OSError, ValueError):
                 return
             for key, _ in events:
-                try:
-                    sock, addr = key.fileobj.accept()  # type: ignore[union-attr]
-                except OSError:
-                    continue
-                peer = f"{addr[0]}:{addr[1]}" if key.data == "tcp" else "unix socket peer"
-                threading.Thread(target=self._on_accept, args=(sock, peer), daemon=True,
-                                 name="rpc-handshake").start()
+                pause_s = self.pool.accept_ready(key.fileobj, tcp_peer)  # type: ignore[arg-type]
+                if pause_s:  # out of descriptors: wait, do not spin
+                    self._closed.wait(pause_s)
 
     def close(self) -> None:
-        self._closed = True
+        self._closed.set()
         self._thread.join(1.0)
         self._selector.close()
         self.tcp.close()
         self.unix.close()
+        self.pool.close()
 
 
 def connect(address: dict[str, Any], deadline: float) -> socket.socket:
@@ -160,6 +177,80 @@ def parse_info(info: bytes) -> dict[str, Any]:
         raise ValueError(f"bad RPC handshake info {info[:100]!r}")
     data["reads_you"] = bool(data.get("reads_you", False))
     return data
+
+
+class Claims:
+    """The workers that may still connect to this one: each once, checked in the handshake
+    before the connection is accepted; a second connection for a worker is refused loudly and
+    the first one kept."""
+
+    def __init__(self, me: WorkerInfo) -> None:
+        self._me = describe(me)
+        self._my_rank = me.id
+        self._cond = threading.Condition()
+        self._names: list[str] | None = None  # by rank, once the table of workers is read
+        self._taken: set[int] = set()
+        self._closed = False
+
+    def expect(self, workers: list[WorkerInfo]) -> None:
+        with self._cond:
+            self._names = [w.name for w in workers]
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def claim(self, info: dict[str, Any], where: str) -> str | None:
+        """Reserve the rank a connecting worker claims; the reason to refuse it, or None."""
+        name, rank, me = info["name"], info["rank"], self._me
+        with self._cond:
+            self._cond.wait_for(lambda: self._names is not None or self._closed,
+                                max(0.1, _config.HANDSHAKE_TIMEOUT.get() / 2))
+            names = self._names
+            if self._closed or names is None:
+                return f"{me} is {'shutting down' if self._closed else 'not ready yet'}"
+            if not (0 <= rank < len(names) and names[rank] == name) or rank == self._my_rank:
+                return f"no worker '{name}' with rank {rank} belongs to this job"
+            if rank in self._taken:
+                logger.error("ringtorch RPC: refused a second connection claiming to be worker "
+                             "'%s' (rank %d) from %s: that worker is already connected to %s; "
+                             "its connection is kept", name, rank, where, me)
+                return f"worker '{name}' (rank {rank}) is already connected to {me}"
+            self._taken.add(rank)
+        return None
+
+    def release(self, rank: int) -> None:
+        """Free a rank admitted whose client did not hear it was accepted."""
+        with self._cond:
+            self._taken.discard(rank)
+
+
+def serve_handshake(sock: socket.socket, where: str, info: bytes,
+                    claims: Claims) -> dict[str, Any]:
+    """The server side of an incoming connection's handshake: the worker it claims to be is
+    checked (``Claims``) before it is told it was accepted; returns its info, or raises to
+    refuse it."""
+    claimed: dict[str, Any] = {}
+
+    def admit(raw: bytes) -> str | None:
+        try:
+            theirs = parse_info(raw)
+        except ValueError as exc:
+            return str(exc)
+        refusal = claims.claim(theirs, where)
+        if refusal is None:
+            claimed.update(theirs)
+        return refusal
+
+    try:
+        server_handshake(sock, SERVICE_RPC, handshake_deadline(), where, info, admit=admit)
+    except BaseException:
+        if claimed:
+            claims.release(claimed["rank"])
+        raise
+    return claimed
 
 
 def client_connect(address: dict[str, Any], info: bytes,

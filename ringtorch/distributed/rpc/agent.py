@@ -28,7 +28,6 @@ from collections.abc import Callable
 from typing import Any
 
 from ringtorch._wire.errors import DeadlineExceeded, PeerClosedError
-from ringtorch._wire.handshake import SERVICE_RPC, handshake_deadline, server_handshake
 from ringtorch.distributed.rpc import _cma, _mesh, _serialization, extensions, messages
 from ringtorch.distributed.rpc._connection import (
     Loopback,
@@ -80,7 +79,7 @@ class RpcAgent:
         self._counts_lock = threading.Lock()
         self._sent = 0
         self._handled = 0
-        self._refused = 0
+        self._claims = _mesh.Claims(self.info)
         self._response_holds: dict[tuple[int, int], list[Any]] = {}
         self._pids: dict[int, int] = {}
         self._can_read: dict[int, bool] = {}  # we may copy tensors out of this peer's memory
@@ -143,8 +142,11 @@ class RpcAgent:
             by_reference, dead = dict(self._reads_me), dict(self._dead)
         sent, handled = self.counts()
         address = self._listener.address if self._listener is not None else {}
-        return AgentStatistics(sent, handled, self.pending_calls(), dead, self._refused,
-                               transports, by_reference, dict(address))
+        pool = self._listener.pool if self._listener is not None else None
+        return AgentStatistics(sent, handled, self.pending_calls(), dead,
+                               pool.refused_handshakes if pool else 0, transports, by_reference,
+                               dict(address), pool.in_flight if pool else 0,
+                               dict(pool.dropped) if pool else {}, pool.accept_pauses if pool else 0)
 
     # ---- start-up ---------------------------------------------------------------------
 
@@ -157,7 +159,7 @@ class RpcAgent:
         """
         deadline = time.monotonic() + timeout
         bind, advertise = _mesh.choose_addresses(self._options.init_method)
-        self._listener = _mesh.Listener(bind, advertise, self._accept)
+        self._listener = _mesh.Listener(bind, advertise, self._handshake, self._adopt)
         table = _mesh.exchange_addresses(self._store, self.info.id, self.world_size, self.info.name,
                                          {**self._listener.address, "cma": _cma.token()})
         spin_s = _mesh.default_spin_s(table)
@@ -168,6 +170,7 @@ class RpcAgent:
                              for e in table}
             self._workers = [WorkerInfo(e["name"], e["rank"]) for e in table]
             self._by_name = {w.name: w for w in self._workers}
+            self._claims.expect(self._workers)
             self._server = Server(self, self._options.num_worker_threads, spin_s)
             server = self._server
             self._outgoing[self.info.id] = Loopback(
@@ -196,30 +199,23 @@ class RpcAgent:
         with self._lock:
             self._outgoing[peer.id] = conn
 
-    def _accept(self, sock: socket.socket, where: str) -> None:
-        try:
-            info = _mesh.parse_info(server_handshake(
-                sock, SERVICE_RPC, handshake_deadline(), where,
-                _mesh.handshake_info(self.info.name, self.info.id)))
-            name, rank = info["name"], info["rank"]
-            with self._lock:
-                ok = self._changed.wait_for(lambda: self._workers or self._closing, 60.0)
-                known = ok and 0 <= rank < len(self._workers) and self._workers[rank].name == name
-                if not known or rank in self._incoming or rank == self.info.id or self._closing:
-                    raise RuntimeError(f"unexpected RPC connection from worker '{name}' (rank "
-                                       f"{rank}) at {where}")
-                conn = IncomingConnection(sock, self._workers[rank],
-                                          self._pids[rank] if self._can_read[rank] else None)
-                self._reads_me[rank] = info["reads_you"]
-                self._incoming[rank] = conn
-                self._changed.notify_all()
-            _mesh.tune(sock)
-        except Exception as exc:
-            logger.warning("ringtorch RPC: refused a connection from %s: %s", where, exc)
-            with self._counts_lock:
-                self._refused += 1
-            sock.close()
-            return
+    def _handshake(self, sock: socket.socket, where: str) -> dict[str, Any]:
+        me = _mesh.handshake_info(self.info.name, self.info.id)
+        return _mesh.serve_handshake(sock, where, me, self._claims)
+
+    def _adopt(self, sock: socket.socket, where: str, info: dict[str, Any]) -> None:
+        """Serve an admitted connection (called with the listener's admission lock held)."""
+        rank = info["rank"]
+        with self._lock:
+            if self._closing:
+                sock.close()
+                return
+            conn = IncomingConnection(sock, self._workers[rank],
+                                      self._pids[rank] if self._can_read[rank] else None)
+            self._reads_me[rank] = info["reads_you"]
+            self._incoming[rank] = conn
+            self._changed.notify_all()
+        _mesh.tune(sock)
         assert self._server is not None
         self._server.add(conn)
 
@@ -477,6 +473,7 @@ class RpcAgent:
             self._closed = True
             self._changed.notify_all()
         self._stop.set()
+        self._claims.close()
         if self._listener is not None:
             self._listener.close()
         for rank, conn in list(self._outgoing.items()):
