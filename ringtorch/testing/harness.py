@@ -171,16 +171,36 @@ def _collect(procs: list[Any], conns: list[Any], timeout: float) -> list[Any]:
         for conn in ready:
             rank = next(r for r, c in pending.items() if c is conn)
             del pending[rank]
-            try:
-                status, value = pickle.loads(conn.recv_bytes())
-            except (EOFError, OSError):
-                procs[rank].join(1.0)
-                code = procs[rank].exitcode
-                raise RankFailed(rank, f"process exited with code {code} without a result") from None
+            status, value = _receive(conn, procs[rank])
             if status == "error":
-                raise RankFailed(rank, value)
+                raise RankFailed(rank, value + _other_failures(pending, procs))
             results[rank] = value
     return results
+
+
+def _receive(conn: Any, proc: Any) -> tuple[str, Any]:
+    """A rank's (status, result or traceback); a rank that died without one is an error."""
+    try:
+        status, value = pickle.loads(conn.recv_bytes())
+    except (EOFError, OSError):
+        proc.join(1.0)
+        return "error", f"process exited with code {proc.exitcode} without a result"
+    return status, value
+
+
+def _other_failures(pending: dict[int, Any], procs: list[Any], grace_s: float = 2.0) -> str:
+    """What the ranks still running report within ``grace_s``, when they fail too: the first
+    failure received is not always the cause (a rank that saw a peer die may report first)."""
+    deadline = time.monotonic() + grace_s
+    found = []
+    while pending and (remaining := deadline - time.monotonic()) > 0:
+        for conn in multiprocessing.connection.wait(list(pending.values()), timeout=remaining):
+            rank = next(r for r, c in pending.items() if c is conn)
+            del pending[rank]
+            status, value = _receive(conn, procs[rank])
+            if status == "error":
+                found.append(f"\n(rank {rank} failed too:)\n{value}")
+    return "".join(found)
 
 
 def _kill_all(procs: list[Any]) -> None:

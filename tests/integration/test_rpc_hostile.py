@@ -142,6 +142,8 @@ def impostor(rank: int, ws: int) -> dict[str, Any]:
             out["impostor"] = (type(exc).__name__, str(exc))
         out["closed"] = sock.recv(1) == b""
         sock.close()
+        # the listener counts the refusal once its handshake thread is back from sending it
+        wait_until(lambda: agent_statistics().refused_connections >= 1)
         out["errors"] = log.lines("ERROR")
     out["calls"] = rpc.rpc_sync(f"worker{1 - rank}", add, args=(rank, 10))
     out["refused"] = agent_statistics().refused_connections
