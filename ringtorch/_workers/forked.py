@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import IO, Any
 
 from ringtorch._workers.lifeline import set_parent_death_signal
+from ringtorch._workers.process import open_pidfd
 
 _DEFAULT_HANDLERS = {signal.SIGTERM: signal.SIG_DFL, signal.SIGHUP: signal.SIG_DFL,
                      signal.SIGQUIT: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
@@ -70,10 +71,7 @@ class ForkedWorker:
         self._code: int | None = None
         self.stdout = os.fdopen(out_read, "rb", buffering=0) if out_read is not None else None
         self.stderr = os.fdopen(err_read, "rb", buffering=0) if err_read is not None else None
-        try:
-            self._pidfd: int | None = os.pidfd_open(pid)
-        except (AttributeError, OSError):
-            self._pidfd = None
+        self._pidfd = open_pidfd(pid)
 
     def fileno(self) -> int | None:
         """A pidfd that becomes readable when the worker exits (None where unsupported)."""

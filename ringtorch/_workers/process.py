@@ -42,6 +42,15 @@ class Stoppable(Protocol):
         """Send ``sig`` to the child (to its whole group when it leads one); never raises."""
 
 
+def open_pidfd(pid: int) -> int | None:
+    """A descriptor that becomes readable when ``pid`` exits, or None before Linux 5.3 (then
+    wait_any polls instead)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
 class WorkerProcess:
     """One worker program, leading its own process group, armed to die with its supervisor.
 
@@ -69,10 +78,7 @@ class WorkerProcess:
         self.pid: int = self._popen.pid
         self.argv = list(argv)
         self.exited_at: float | None = None  # time.time() when the exit was first seen
-        try:
-            self._pidfd: int | None = os.pidfd_open(self.pid)
-        except (AttributeError, OSError):  # not Linux >= 5.3: wait_any polls instead
-            self._pidfd = None
+        self._pidfd = open_pidfd(self.pid)
 
     def fileno(self) -> int | None:
         """A pidfd that becomes readable when the worker exits (None where unsupported)."""
