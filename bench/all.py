@@ -1,6 +1,6 @@
 """Every benchmark of the page in one run: BENCHMARKS.md's tables and the bus-bandwidth plot.
 
-    python bench/all.py                        # every area, about 10-15 min on 2 quiet cores
+    python bench/all.py                        # every area, about 4 min on 2 quiet cores
     python bench/all.py --only store,rpc       # some areas; the page's other tables stay
     python bench/all.py --quick --only store   # tiny settings, to check the plumbing
     python bench/all.py --render-only          # rewrite the page from the JSON in --out
