@@ -71,8 +71,12 @@ def _count_bytes(dist: Any, counter: list[int]) -> None:
     dist.all_reduce = counted
 
 
+# DDP objects live to the rank's exit: under torch, one freed after destroy_process_group can
+# hang its process on the GIL (gloo's loop thread)
+_KEEP: list[Any] = []
+
 def rank_main(rank: int, world_size: int, package: str, hook: str, widths: list[int],
-              batch: int, steps: int, warmup: int) -> dict[str, Any]:
+              batch: int, steps: int, warmup: int, bucket_cap_mb: float) -> dict[str, Any]:
     torch.set_num_threads(1)
     dist = importlib.import_module(f"{package}.distributed")
     hooks = f"{package}.distributed.algorithms.ddp_comm_hooks"
@@ -81,7 +85,7 @@ def rank_main(rank: int, world_size: int, package: str, hook: str, widths: list[
     ddp_class = importlib.import_module(f"{package}.nn.parallel").DistributedDataParallel
     dist.init_process_group("gloo", world_size=world_size)
     model = make_model(widths)
-    ddp = ddp_class(model)
+    ddp = ddp_class(model, bucket_cap_mb=bucket_cap_mb)
     if HOOKS[hook] is None:
         ddp.register_comm_hook(None, default.allreduce_hook)
     else:
@@ -109,6 +113,7 @@ def rank_main(rank: int, world_size: int, package: str, hook: str, widths: list[
             times.append(time.perf_counter() - start)
             nbytes.append(counter[0])
     _KEEP.append(ddp)
+    _KEEP.append(ddp)  # freed after destroy_process_group, torch's can hang on the GIL
     dist.destroy_process_group()
     return {"times": times, "bytes": nbytes}
 
@@ -116,7 +121,8 @@ def rank_main(rank: int, world_size: int, package: str, hook: str, widths: list[
 def measure(package: str, hook: str, world_size: int, args: argparse.Namespace
             ) -> dict[str, Any]:
     results = run_ranks(rank_main, world_size, timeout=600,
-                        args=(package, hook, args.widths, args.batch, args.steps, args.warmup))
+                        args=(package, hook, args.widths, args.batch, args.steps, args.warmup,
+                              args.bucket_cap_mb))
     step_times = [max(r["times"][i] for r in results) for i in range(args.steps)]
     reduced = statistics.median(results[0]["bytes"])
     return {"package": package, "hook": hook, "world_size": world_size,
@@ -144,6 +150,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=1, help="each configuration runs this often")
     parser.add_argument("--warmup", type=int, default=3, help="at least 2: PowerSGD starts at 2")
+    parser.add_argument("--bucket-cap-mb", type=float, default=128.0,
+                        help="DDP's bucket size; the default makes the default model one "
+                             "bucket: torch's PowerSGD hook starts its collectives from "
+                             "callbacks, which with several buckets can pair different "
+                             "collectives across ranks and hang on gloo")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     if args.warmup < 2:
