@@ -149,7 +149,9 @@ ALGORITHMS = _knob(
 )
 STALL_WARNING_S = _knob(
     "RINGTORCH_STALL_WARNING_S", 60.0, float,
-    "a collective waiting this long logs a warning naming the ranks that have not arrived",
+    "a collective waiting this long logs a warning naming the ranks that have not arrived and "
+    "where they are (sockets and shared memory alike), then again at twice the wait each time "
+    "until the timeout",
 )
 SOCKET_ADDR = _knob(
     "RINGTORCH_SOCKET_ADDR", "", str,

@@ -48,14 +48,18 @@ Segment header (little-endian u64 words; what each rank writes into its *own* se
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, NoReturn, Protocol
 
+from ringtorch import _config
 from ringtorch._errors import DistBackendError
 from ringtorch._wire import futex
 from ringtorch._wire.shm import PAGE, Segment
+
+log = logging.getLogger(__name__)
 
 MAGIC = int.from_bytes(b"RTSHM\0\0\1", "little")
 VERSION = 1
@@ -120,6 +124,9 @@ class ShmReports(Protocol):
     def peer_aborted(self, desc: Descriptor, me: int, peer: int, reason: str) -> str: ...
 
     def peer_died(self, desc: Descriptor, me: int, peer: int, pid: int) -> str: ...
+
+    def stalled(self, desc: Descriptor, me: int, waited_s: float, late: list[int],
+                where: list[str]) -> str: ...
 
     def failed(self, desc: Descriptor, me: int, cause: str) -> str: ...
 
@@ -202,6 +209,7 @@ class ShmDomain:
         self.on_failure: Callable[[str], None] | None = None
         self._failure: str | None = None
         self._op_start = 0.0
+        self._warn_after = 0.0  # the next stall warning, in seconds since _op_start
         self._stats = {"collectives": 0, "entered": 0, "finished": 0, "slept": 0}
         self._current: Desc | None = None
         self._waiting_on: int | None = None
@@ -231,6 +239,7 @@ class ShmDomain:
         """
         t = self.round + 1
         self._op_start = time.monotonic()
+        self._warn_after = _config.STALL_WARNING_S.get()
         self._current = desc
         self._stats["collectives"] += 1
         self._write_desc(W_ROUND_DESC[t & 1], desc)
@@ -352,11 +361,16 @@ class ShmDomain:
             if not self.segments[j].owner_alive():
                 self._explained_by_sockets(desc)
                 self._fail(self.reports.peer_died(desc, me, name, self.words[j][W_PID]), [name])
-        if now > deadline:
+        waited = now - self._op_start
+        if late and (now > deadline or waited >= self._warn_after):
             where = [self.reports.where(self._name(j), self._read_desc(j, W_NOW)) for j in late]
             names = [self._name(j) for j in late]
-            self._fail(self.reports.timed_out(desc, me, now - self._op_start, names, where),
-                       names)
+            if now > deadline:
+                self._fail(self.reports.timed_out(desc, me, waited, names, where), names)
+            # the stall warning, again at twice the wait each time (a frozen peer, SIGSTOP or
+            # a long C call, stays named while the timeout is far)
+            self._warn_after = 2 * waited
+            log.warning("%s", self.reports.stalled(desc, me, waited, names, where))
 
     # -- growth --------------------------------------------------------------------------------
 

@@ -53,7 +53,7 @@ class Words:
 
     def stalled(self, call: CollectiveCall, waited_s: float, report: str) -> str:
         """The stall warning, logged while a collective waits long."""
-        return f"{self.what(call)} has waited {waited_s:.0f} s: {report}"
+        return f"{self.what(call)} has waited {_seconds(waited_s)}: {report}"
 
     def failed(self, what: str, why: str) -> str:
         """An operation (``what``: a collective's ``what(call)``, or a send or receive) that
@@ -158,6 +158,10 @@ def _fingerprint(entry: dict[str, Any]) -> str:
             f"TensorShape=[{shapes}], TensorDtypes=[{dtypes}])")
 
 
+def _seconds(waited_s: float) -> str:
+    return f"{waited_s:.0f} s" if waited_s >= 10 else f"{waited_s:.1f} s"
+
+
 class ShmWords:
     """The messages of a shared-memory domain (the ``ShmReports`` of _wire/shm_domain.py):
     descriptors are decoded into calls and named like the socket path names them. Ranks are
@@ -187,6 +191,11 @@ class ShmWords:
                   where: list[str]) -> str:
         return (f"{self.what(desc, me)} timed out after {timedelta(seconds=round(waited_s))}: "
                 f"ranks {late} did not arrive ({'; '.join(where)})")
+
+    def stalled(self, desc: Any, me: int, waited_s: float, late: list[int],
+                where: list[str]) -> str:
+        return (f"{self.what(desc, me)} has waited {_seconds(waited_s)}: ranks {late} have not "
+                f"arrived ({'; '.join(where)})")
 
     def peer_aborted(self, desc: Any, me: int, peer: int, reason: str) -> str:
         return f"{self.what(desc, me)} failed: rank {peer} aborted the group: {reason}"

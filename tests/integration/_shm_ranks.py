@@ -10,6 +10,7 @@ rank's deterministic input.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import signal
@@ -532,3 +533,31 @@ def group_shared_tensor(rank: int, world_size: int, shm: bool) -> dict[str, Any]
     out["sum"] = t
     dist.destroy_process_group()
     return out
+
+
+def frozen_peer(rank: int, world_size: int, folder: str) -> dict[str, Any]:
+    """Rank 1 writes its pid and waits for "go" (the test stops it with SIGSTOP meanwhile, and
+    lets it go on once rank 0 has logged two stall warnings); rank 0 runs all_reduce #2 with a
+    30 s deadline and records the warnings it logs while it waits (RINGTORCH_STALL_WARNING_S
+    is 0.3 s)."""
+    b = backend(rank, world_size, "frozen")
+    b.broadcast(torch.zeros(4), 0, 1, time.monotonic() + 20)
+    warnings: list[str] = []
+    if rank == 1:
+        with open(os.path.join(folder, "pid1"), "w") as f:
+            f.write(str(os.getpid()))
+        wait_for(lambda: os.path.exists(os.path.join(folder, "go")), timeout=60,
+                 what="the test's go")
+    else:
+        class Record(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                warnings.append(record.getMessage())
+                if len(warnings) == 2:
+                    open(os.path.join(folder, "warned"), "w").close()
+
+        handler = Record(level=logging.WARNING)
+        logging.getLogger("ringtorch._wire.shm_domain").addHandler(handler)
+    t = torch.full((4,), float(rank + 1))
+    b.all_reduce(t, ReduceOp.SUM, 2, time.monotonic() + 30)
+    b.close()
+    return {"sum": t.tolist(), "warnings": warnings}

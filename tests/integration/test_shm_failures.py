@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import threading
 
 import pytest
 
-from ringtorch.testing import RankFailed, run_ranks
+from ringtorch.testing import RankFailed, run_ranks, wait_for
 from tests.integration import _shm_ranks as ranks
 
 AR = r"all_reduce #1 \(float32, 32 bytes, op SUM\)"
@@ -147,3 +149,42 @@ def test_mixed_collectives_with_rotating_one_shot_areas_and_staged_chunks_are_al
     rotates = len(os.sched_getaffinity(0)) >= 2  # each rank can have a CPU (and caches)
     for rank, res in enumerate(results):
         assert res == {"bad": [], "count": 150, "rotated": rotates}, f"rank {rank}: {res}"
+
+
+def test_a_frozen_rank_is_named_by_repeated_stall_warnings_on_shared_memory(tmp_path):
+    pid_file, warned = tmp_path / "pid1", tmp_path / "warned"
+    ranks_done: list = []
+
+    def stop_then_release() -> None:
+        wait_for(pid_file.exists, timeout=60, what="rank 1's pid")
+        pid = int(pid_file.read_text())
+        os.kill(pid, signal.SIGSTOP)  # frozen: it runs no Python, answers nothing
+        try:
+            wait_for(lambda: warned.exists() or ranks_done, timeout=60, what="two warnings")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            (tmp_path / "go").write_text("")
+
+    releaser = threading.Thread(target=stop_then_release)
+    releaser.start()
+    try:
+        results = run_ranks(ranks.frozen_peer, 2, args=(str(tmp_path),), timeout=90,
+                            env={"RINGTORCH_STALL_WARNING_S": "0.3"})
+    finally:
+        ranks_done.append(True)
+        releaser.join(60)
+    assert [r["sum"] for r in results] == [[3.0] * 4, [3.0] * 4]
+    warnings = results[0]["warnings"]
+    assert len(warnings) >= 2, warnings
+    waited = []
+    for message in warnings:
+        match = re.fullmatch(
+            r"all_reduce #2 \(float32, 16 bytes, op SUM\) on group 'frozen' \(rank 0\) has "
+            r"waited (\d+\.\d) s: ranks \[1\] have not arrived \(rank 1 is at broadcast #1 "
+            r"\(float32, 16 bytes, root 0\)\)", message)
+        assert match, message
+        waited.append(float(match.group(1)))
+    # the first after the configured time, each later one at twice the wait before it or
+    # later (the message rounds to 0.1 s, hence the 0.15 s of slack)
+    assert waited[0] >= 0.3, waited
+    assert all(waited[i + 1] >= 2 * waited[i] - 0.15 for i in range(len(waited) - 1)), waited

@@ -199,7 +199,7 @@ class NativeBackend(Backend):
         board.call = call
         board.running = True
         board.start = time.monotonic()
-        board.warned = False
+        board.warn_after = _config.STALL_WARNING_S.get()
         return self
 
     def __enter__(self) -> None:
@@ -259,8 +259,8 @@ class NativeBackend(Backend):
             if self.abort_state.cause is not None:  # another rank's abort beat ours
                 raise PeerClosedError("the group was aborted while this rank waited")
             raise _Timeout(self._words.timed_out(call, now - board.start, report))
-        if now - board.start >= _config.STALL_WARNING_S.get() and not board.warned:
-            board.warned = True
+        if now - board.start >= board.warn_after:  # again at twice the wait each time
+            board.warn_after = 2 * (now - board.start)
             log.warning("%s", self._words.stalled(call, now - board.start,
                                                   self._missing_report(call.seq, peers)))
 

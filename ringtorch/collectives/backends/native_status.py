@@ -27,7 +27,7 @@ class StatusBoard:
         self.call: CollectiveCall | None = None  # the current or last collective
         self.running = False
         self.start = 0.0  # time.monotonic() when the current one started
-        self.warned = False  # whether its stall warning was logged
+        self.warn_after = 0.0  # its next stall warning, in seconds since start
         self._cond = threading.Condition()
         self._answers: dict[int, dict[str, Any]] = {}
 
