@@ -34,20 +34,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _models import make_model  # bench/ is sys.path[0]
 from _report import Recorder  # bench/ is sys.path[0]
 from torch import nn
 
 from ringtorch.testing import run_ranks
-
-
-def make_model(widths: list[int]) -> nn.Module:
-    torch.manual_seed(0)
-    layers: list[nn.Module] = []
-    for i in range(len(widths) - 1):
-        layers.append(nn.Linear(widths[i], widths[i + 1]))
-        if i < len(widths) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
 
 
 def _wrap(impl: str, model: nn.Module, bucket_cap_mb: float | None, bucket_view: bool

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _models import make_model  # bench/ is sys.path[0]
 from torch import nn
 
 from ringtorch.testing import run_ranks
@@ -47,16 +48,6 @@ HOOKS = {"allreduce": None, "powerSGD-r1": 1, "powerSGD-r4": 4}
 # torch's DDP Reducer may hang when destroyed right after a PowerSGD hook ran on gloo: the
 # models stay alive until the rank exits
 _KEEP: list[Any] = []
-
-
-def make_model(widths: list[int]) -> nn.Module:
-    torch.manual_seed(0)
-    layers: list[nn.Module] = []
-    for i in range(len(widths) - 1):
-        layers.append(nn.Linear(widths[i], widths[i + 1]))
-        if i < len(widths) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
 
 
 def _count_bytes(dist: Any, counter: list[int]) -> None:
