@@ -8,8 +8,6 @@ ringtorch, in real processes; every value must be the same.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 import torch.distributed as tdist
@@ -19,28 +17,14 @@ import ringtorch.distributed as rdist
 from ringtorch.distributed.elastic.utils import store as ring_store_utils
 from ringtorch.testing import run_ranks
 from tests.compat import _c10d_helpers as H
-
-
-def _same(a: Any, b: Any, where: str) -> None:
-    if isinstance(a, torch.Tensor):
-        assert torch.equal(a, b), f"{where}: torch {a} vs ringtorch {b}"
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for key in a:
-            _same(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"{where}: torch {a!r} vs ringtorch {b!r}"
+from tests.compat._compare import assert_same
 
 
 def test_private_helpers_behave_as_torchs() -> None:
     theirs = run_ranks(H.probe, 2, args=("torch",), timeout=120)
     ours = run_ranks(H.probe, 2, args=("ringtorch",), timeout=120)
     for rank in range(2):
-        _same(theirs[rank], ours[rank], f"rank {rank}")
+        assert_same(theirs[rank], ours[rank], f"rank {rank}")
     assert ours[1]["not_in_group"] == (True, False, False)
     assert ours[0]["object"] == {"from": 1, "items": [1, 2]}
     assert ours[1]["synchronized"] == [b"r0", b"r1"]
