@@ -16,7 +16,7 @@ import torch
 
 from ringtorch.testing import run_ranks
 from tests.compat import _functional_script as S
-from tests.compat.test_same_script import _same
+from tests.compat._compare import assert_same
 
 
 @functools.cache
@@ -30,7 +30,7 @@ def test_forward_results_and_gradients_are_torchs(ws: int) -> None:
     for rank in range(ws):
         assert theirs[rank].keys() == ours[rank].keys()
         for case in theirs[rank]:
-            _same(theirs[rank][case], ours[rank][case], f"rank {rank} {case}")
+            assert_same(theirs[rank][case], ours[rank][case], f"rank {rank} {case}")
 
 
 @pytest.mark.parametrize("ws", [2, 3])
