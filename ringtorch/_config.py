@@ -159,6 +159,11 @@ SOCKET_ADDR = _knob(
     "hosts (default: the address the host name resolves to)",
 )
 
+FLIGHT_RECORDER = _knob(
+    "RINGTORCH_FLIGHT_RECORDER", 2000, int,
+    "how many of its last operations (collectives, point-to-point, RPC calls) each process's "
+    "flight recorder keeps, with their call sites, timestamps and outcome; 0 turns it off",
+)
 SPIN_US = _knob(
     "RINGTORCH_SPIN_US", 50, int,
     "microseconds a collective receive polls its socket before blocking (a blocking wake-up "

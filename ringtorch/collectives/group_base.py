@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ringtorch._errors import DistBackendError
+from ringtorch._observe.recorder import COLLECTIVE, RECORDER
 from ringtorch.collectives.backends.base import Backend
 from ringtorch.collectives.call import CollectiveCall, facade_call
 from ringtorch.collectives.comm_thread import Lane, WorkerPool
@@ -47,6 +48,7 @@ class GroupBase:
                  backend_name: str = "gloo", group_name: str = "", group_desc: str = "undefined",
                  timeout: timedelta = timedelta(minutes=30),
                  global_ranks: Sequence[int] | None = None) -> None:
+        RECORDER.settle()
         self._store = store
         self._rank = rank
         self._size = size
@@ -171,9 +173,21 @@ class GroupBase:
             if check is not None:
                 check(self, facade_call(op_name, work.seq, self._group_name, deadline),
                       fingerprint)
-            return fn(work.seq, deadline)
+            if work.record is None:
+                return fn(work.seq, deadline)
+            work.record.seq = work.seq
+            backend = self._backend
+            if backend is not None:
+                backend.record = work.record
+            try:
+                return fn(work.seq, deadline)
+            finally:
+                if backend is not None:
+                    backend.record = None
 
         work = Work(op_name, -1, run, outputs, self._group_name)
+        if RECORDER.on:
+            work.record = RECORDER.record(COLLECTIVE, self._group_name, op_name)
         self._collectives.submit(work, inline=not getattr(opts, "asyncOp", True),
                                  collective=True)
         return work

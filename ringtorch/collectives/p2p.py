@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ringtorch._errors import DistBackendError
+from ringtorch._observe.recorder import P2P, RECORDER
 from ringtorch.collectives import checks
 from ringtorch.collectives.comm_thread import Lane
 from ringtorch.collectives.group_base import GroupBase
@@ -140,6 +141,11 @@ class P2POps(GroupBase):
                             pool=self._pool)
                 self._p2p_lanes[key] = lane
         work = Work(op_name, -1, run, outputs, self._group_name)
+        if RECORDER.on:
+            rec = work.record = RECORDER.record(P2P, self._group_name, op_name)
+            rec.peer = -1 if key[1] is None else key[1]
+            rec.nbytes = outputs[0].numel() * outputs[0].element_size()
+            rec.detail = f"tag {key[2]}"
         lane.submit(work, inline=not async_op)
         return work
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -19,6 +20,9 @@ from typing import Any
 import torch
 
 from ringtorch._errors import DistBackendError
+from ringtorch._observe.recorder import RECORDER, Record
+
+_now = time.monotonic_ns
 
 
 class Work:
@@ -47,6 +51,8 @@ class Work:
         self._on_finish: list[Callable[[], None]] | None = None
         # The lane it is queued on (set by Lane.submit), whose help_until a wait calls first.
         self.lane: Any = None
+        # Its flight-recorder record (None when the recorder is off).
+        self.record: Record | None = None
 
     # -- run by the group ---------------------------------------------------------------------
 
@@ -61,6 +67,8 @@ class Work:
 
         The operation function gets this Work (for its ``seq``); an int it returns is the
         source rank of a receive."""
+        if self.record is not None:
+            self.record.started = _now()
         try:
             result = self._run_fn(self) if self._run_fn is not None else None
             if isinstance(result, int):
@@ -85,6 +93,8 @@ class Work:
             self._run_fn = None
             self._done = True
             event, future = self._event, self._future
+        if self.record is not None:
+            RECORDER.finished(self.record, exc)
         if event is not None:
             event.set()
         if future is not None:

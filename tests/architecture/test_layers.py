@@ -32,14 +32,16 @@ ALLOWED: dict[str, set[str]] = {
     "ringtorch._wire": set(),
     "ringtorch._workers": set(),
     "ringtorch._buffers": set(),
+    "ringtorch._observe": set(),
     "ringtorch.store": {"ringtorch._wire"},
     "ringtorch.rendezvous": {"ringtorch.store"},
-    "ringtorch.collectives": {"ringtorch._wire", "ringtorch._buffers"},
+    "ringtorch.collectives": {"ringtorch._wire", "ringtorch._buffers", "ringtorch._observe"},
     "ringtorch.futures": set(),
     "ringtorch.distributed": {"ringtorch.collectives", "ringtorch.rendezvous", "ringtorch.store",
-                              "ringtorch._buffers"},
+                              "ringtorch._buffers", "ringtorch._observe"},
     "ringtorch.distributed.rpc": {"ringtorch.rendezvous", "ringtorch.store", "ringtorch._wire",
-                                  "ringtorch._buffers", "ringtorch.futures"},
+                                  "ringtorch._buffers", "ringtorch.futures",
+                                  "ringtorch._observe"},
     "ringtorch.distributed.autograd": {"ringtorch.distributed.rpc", "ringtorch.futures"},
     # the public names of ringtorch.distributed (functional), of rpc (RemoteModule)
     "ringtorch.distributed.nn": {"ringtorch.distributed", "ringtorch.distributed.rpc",
@@ -65,7 +67,8 @@ ALLOWED: dict[str, set[str]] = {
     "ringtorch.testing": {"ringtorch"},  # anything public
 }
 
-NO_TORCH = ("ringtorch._wire", "ringtorch._workers", "ringtorch.store", "ringtorch.rendezvous",
+NO_TORCH = ("ringtorch._wire", "ringtorch._observe", "ringtorch._workers", "ringtorch.store",
+            "ringtorch.rendezvous",
             "ringtorch.launcher", "ringtorch.distributed.run", "ringtorch.distributed.launch",
             "ringtorch.distributed.launcher", "ringtorch.distributed.elastic")
 

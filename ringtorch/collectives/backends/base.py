@@ -56,6 +56,14 @@ class Backend(ABC):
 
     def __init__(self, ctx: BackendContext) -> None:
         self.ctx = ctx
+        # The flight-recorder record of the collective the group is about to run (set by
+        # the group before each collective; the backend attaches its CollectiveCall to it).
+        self.record: Any = None
+
+    def route(self, record: Any) -> tuple[str, str]:
+        """(transport, algorithm) a recorded operation travelled by, for the flight
+        recorder's dump; a backend that knows better says so."""
+        return (type(self).__name__, "")
 
     @property
     def rank(self) -> int:

@@ -35,6 +35,7 @@ from ringtorch._wire.mesh_setup import connect_mesh
 from ringtorch.collectives.abort import AbortState
 from ringtorch.collectives.algorithms.select import parse_overrides
 from ringtorch.collectives.backends.base import Backend, BackendContext
+from ringtorch.collectives.backends.native_route import route_of
 from ringtorch.collectives.backends.native_status import (
     StatusBoard,
     check_peer,
@@ -122,6 +123,10 @@ class NativeBackend(Backend):
         self.uses_shm = self.transport.uses_shm
         self.topology = self.transport.description
 
+    def route(self, record: Any) -> tuple[str, str]:
+        """See base class (native_route.py)."""
+        return route_of(self.transport, record.call)
+
     @property
     def shares_memory(self) -> bool:
         """See base class: on one host's shared memory."""
@@ -195,6 +200,9 @@ class NativeBackend(Backend):
         object per call."""
         if self._closed or self.abort_state.cause is not None:
             self._check_usable(self._words.what(call))
+        rec = self.record
+        if rec is not None and rec.seq == call.seq and rec.call is None:
+            rec.call, rec.route = call, self.route
         board = self._board
         board.call = call
         board.running = True

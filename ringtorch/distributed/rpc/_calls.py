@@ -12,6 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
+from ringtorch._observe.recorder import RECORDER, RPC, Record
 from ringtorch.distributed.rpc import messages
 from ringtorch.distributed.rpc._interfaces import Agent, RunningAgent
 from ringtorch.distributed.rpc._state import STATE, current_agent
@@ -65,16 +68,66 @@ def prepare(to: Any, func: Any, timeout: float) -> tuple[RunningAgent, WorkerInf
     return agent, destination(agent, to), resolve_timeout(agent, timeout)
 
 
+def record(agent: RunningAgent, op: str, dst: WorkerInfo, func: Any) -> Record | None:
+    """The flight recorder's record of a call the user is making (None when it is off)."""
+    if not RECORDER.on:
+        return None
+    rec = RECORDER.record(RPC, agent.get_worker_info().name, op)
+    rec.peer = dst.name
+    rec.detail = function_name(func)
+    rec.start()
+    return rec
+
+
+def function_name(func: Any) -> str:
+    """``module.name`` of a called function, as a user would write it ("torch.add")."""
+    name = getattr(func, "__name__", None) or type(func).__name__
+    module = getattr(func, "__module__", None)
+    return f"{module}.{name}" if module else name
+
+
+def finish_on(future: Future[Any], rec: Record | None) -> None:
+    """Stamp ``rec`` finished when ``future`` completes.
+
+    The stamp is registered as torch's plain callback, not through Future.add_done_callback,
+    which marks the future as having user callbacks (they may block, so the agent would then
+    complete it on a worker thread, a hand-off that costs tens of microseconds); the stamp
+    is quick and never blocks."""
+    if rec is None:
+        return
+
+    def stamp(fut: Any) -> None:
+        try:
+            fut.value()
+        except BaseException as exc:
+            RECORDER.finished(rec, exc)
+        else:
+            RECORDER.finished(rec, None)
+
+    torch.futures.Future.add_done_callback(future, stamp)
+
+
 def call_sync(agent: RunningAgent, dst: WorkerInfo, func: Callable[..., Any], args: Any,
               kwargs: Any, seconds: float, what: object) -> Any:
     """Run ``func(*args, **kwargs)`` on ``dst``; return its value or raise its error."""
-    return agent.request(dst, messages.CALL, (func, args, kwargs), seconds, what, sync=True)
+    rec = record(agent, "rpc_sync", dst, func)
+    if rec is None:
+        return agent.request(dst, messages.CALL, (func, args, kwargs), seconds, what, sync=True)
+    try:
+        value = agent.request(dst, messages.CALL, (func, args, kwargs), seconds, what,
+                              sync=True)
+    except BaseException as exc:
+        RECORDER.finished(rec, exc)
+        raise
+    RECORDER.finished(rec, None)
+    return value
 
 
 def call_async(agent: RunningAgent, dst: WorkerInfo, func: Callable[..., Any], args: Any,
                kwargs: Any, seconds: float, what: object) -> Future[Any]:
     """As ``call_sync``, returning at once a Future of the result (``_wait_all`` sees it)."""
     future: Future[Any] = Future()
+    finish_on(future, record(agent, "rpc_async", dst, func))
     agent.request(dst, messages.CALL, (func, args, kwargs), seconds, what, future=future)
     futures = STATE.thread.future_list
     if futures is not None:
@@ -82,5 +135,6 @@ def call_async(agent: RunningAgent, dst: WorkerInfo, func: Callable[..., Any], a
     return future
 
 
-__all__ = ["CallDescription", "call_async", "call_sync", "destination", "prepare",
-           "resolve_timeout"]
+__all__ = ["CallDescription", "call_async", "call_sync", "destination", "finish_on", "function_name",
+           "prepare",
+           "record", "resolve_timeout"]

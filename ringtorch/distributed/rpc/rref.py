@@ -359,6 +359,7 @@ def create_remote(agent: RunningAgent, dst: WorkerInfo, func: Callable[..., Any]
     user = RRef._make_user(ctx, rref_id, dst, fork_id)
     created: Future[Any] = Future()
     user._created = created
+    _calls.finish_on(created, _calls.record(agent, "remote", dst, func))
 
     def confirmed(value: Any, error: BaseException | None) -> None:
         if error is None:

@@ -1,0 +1,267 @@
+"""The flight recorder: every rank's bounded ring of its last operations, always on.
+
+Each collective, point-to-point operation and RPC call gets one ``Record`` when the user
+issues it: the group, the operation, the user's call site, and its timestamps (enqueued,
+started, finished) and outcome, filled in as it runs. The collective's identity (dtype,
+bytes, root, reduction: the ``CollectiveCall``) is attached by the backend when it starts, as
+the object itself, not copied; how it travelled (transport, algorithm) is asked of the
+backend only when the ring is dumped. So recording costs one small object, three clock reads
+and a short walk up the stack per operation (``bench/recorder.py`` measures it), and a dump,
+which is rare, does the formatting.
+
+The rule this module keeps: the recorder never blocks and never raises into the operation it
+records. Writers do not lock (a slot of the ring is one list store, atomic under the GIL); a
+dump copies the ring first and may see an operation half updated, which it reports as it
+finds it. ``RECORDER`` is the process's one recorder (this subsystem's one state object).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ringtorch import _config
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_now = time.monotonic_ns
+
+# What a record is about.
+COLLECTIVE = "collective"
+P2P = "p2p"
+RPC = "rpc"
+
+FORMAT = "ringtorch-flight-record"
+VERSION = 1
+
+
+class Record:
+    """One operation as the recorder saw it (see the module docstring).
+
+    Attributes:
+        id: the recorder's running number of the record (gaps: older ones were dropped).
+        kind: COLLECTIVE, P2P or RPC.
+        group: the process group's name (the RPC agent's worker name for RPC).
+        op: the operation as the user called it ("allreduce", "send", "rpc_sync", ...).
+        code, lasti: the user's frame that issued it: its code and the offset of the calling
+            instruction (the line is looked up from it when dumped); code is None when no
+            Python frame issued it (e.g. an autograd hook on torch's engine thread).
+        enqueued, started, finished: ``time.monotonic_ns()`` stamps (0: not yet).
+        seq: the group's sequence number of a collective (-1 until it is known, and for p2p).
+        peer: the other rank of a p2p operation, the callee of an RPC (-1 otherwise).
+        nbytes: bytes of the operation when the caller knows them (-1 otherwise).
+        error: the error's first line if it failed ("" otherwise).
+        call: the CollectiveCall the backend ran it as (None until it starts).
+        route: what the operation travelled by, resolved at dump time: a callable taking
+            the record and returning ``(transport, algorithm)``, or None.
+        detail: a short free text (an RPC's function name, a p2p tag).
+
+    The fields most operations never set are class defaults (an instance stores only what
+    differs), so making a record costs six stores.
+    """
+
+    __slots__ = ("id", "kind", "group", "op", "code", "lasti", "enqueued", "__dict__")
+
+    started = 0
+    finished = 0
+    seq = -1
+    peer: int | str = -1
+    nbytes = -1
+    error = ""
+    call: Any = None
+    route: Callable[[Record], tuple[str, str]] | None = None
+    detail = ""
+
+    def __init__(self, kind: str, group: str, op: str, code: Any, lasti: int) -> None:
+        self.kind = kind
+        self.group = group
+        self.op = op
+        self.code = code
+        self.lasti = lasti
+        self.enqueued = _now()
+
+    def start(self) -> None:
+        """Stamp the start (the operation's thread calls it as it begins)."""
+        self.started = _now()
+
+    def finish(self, error: BaseException | None) -> None:
+        """Stamp the end and the outcome; never raises."""
+        self.finished = _now()
+        if error is not None:
+            try:
+                text = str(error).strip().splitlines()
+                self.error = f"{type(error).__name__}: {text[0] if text else ''}"
+            except Exception:  # a broken __str__ must not break the operation
+                self.error = type(error).__name__
+
+    @property
+    def state(self) -> str:
+        """"queued", "running", "completed" or "failed"."""
+        if self.finished:
+            return "failed" if self.error else "completed"
+        return "running" if self.started else "queued"
+
+
+def user_frame(hint: int) -> tuple[Any, int]:
+    """(code, instruction offset) of the caller's first frame outside ringtorch, or (None, 0) when there is
+    none (an operation issued from a thread with no Python caller, such as an autograd hook).
+
+    ``hint`` is how many frames above the caller the public entry point usually is
+    (``dist.all_reduce`` above the group's method): when that frame is ringtorch's, the user
+    is usually its caller, so the common case checks two frames instead of walking the whole
+    chain; any other shape of stack (a group's method called directly, a wrapper inside
+    ringtorch) is walked frame by frame from the bottom.
+    """
+    try:
+        frame: Any = sys._getframe(hint + 1)
+    except ValueError:
+        frame = None
+    if frame is None or not frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back
+    if frame is None:
+        return None, 0
+    return frame.f_code, frame.f_lasti  # the line is looked up only when dumped
+
+
+def line_of(code: Any, lasti: int) -> int:
+    """The source line of the instruction at byte offset ``lasti`` of ``code``."""
+    for start, end, line in code.co_lines():
+        if start <= lasti < end and line is not None:
+            return int(line)
+    return int(code.co_firstlineno)
+
+
+class FlightRecorder:
+    """The ring of the last ``capacity`` records (0: recording is off).
+
+    ``listeners`` are called with each record as it finishes (the timeline's writer is one);
+    they run on the operation's thread, so they must be quick and must not raise.
+    """
+
+    def __init__(self, capacity: int | None = None) -> None:
+        self._settled = capacity is not None
+        self.configure(_config.FLIGHT_RECORDER.get() if capacity is None else capacity)
+        self._settled = capacity is not None
+        self.listeners: list[Callable[[Record], None]] = []
+
+    def settle(self) -> None:
+        """Read the capacity knob again, once: a process may have been made (forked from a
+        server that imported ringtorch) before its environment was set, so the first group
+        or RPC agent of the process calls this. An explicit ``configure`` is final."""
+        if not self._settled:
+            self._settled = True
+            capacity = _config.FLIGHT_RECORDER.get()
+            if capacity != self.capacity:
+                self.configure(capacity)
+
+    def configure(self, capacity: int) -> None:
+        """Start over with room for ``capacity`` records (0 turns recording off)."""
+        if capacity < 0:
+            raise ValueError(f"the flight recorder's capacity must be >= 0, got {capacity}")
+        self._settled = True
+        self.capacity = capacity
+        self.on = capacity > 0
+        self._ring: list[Record | None] = [None] * capacity
+        self._ids = itertools.count()
+
+    def record(self, kind: str, group: str, op: str, hint: int = 3) -> Record:
+        """A new record of an operation being issued (call only when ``on``); ``hint``: how
+        many frames above this call the public entry point usually is (see user_frame)."""
+        code, lasti = user_frame(hint)
+        rec = Record(kind, group, op, code, lasti)
+        rec.id = n = next(self._ids)
+        self._ring[n % self.capacity] = rec
+        return rec
+
+    def finished(self, rec: Record, error: BaseException | None) -> None:
+        """Stamp ``rec`` finished and tell the listeners; never raises."""
+        if error is None and not self.listeners:
+            rec.finished = _now()
+            return
+        rec.finish(error)
+        for listener in self.listeners:
+            try:
+                listener(rec)
+            except Exception:  # observing must never break the operation
+                pass
+
+    def records(self) -> list[Record]:
+        """The records in the ring, oldest first (a copy: later writes do not show)."""
+        ring = list(self._ring)
+        present = [r for r in ring if r is not None]
+        present.sort(key=lambda r: r.id)
+        return present
+
+    def dump(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The ring as a JSON-serialisable dict (format: docs/observability.md)."""
+        wall, mono = time.time_ns(), _now()
+        records = self.records()
+        first = records[0].id if records else 0
+        out: dict[str, Any] = {
+            "format": FORMAT, "version": VERSION,
+            "rank": _env_int("RANK"), "world_size": _env_int("WORLD_SIZE"),
+            "local_rank": _env_int("LOCAL_RANK"), "pid": os.getpid(),
+            "host": socket.gethostname(), "capacity": self.capacity,
+            "dropped": first, "dumped_at_ns": wall,
+            "entries": [to_dict(r, wall - mono) for r in records],
+        }
+        if extra:
+            out.update(extra)
+        return out
+
+
+def _env_int(name: str) -> int:
+    try:
+        return int(os.environ.get(name, "-1"))
+    except ValueError:
+        return -1
+
+
+def _wall(stamp: int, offset: int) -> int | None:
+    return stamp + offset if stamp else None
+
+
+def to_dict(rec: Record, offset: int) -> dict[str, Any]:
+    """One record as the dump writes it (``offset`` turns monotonic stamps into Unix ns)."""
+    call = rec.call
+    entry: dict[str, Any] = {
+        "id": rec.id, "kind": rec.kind, "group": rec.group, "op": rec.op, "seq": rec.seq,
+        "state": rec.state,
+        "site": (f"{rec.code.co_filename}:{line_of(rec.code, rec.lasti)}"
+                 if rec.code is not None else None),
+        "function": rec.code.co_name if rec.code is not None else None,
+        "enqueued_ns": _wall(rec.enqueued, offset), "started_ns": _wall(rec.started, offset),
+        "finished_ns": _wall(rec.finished, offset),
+        "nbytes": rec.nbytes,
+    }
+    if rec.peer != -1:
+        entry["peer"] = rec.peer
+    if rec.detail:
+        entry["detail"] = rec.detail
+    if call is not None:
+        entry["call"] = {"op": call.op, "seq": call.seq,
+                         "dtype": None if call.dtype is None else str(call.dtype)[6:],
+                         "redop": None if call.redop is None else call.redop.name,
+                         "root": call.root, "nbytes": call.nbytes}
+        if entry["nbytes"] < 0:
+            entry["nbytes"] = call.nbytes
+    if rec.route is not None:
+        try:
+            entry["transport"], entry["algorithm"] = rec.route(rec)
+        except Exception:
+            entry["transport"], entry["algorithm"] = None, None
+    if rec.error:
+        entry["error"] = rec.error
+    return entry
+
+
+RECORDER = FlightRecorder()
+
+__all__ = ["COLLECTIVE", "FORMAT", "P2P", "RECORDER", "RPC", "VERSION", "FlightRecorder",
+           "Record", "line_of", "to_dict", "user_frame"]

@@ -1,0 +1,86 @@
+"""Rank-side code of tests/integration/test_flight_recorder.py."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+import ringtorch.distributed as dist
+import ringtorch.distributed.rpc as rpc
+from ringtorch.distributed import flight_recorder
+
+
+def _line_of(marker: str) -> int:
+    """The line of this file holding ``marker`` (so the test does not hard-code numbers)."""
+    lines = inspect.getsource(inspect.getmodule(_line_of)).splitlines()
+    return next(i for i, text in enumerate(lines, 1) if marker in text and "_line_of" not in text)
+
+
+def mixed_operations(rank: int, ws: int, transport: str) -> dict[str, Any]:
+    """A few collectives, an async one, a p2p pair and a failing call; then the dump."""
+    dist.init_process_group("gloo")
+    dist.all_reduce(torch.ones(256))  # site: all_reduce
+    dist.broadcast(torch.zeros(3, dtype=torch.int64), src=1)  # site: broadcast
+    work = dist.all_gather_into_tensor(torch.zeros(2 * ws), torch.ones(2), async_op=True)
+    work.wait()
+    if rank == 0:
+        dist.send(torch.ones(5), dst=1)  # site: send
+    elif rank == 1:
+        dist.recv(torch.zeros(5), src=0)  # site: recv
+    dist.barrier()
+    record = flight_recorder.dump()
+    dist.destroy_process_group()
+    return {"record": record, "lines": {name: _line_of(f"# site: {name}") for name in
+                                        ("all_reduce", "broadcast", "send", "recv")},
+            "file": __file__}
+
+
+def capacity_bound(rank: int, ws: int, capacity: int, calls: int) -> dict[str, Any]:
+    """More calls than the ring holds: only the last ``capacity`` stay."""
+    flight_recorder.reset(capacity)
+    dist.init_process_group("gloo")
+    for _ in range(calls):
+        dist.all_reduce(torch.ones(1))
+    record = flight_recorder.dump()
+    dist.destroy_process_group()
+    return record
+
+
+def failed_collective(rank: int, ws: int) -> dict[str, Any]:
+    """Rank 1 calls a different collective at the same sequence number: both fail."""
+    dist.init_process_group("gloo")
+    try:
+        if rank == 0:
+            dist.all_reduce(torch.ones(4))
+        else:
+            dist.broadcast(torch.ones(4), src=0)
+    except dist.DistError:
+        pass
+    return flight_recorder.dump()
+
+
+def rpc_calls(rank: int, ws: int) -> dict[str, Any] | None:
+    """Worker 0 calls worker 1 three ways; one call raises on the callee."""
+    rpc.init_rpc(f"w{rank}", rank=rank, world_size=ws)
+    record = None
+    if rank == 0:
+        rpc.rpc_sync("w1", torch.add, args=(torch.ones(2), 1))
+        rpc.rpc_async("w1", torch.mul, args=(torch.ones(2), 3)).wait()
+        rpc.remote("w1", torch.ones, args=(2,)).to_here()
+        try:
+            rpc.rpc_sync("w1", int, args=("not a number",))
+        except ValueError:
+            pass
+        record = flight_recorder.dump()
+    rpc.shutdown()
+    return record
+
+
+def recorder_off(rank: int, ws: int) -> dict[str, Any]:
+    dist.init_process_group("gloo")
+    dist.all_reduce(torch.ones(4))
+    record = flight_recorder.dump()
+    dist.destroy_process_group()
+    return {"enabled": flight_recorder.enabled(), "entries": record["entries"]}
