@@ -164,6 +164,11 @@ FLIGHT_RECORDER = _knob(
     "how many of its last operations (collectives, point-to-point, RPC calls) each process's "
     "flight recorder keeps, with their call sites, timestamps and outcome; 0 turns it off",
 )
+OBSERVE_DIR = _knob(
+    "RINGTORCH_OBSERVE_DIR", "", str,
+    "set by ringrun for its workers: the folder where each rank writes what the launcher "
+    "merges (flight records, stacks, trace events, statistics); empty: the rank keeps them",
+)
 SPIN_US = _knob(
     "RINGTORCH_SPIN_US", 50, int,
     "microseconds a collective receive polls its socket before blocking (a blocking wake-up "

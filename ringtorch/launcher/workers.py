@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from string import Template
 from typing import IO
 
+from ringtorch import _config
 from ringtorch._workers import (
     ERROR_FILE_ENV,
     JOB_MARK_VAR,
@@ -125,6 +126,10 @@ class LocalWorkerGroup:
         self.failures: dict[int, WorkerFailure] = {}
         self._copiers: list[LineCopier] = []
         self._guardian = guardian
+        # Where the workers drop what they see of themselves (flight records, stacks,
+        # traces, statistics) for the launcher to merge: one folder per attempt.
+        self.observe_dir = os.path.join(attempt_dir, "observe")
+        os.makedirs(self.observe_dir, exist_ok=True)
 
     def start(self) -> None:
         """Start one worker per local rank (raises WorkerStartError if the program is missing)."""
@@ -140,6 +145,7 @@ class LocalWorkerGroup:
                          self.restart_count, error_file)
         if self._guardian is not None:  # how the guardian finds what escaped the groups
             env[JOB_MARK_VAR] = self._guardian.mark
+        env[_config.OBSERVE_DIR.name] = self.observe_dir
         targets, copiers = [], []
         for stream, console, name in ((Std.OUT, self.consoles[0], "stdout"),
                                       (Std.ERR, self.consoles[1], "stderr")):
