@@ -176,7 +176,9 @@ class FlightRecorder:
         code, lasti = user_frame(hint)
         rec = Record(kind, group, op, code, lasti)
         rec.id = n = next(self._ids)
-        self._ring[n % self.capacity] = rec
+        ring = self._ring  # one read: a concurrent configure() swaps the whole ring
+        if ring:
+            ring[n % len(ring)] = rec
         return rec
 
     def finished(self, rec: Record, error: BaseException | None) -> None:

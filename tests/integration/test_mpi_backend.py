@@ -208,6 +208,13 @@ def test_init_process_group_takes_rank_and_size_from_mpi_and_warns_about_given_o
         assert _case(world, "facade/identity")[rank]["out"] == (rank, n, "mpi", True)
 
 
+def test_facade_collectives_are_in_the_flight_record(world: list[dict]) -> None:
+    for r in _case(world, "facade/flight_record"):
+        assert r["out"]["op"] == "allreduce" and r["out"]["state"] == "completed"
+        assert r["out"]["call"]["dtype"] == "float64" and r["out"]["call"]["nbytes"] == 48
+        assert (r["out"]["transport"], r["out"]["algorithm"]) == ("mpi", "the MPI library's")
+
+
 def test_facade_subgroups_reduce_over_their_members_only(world: list[dict]) -> None:
     n = len(world)
     members = list(range(n - 1, -1, -2))

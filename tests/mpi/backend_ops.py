@@ -232,6 +232,15 @@ def facade_cases(w: Ranks) -> None:
         return {"out": t.tolist(), "member": g != dist.GroupMember.NON_GROUP_MEMBER}
     w.record("facade/subgroup", subgroup)
 
+    def flight_record() -> dict:
+        from ringtorch.distributed import flight_recorder
+
+        dist.all_reduce(torch.ones(6, dtype=torch.float64))
+        last = flight_recorder.dump()["entries"][-1]
+        return {"out": {k: last.get(k) for k in ("op", "state", "call", "transport",
+                                                  "algorithm")}}
+    w.record("facade/flight_record", flight_record)
+
     def ring_isend_irecv() -> dict:
         mine = torch.full((300_000,), float(w.rank))          # large: past every eager limit
         got = torch.full((300_000,), -1.0)

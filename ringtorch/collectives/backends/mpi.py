@@ -106,6 +106,11 @@ def _user_op(MPI: Any, kind: RedOpType, dtype: torch.dtype) -> Any:
     return _user_ops[key]
 
 
+
+def _mpi_route(record: Any) -> tuple[str, str]:
+    """What a recorded collective travelled by: MPI's own choice, which MPI does not say."""
+    return "mpi", "the MPI library's"
+
 class MpiBackend(Backend):
     """One group's operations on its own MPI communicator. See base class."""
 
@@ -221,7 +226,8 @@ class MpiBackend(Backend):
         """Rule 4: every rank is at the same collective with the same arguments, or all raise
         (the fields left out are not compared)."""
         self._enter(name)
-        if not self._check:
+        rec = self.record
+        if not self._check and rec is None:
             return
         key = (name, dtype, redop, root)
         found = self._agreements.get(key)
@@ -229,6 +235,10 @@ class MpiBackend(Backend):
             sig = self._calls.signature(name, dtype, redop, root)
             found = self._agreements[key] = (sig, agreement_fields(sig))
         sig, (kind, red, code, root) = found
+        if rec is not None and rec.seq == seq and rec.call is None:  # the flight recorder's
+            rec.call, rec.route = new_call(sig, seq, nbytes, deadline), _mpi_route
+        if not self._check:
+            return
         record = AGREEMENT.pack(seq, kind, red, code, nbytes, root)  # call.agreement_record
         self._collective(name, deadline, "Allgather", [record, self._mpi.BYTE],
                          [self._records, self._mpi.BYTE])
