@@ -110,3 +110,18 @@ def test_a_partition_at_world_4_fails_every_rank_naming_the_hosts_cut_off():
                 rf"process may still be running\); ranks \[{cut[0]}, {cut[1]}\] on that host "
                 rf"are cut off", report["message"]), report["message"]
 
+
+def test_a_partition_fails_rpc_calls_both_ways_naming_the_worker_and_its_host():
+    with TwoHosts() as hosts:
+        reports = _run(hosts, "rpc", 2, "partition")
+        for rank, report in enumerate(reports):
+            _assert_network_error(rank, report)
+            assert report["type"] == "RpcPeerUnreachableError", report
+            peer = 1 - rank
+            assert re.fullmatch(
+                rf"RPC to worker 'worker{peer}' \(rank {peer}\) on host "
+                rf"{re.escape(hosts.addresses[peer])} failed: the worker is unreachable from "
+                rf"worker 'worker{rank}' \(rank {rank}\): {UNREACHABLE}; the network to its host "
+                rf"failed or the host is down \(the worker may still be running\); call: "
+                rf".*add on worker 'worker{peer}' \(rank {peer}\)", report["message"]), \
+                report["message"]
