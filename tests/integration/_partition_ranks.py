@@ -1,10 +1,12 @@
 """Rank programs of tests/integration/test_partition.py, run inside the two-host harness.
 
-``python _partition_ranks.py all_reduce|rpc`` (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from
-the environment) loops on its workload and prints one JSON line per event on stdout:
-``{"event": "looping"}`` once the loop runs, then ``{"event": "error", ...}`` with the
+``python _partition_ranks.py all_reduce|rpc|store_client`` (RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT from the environment) loops on its workload and prints one JSON line per event on
+stdout: ``{"event": "looping"}`` once the loop runs, then ``{"event": "error", ...}`` with the
 exception's class, its base classes, its message and the wall-clock time it was raised, and
-``{"event": "exited"}`` once the group or the RPC agent is shut down.
+``{"event": "exited"}`` once the group, the RPC agent or the store client is shut down (the
+store client first reports its next request's error as ``{"event": "again", ...}``).
+``store_server`` serves a TCPStore on MASTER_ADDR:MASTER_PORT until its stdin closes.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
 
 import torch
 
@@ -29,8 +33,12 @@ def _loop(step: Callable[[], None]) -> None:
         while True:
             step()
     except Exception as exc:
-        _say(event="error", type=type(exc).__name__,
-             bases=[c.__name__ for c in type(exc).__mro__], message=str(exc), at=time.time())
+        _report("error", exc)
+
+
+def _report(event: str, exc: BaseException) -> None:
+    _say(event=event, type=type(exc).__name__, bases=[c.__name__ for c in type(exc).__mro__],
+         message=str(exc), at=time.time())
 
 
 def all_reduce_loop() -> None:
@@ -55,5 +63,31 @@ def rpc_loop() -> None:
     _say(event="exited")
 
 
+def _store(is_master: bool) -> object:
+    from ringtorch.store import TCPStore
+
+    return TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, is_master,
+                    timedelta(seconds=60), wait_for_workers=False)
+
+
+def store_server() -> None:
+    store = _store(True)
+    _say(event="serving")
+    sys.stdin.read()
+    store.close()  # type: ignore[attr-defined]
+
+
+def store_client() -> None:
+    store: Any = _store(False)
+    _loop(lambda: store.add("n", 1))
+    try:
+        store.add("n", 1)
+    except Exception as exc:
+        _report("again", exc)
+    store.close()
+    _say(event="exited")
+
+
 if __name__ == "__main__":
-    {"all_reduce": all_reduce_loop, "rpc": rpc_loop}[sys.argv[1]]()
+    {"all_reduce": all_reduce_loop, "rpc": rpc_loop, "store_client": store_client,
+     "store_server": store_server}[sys.argv[1]]()

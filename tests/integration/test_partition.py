@@ -125,3 +125,39 @@ def test_a_partition_fails_rpc_calls_both_ways_naming_the_worker_and_its_host():
                 rf"failed or the host is down \(the worker may still be running\); call: "
                 rf".*add on worker 'worker{peer}' \(rank {peer}\)", report["message"]), \
                 report["message"]
+
+
+def test_a_partition_from_the_store_host_fails_a_store_client_naming_host_and_port():
+    with TwoHosts() as hosts:
+        env = {"MASTER_ADDR": hosts.addresses[0], "MASTER_PORT": "29500",
+               "RINGTORCH_TCP_USER_TIMEOUT_MS": str(HORIZON_MS), "RINGTORCH_SECRET": "s" * 32}
+        # the server would linger for its client, whose goodbye the cut swallows
+        server = hosts.run(0, [sys.executable, RANKS, "store_server"],
+                           {**env, "RINGTORCH_STORE_LINGER_S": "0"},
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert _line(server, 60) == {"event": "serving"}
+        client = hosts.run(1, [sys.executable, RANKS, "store_client"], env,
+                           stdout=subprocess.PIPE)
+        assert _line(client, 60) == {"event": "looping"}
+        cut_at = time.time()
+        hosts.partition()
+        report = _line(client, BOUND_S + 10)
+        assert report["event"] == "error", report
+        _assert_network_error(0, {**report, "after": report["at"] - cut_at})
+        store = rf"TCPStore {re.escape(hosts.addresses[0])}:29500"
+        assert re.fullmatch(
+            rf"{store} is unreachable: {UNREACHABLE}; the network to the store's host failed or "
+            rf"that host is down \(the server, on rank 0, may still be running\)",
+            report["message"]), report["message"]
+        # the next request tries to connect again, briefly, and says the cut is still there
+        again = _line(client, 30)
+        assert again["event"] == "again" and again["type"] == "DistNetworkError", again
+        assert re.fullmatch(
+            rf"lost the connection to {store} \({store} is unreachable: {UNREACHABLE}\) and "
+            rf"could not connect again within 1 s: the network to the store's host is still "
+            rf"cut", again["message"]), again["message"]
+        assert _line(client, 30) == {"event": "exited"}
+        assert client.wait(timeout=30) == 0
+        server.stdin.close()  # type: ignore[union-attr]
+        assert server.wait(timeout=30) == 0
+        assert hosts.pids(0) == [] and hosts.pids(1) == [], "a process outlived its job"
