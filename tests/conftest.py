@@ -3,6 +3,10 @@
 A skipped test is a test that did not run; on this project's machines every test can run, so
 a skip fails the session (set RINGTORCH_ALLOW_SKIPS=1 to look at a partial run locally).
 
+Tests marked ``netns`` need two network namespaces (ringtorch.testing.netns). Where they
+cannot be made (not root, no iproute2) those tests are deselected, never passed or skipped,
+and the summary says how many and why.
+
 Processes without RINGTORCH_SECRET use the per-user secret file; the suite points it
 (RINGTORCH_SECRET_FILE, inherited by every process a test starts) at a file of its own, so it
 never creates or reads the user's ~/.config/ringtorch/secret.
@@ -20,6 +24,24 @@ _secret_dir = tempfile.mkdtemp(prefix="ringtorch-tests-")
 os.environ.setdefault("RINGTORCH_SECRET_FILE", os.path.join(_secret_dir, "secret"))
 
 _skipped: list[str] = []
+_netns_deselected: list[str] = []
+_netns_reason: list[str] = []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    needing = [item for item in items if item.get_closest_marker("netns")]
+    if not needing:
+        return
+    from ringtorch.testing.netns import available, sweep_stale
+
+    ok, reason = available()
+    if ok:
+        sweep_stale()
+        return
+    _netns_reason.append(reason)
+    _netns_deselected.extend(item.nodeid for item in needing)
+    config.hook.pytest_deselected(items=needing)
+    items[:] = [item for item in items if not item.get_closest_marker("netns")]
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -34,6 +56,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # type: ignore[no-untyped-def]
+    if _netns_deselected:
+        terminalreporter.write_line(
+            f"DESELECTED {len(_netns_deselected)} test(s) marked netns: {_netns_reason[0]}",
+            yellow=True)
     if _skipped and not os.environ.get("RINGTORCH_ALLOW_SKIPS"):
         terminalreporter.write_line(
             f"FAILED: {len(_skipped)} test(s) were skipped; no test may be skipped here: "
