@@ -5,6 +5,7 @@ made (the store key the reporting rank sets), so nothing here sleeps for a fixed
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 from datetime import timedelta
@@ -92,3 +93,19 @@ def waits_on_rpc(rank: int, ws: int, ready: str, done: str) -> int:
         result = rpc.rpc_sync("worker1", slow_callee, args=(ready, done))
     rpc.shutdown()
     return result
+
+
+def holds_the_gil_in_c(rank: int, ws: int, culprit: int, fifo: str) -> str:
+    """``culprit`` blocks in read(2) called WITH the GIL held (ctypes.PyDLL does not release
+    it): no thread of it can run Python, so only faulthandler's signal handler can give its
+    stacks. The test writes a byte into ``fifo`` once the report exists."""
+    dist.init_process_group("gloo", timeout=TIMEOUT)
+    dist.all_reduce(torch.ones(64))
+    if rank == culprit:
+        fd = os.open(fifo, os.O_RDWR)  # read/write: neither open nor read sees an EOF
+        buf = ctypes.create_string_buffer(1)
+        while ctypes.PyDLL(None).read(fd, buf, 1) != 1:  # the hang under test
+            pass  # interrupted by the stacks signal: read again
+        os.close(fd)
+        return "held"
+    return _others(rank)

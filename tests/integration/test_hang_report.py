@@ -92,6 +92,30 @@ def test_a_rank_stuck_in_a_python_loop_is_named_with_its_loop() -> None:
     assert loop[0] in report or loop[1] in report, report
 
 
+def test_a_rank_holding_the_gil_in_c_gives_its_stacks_by_signal(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    results: list[object] = []
+    job = threading.Thread(target=lambda: results.extend(run_ranks(
+        ranks.holds_the_gil_in_c, 3, args=(2, str(fifo)), timeout=60,
+        env={"RINGTORCH_OBSERVE_DIR": str(tmp_path)})))
+    job.start()
+    try:
+        deadline = time.monotonic() + 40
+        while not list(tmp_path.glob("hang-report-*.txt")):
+            assert time.monotonic() < deadline, "no hang report"
+            time.sleep(0.05)
+    finally:
+        with open(fifo, "wb") as f:
+            f.write(b"x")
+        job.join(60)
+    assert results[2] == "held"
+    report = _report_of([r for r in results[:2]])  # type: ignore[misc]
+    assert "rank 2: did not answer within 3 s; stacks by SIGUSR1\n" in report, report
+    assert "everybody waits for: ranks [2]\n" in report, report
+    assert _frame(ranks.holds_the_gil_in_c, "ctypes.PyDLL(None).read") in report, report
+
+
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_a_rank_that_calls_another_collective_is_reported_as_a_mismatch(world_size: int) -> None:
     culprit = world_size - 1
