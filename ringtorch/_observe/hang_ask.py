@@ -2,9 +2,9 @@
 
 At initialisation each rank publishes where it runs (``ringtorch/hang/info/<rank>``: host,
 pid, main thread, stacks file) and starts one daemon thread, the responder, blocked on the
-store for the next request (``ringtorch/hang/request/<n>``). An asker (the rank whose
-collective timed out, ringrun, ``python -m ringtorch.distributed.debug``) bumps the request
-counter, publishes the request and waits a bounded time for the answers
+store for the next request addressed to it (``ringtorch/hang/ask/<epoch>/<rank>/<k>``). An
+asker (the rank whose collective timed out, ringrun, ``python -m ringtorch.distributed.debug``)
+takes a request number, hands the request to every rank and waits a bounded time for the answers
 (``ringtorch/hang/answer/<n>/<rank>``: the flight record and the stacks of every thread). A rank
 on the asker's host that does not answer in time (its main thread holds the GIL in C code,
 say) is sent SIGUSR1: faulthandler, registered at initialisation, writes its stacks into its
@@ -88,6 +88,7 @@ class HangState:
         self._stacks: IO[str] | None = None
         self._stop = threading.Event()
         self._listener: Any = None
+        self._responder: threading.Thread | None = None
 
     # -- the rank's side --------------------------------------------------------------------
 
@@ -114,7 +115,6 @@ class HangState:
 
     def _install(self, store: Any, rank: int, world_size: int) -> None:
         self.store, self.rank, self.world_size = store, rank, world_size
-        self._stop.clear()
         self.epoch = store.add(key("installs", rank), 1)
         folder = _config.OBSERVE_DIR.get()
         if folder:
@@ -125,7 +125,8 @@ class HangState:
         else:  # a file without a name (nothing to clean up), read through /proc by askers
             self._stacks = tempfile.TemporaryFile("a+")
             self.stacks_path = f"/proc/{os.getpid()}/fd/{self._stacks.fileno()}"
-        self._info = {"rank": rank, "world_size": world_size, "host": socket.gethostname(),
+        self._info = {"rank": rank, "epoch": self.epoch, "world_size": world_size,
+                      "host": socket.gethostname(),
                       "pid": os.getpid(), "main_thread": thread_id(threading.main_thread().ident),
                       "stacks_file": self.stacks_path, "observe_dir": folder}
         self._stacks.write(stacks_header(rank, self._info))
@@ -135,8 +136,11 @@ class HangState:
                               chain=callable(previous))
         self._listener = store.clone()
         self._publish()
-        threading.Thread(target=self._respond, args=(self._listener,), daemon=True,
-                         name="ringtorch-hang-responder").start()
+        self._stop = threading.Event()  # this installation's own (an old responder keeps its)
+        self._responder = threading.Thread(
+            target=self._respond, args=(self._listener, self.rank, self.epoch, self._stop),
+            daemon=True, name="ringtorch-hang-responder")
+        self._responder.start()
 
     def _publish(self) -> None:
         """Tell askers where this rank runs (and its RPC name, once known)."""
@@ -149,6 +153,13 @@ class HangState:
         """Stop taking part (destroy_process_group): the responder ends, the signal is
         given back."""
         self._stop.set()
+        if self.store is not None and self._responder is not None:
+            try:  # wake the responder with a request of its own, then let it go
+                poke(self.store, self.epoch, self.rank, {"stop": True})
+                self._responder.join(1.0)
+            except Exception:
+                pass
+        self._responder = None
         if self._stacks is not None:
             try:
                 faulthandler.unregister(SIGNAL)
@@ -158,28 +169,30 @@ class HangState:
         listener, self._listener, self._stacks, self.store = self._listener, None, None, None
         if listener is not None:
             try:
-                listener.close()  # wakes the responder's wait
+                listener.close()
             except Exception:
                 pass
 
-    def _respond(self, store: Any) -> None:
-        """The responder: answer each request until uninstalled or the store is gone."""
-        try:
-            seen = store.add(key("requests"), 0)
-        except Exception:
-            return
-        while not self._stop.is_set():
+    def _respond(self, store: Any, rank: int, epoch: int, stop: threading.Event) -> None:
+        """The responder: answer each request addressed to this rank (``ask/<epoch>/<rank>/
+        <k>``, k = 1, 2, ...) until uninstalled or the store is gone."""
+        seen = 0
+        while not stop.is_set():
+            wanted = key("ask", epoch, rank, seen + 1)
             try:
-                store.wait([key("request", seen + 1)], timedelta(seconds=_POLL_S))
+                store.wait([wanted], timedelta(seconds=_POLL_S))
+                request = json.loads(store.get(wanted))
             except Exception:
-                if self._stop.is_set() or not _alive(store):
+                if stop.is_set() or not _alive(store):
                     return
                 continue
             seen += 1
+            if stop.is_set() or request.get("stop"):
+                return
             try:
-                store.set(key("answer", seen, self.rank), json.dumps(self.answer()))
+                store.set(key("answer", request["n"], rank), json.dumps(self.answer()))
             except Exception as exc:  # e.g. the store went away meanwhile
-                log.debug("could not answer hang-report request %d: %s", seen, exc)
+                log.debug("could not answer hang-report request %s: %s", request, exc)
 
     def answer(self) -> dict[str, Any]:
         """This rank's answer: its flight record and the stacks of all its threads (also
@@ -288,7 +301,8 @@ def ask(store: Any, world_size: int, reason: str, wait_s: float) -> list[Answer]
         if store.check([key("info", rank)]):
             infos[rank] = json.loads(store.get(key("info", rank)))
     n = store.add(key("requests"), 1)
-    store.set(key("request", n), json.dumps({"reason": reason, "pid": os.getpid()}))
+    for rank, info in infos.items():
+        poke(store, info["epoch"], rank, {"n": n, "reason": reason, "pid": os.getpid()})
     deadline = time.monotonic() + wait_s
     answers: dict[int, dict[str, Any]] = {}
     for rank in infos:
@@ -317,6 +331,14 @@ def ask(store: Any, world_size: int, reason: str, wait_s: float) -> list[Answer]
     return out
 
 
+def poke(store: Any, epoch: int, rank: int, request: dict[str, Any]) -> None:
+    """Hand ``request`` to the responder of ``rank`` (installation ``epoch``): its next
+    numbered request key (one counter per rank, so no responder ever waits on a number that
+    was handed to the others only)."""
+    k = store.add(key("asked", epoch, rank), 1)
+    store.set(key("ask", epoch, rank, k), json.dumps(request))
+
+
 def signal_stacks(pid: int, path: str, wait_s: float = 1.0) -> str:
     """Send SIGUSR1 to ``pid`` (registered with faulthandler on ``path``) and return the
     stacks it appends there; "" if nothing came within ``wait_s``."""
@@ -342,5 +364,5 @@ def signal_stacks(pid: int, path: str, wait_s: float = 1.0) -> str:
 
 HANG = HangState()
 
-__all__ = ["HANG", "HangState", "ask", "is_hang", "key", "parse_header", "save_report",
+__all__ = ["HANG", "HangState", "ask", "is_hang", "key", "parse_header", "poke", "save_report",
            "signal_stacks", "stacks_header", "thread_id"]
