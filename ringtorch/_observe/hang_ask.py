@@ -23,6 +23,7 @@ import faulthandler
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import tempfile
@@ -249,8 +250,11 @@ class HangState:
         try:
             answers = ask(store, self.world_size, reason, wait_s)
             text = format_report(analyse(answers, self.world_size, reason))
-            path = save_report(text, _config.OBSERVE_DIR.get() or tempfile.gettempdir(),
-                               f"rank{self.rank}")
+            # in the temporary folder, which outlives ringrun's run directory (removed at the
+            # end unless --log-dir); a copy beside the other ranks' files when there is one
+            path = save_report(text, tempfile.gettempdir(), f"rank{self.rank}")
+            if _config.OBSERVE_DIR.get():
+                shutil.copy(path, _config.OBSERVE_DIR.get())
             log.error("%s(saved in %s)", text, path)
         except Exception as exc:
             path = f"(none: {exc})"

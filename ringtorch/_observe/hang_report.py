@@ -222,7 +222,7 @@ def _group_verdict(name: str, members: list[int], seen: dict[int, dict[int, dict
             positions[rank] = f"done with {_describe(last)}{_site(last)}; not in a collective"
         else:
             positions[rank] = f"in {_describe(last)}, {last['state']}{_site(last)}"
-    mismatches, diverge, late, waiting, op = [], None, [], [], ""
+    mismatches, diverge, late, waiting, failed, op = [], None, [], [], [], ""
     all_seqs = sorted({s for r in known for s in seen.get(r, {})})
     for seq in all_seqs:
         here = {r: seen.get(r, {}).get(seq) for r in known}
@@ -238,10 +238,13 @@ def _group_verdict(name: str, members: list[int], seen: dict[int, dict[int, dict
         if diverge is None and (absent or len(kinds) > 1 or unfinished):
             diverge = seq
             late = absent
-            waiting = [r for r in present if present[r]["state"] != "completed"]
-            op = _describe(next(iter(present.values())))
+            waiting = [r for r in present if present[r]["state"] in ("queued", "running")]
+            failed = [r for r in present if present[r]["state"] == "failed"]
+            op = (f"#{seq}: the ranks called different collectives" if len(kinds) > 1
+                  else _describe(next(iter(present.values()))))
     return {"ranks": members, "positions": positions, "diverge_seq": diverge,
-            "diverge_op": op, "late": late, "waiting": waiting, "mismatches": mismatches}
+            "diverge_op": op, "late": late, "waiting": waiting, "failed": failed,
+            "mismatches": mismatches}
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -265,6 +268,8 @@ def format_report(facts: dict[str, Any]) -> str:
                 text += f": ranks [{_ranks(group['late'])}] did not arrive"
             if group["waiting"]:
                 text += f"; ranks [{_ranks(group['waiting'])}] are waiting in it"
+            if group["failed"]:
+                text += f"; ranks [{_ranks(group['failed'])}] failed in it"
             lines.append(text)
         else:
             lines.append("  every rank is in step")

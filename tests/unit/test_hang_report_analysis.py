@@ -68,9 +68,12 @@ def test_different_ops_at_one_sequence_number_are_a_mismatch() -> None:
     assert facts["mismatches"] == [{"group": "0", "seq": 1, "calls": {
         0: "allreduce #1 (64 bytes, float32) at /job/train.py:10",
         1: "broadcast #1 (32 bytes, float32) at /job/t.py:9"}}]
+    text = format_report(facts)
+    assert ("  first divergence: #1: the ranks called different collectives; ranks [0, 1] "
+            "failed in it\n") in text
     assert ("MISMATCH on group '0' at #1: rank 0 called allreduce #1 (64 bytes, float32) at "
             "/job/train.py:10; rank 1 called broadcast #1 (32 bytes, float32) at /job/t.py:9\n"
-            ) in format_report(facts)
+            ) in text
 
 
 def test_same_op_with_different_sizes_is_a_mismatch_too() -> None:
