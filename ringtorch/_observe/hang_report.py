@@ -10,12 +10,17 @@ The rule this module keeps: a report states only what the dumps show. A rank tha
 answer is named as such, never guessed at, and every claim ("rank 2 did not arrive at
 allreduce #5") comes from a record some rank wrote.
 
-Example::
+Example (rank 0 is in all_reduce #0, rank 1 never called it)::
 
     from ringtorch._observe.hang_report import Answer, analyse, format_report
 
-    answers = [Answer(rank=0, flight=dump0, stacks=text0), Answer(rank=1, flight=None)]
-    print(format_report(analyse(answers, world_size=2, reason="on demand")))
+    entry = {"kind": "collective", "group": "0", "op": "allreduce", "seq": 0,
+             "state": "running", "nbytes": 64}
+    answers = [Answer(0, {"entries": [entry], "groups": {"0": {"ranks": [0, 1]}}}),
+               Answer(1, {"entries": [], "groups": {}})]
+    print(format_report(analyse(answers, world_size=2, reason="example")))
+    # ... first divergence: allreduce #0 (64 bytes): ranks [1] did not arrive; ...
+    # everybody waits for: ranks [1]
 """
 
 from __future__ import annotations

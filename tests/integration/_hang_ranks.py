@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 import time
 from datetime import timedelta
 
@@ -109,3 +110,17 @@ def holds_the_gil_in_c(rank: int, ws: int, culprit: int, fifo: str) -> str:
         os.close(fd)
         return "held"
     return _others(rank)
+
+
+def with_reports_off(rank: int, ws: int, marker: str) -> tuple[str, list[str]]:
+    """RINGTORCH_HANG_REPORT=0: rank 1 skips the collective until rank 0 has its error."""
+    dist.init_process_group("gloo", timeout=TIMEOUT)
+    dist.all_reduce(torch.ones(64))
+    threads = sorted(t.name for t in threading.enumerate())
+    if rank == 1:
+        while not os.path.exists(marker):
+            time.sleep(0.05)  # waits for rank 0's error, not for a fixed time
+        return "skipped", threads
+    error = _others(rank)
+    open(marker, "w").close()
+    return error, threads

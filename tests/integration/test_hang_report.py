@@ -225,3 +225,13 @@ def test_ringrun_reports_on_sigusr1_from_the_debug_command_and_again_on_sigterm(
         "flight-0.json", "flight-1.json", "flight-2.json"]
     for path in Path(tempfile.gettempdir()).glob(f"hang-report-ringrun-*-{launcher.pid}.txt"):
         path.unlink()
+
+
+def test_with_hang_reports_off_a_timeout_names_no_report_and_no_responder_runs(
+        tmp_path: Path) -> None:
+    results = run_ranks(ranks.with_reports_off, 2, args=(str(tmp_path / "marker"),),
+                        env={"RINGTORCH_HANG_REPORT": "0"}, timeout=60)
+    error, _ = results[0]
+    assert "timed out after 0:00:03" in error and "hang report" not in error, error
+    for _, threads in results:
+        assert "ringtorch-hang-responder" not in threads, threads
