@@ -92,11 +92,16 @@ def report(reason: str, observe_dir: str, pids: set[int], master: tuple[str, int
 
 
 def report_group(reason: str, group: LocalWorkerGroup, keep_files: bool) -> str | None:
-    """:func:`report` for the launcher's current worker group."""
+    """:func:`report` for the launcher's current worker group; a report that cannot be made
+    is said in one line, never raised into the launcher's loop."""
     where = group.assignment
     run_dir = os.path.dirname(group.attempt_dir) if keep_files else None
-    return report(reason, group.observe_dir, group.pids(), (where.master_addr, where.master_port),
-                  where.world_size, run_dir)
+    try:
+        return report(reason, group.observe_dir, group.pids(),
+                      (where.master_addr, where.master_port), where.world_size, run_dir)
+    except Exception as exc:
+        print(f"ringrun: no hang report: {exc}", file=sys.stderr, flush=True)
+        return None
 
 
 __all__ = ["PID_FILE", "mark_run_dir", "registered_workers", "report", "report_group"]
