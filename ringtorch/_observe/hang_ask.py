@@ -285,12 +285,19 @@ def is_hang(message: str) -> bool:
 
 
 def save_report(text: str, folder: str, who: str) -> str:
-    """Write ``text`` as a new ``hang-report-<who>-<time>.txt`` in ``folder``; its path."""
+    """Write ``text`` as a new ``hang-report-<who>-<time>[.<n>]-<pid>.txt`` in ``folder``
+    (never over an earlier report of the same second); its path."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = os.path.join(folder, f"hang-report-{who}-{stamp}-{os.getpid()}.txt")
-    with open(path, "w") as f:
-        f.write(text)
-    return path
+    for n in range(1000):
+        suffix = f".{n}" if n else ""
+        path = os.path.join(folder, f"hang-report-{who}-{stamp}{suffix}-{os.getpid()}.txt")
+        try:
+            with open(path, "x") as f:
+                f.write(text)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"too many hang reports in {folder} this second")
 
 
 # -- the asker's side ---------------------------------------------------------------------------

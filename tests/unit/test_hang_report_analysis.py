@@ -4,9 +4,17 @@ frames are worth showing. The records are written here by hand in the documented
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from ringtorch._observe.hang_ask import is_hang, parse_header, stacks_header, thread_id
+from ringtorch._observe.hang_ask import (
+    is_hang,
+    parse_header,
+    save_report,
+    stacks_header,
+    thread_id,
+)
 from ringtorch._observe.hang_report import (
     Answer,
     analyse,
@@ -158,3 +166,9 @@ def test_the_stacks_header_round_trips() -> None:
 ])
 def test_only_timeouts_and_mismatches_make_a_report(message: str, expected: bool) -> None:
     assert is_hang(message) is expected
+
+
+def test_reports_saved_within_one_second_do_not_overwrite_each_other(tmp_path: Path) -> None:
+    paths = [save_report(f"report {i}\n", str(tmp_path), "ringrun") for i in range(3)]
+    assert len(set(paths)) == 3
+    assert [Path(p).read_text() for p in paths] == ["report 0\n", "report 1\n", "report 2\n"]
