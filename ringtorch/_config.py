@@ -171,6 +171,17 @@ OBSERVE_DIR = _knob(
     "set by ringrun for its workers: the folder where each rank writes what the launcher "
     "merges (flight records, stacks, trace events, statistics); empty: the rank keeps them",
 )
+HANG_REPORT = _knob(
+    "RINGTORCH_HANG_REPORT", True, _parse_bool,
+    "each rank answers hang-report requests (a collective timing out or mismatching, ringrun "
+    "on SIGUSR1/SIGINT/SIGTERM, python -m ringtorch.distributed.debug) with its flight record "
+    "and stacks; 0 turns that off (no responder thread, no SIGUSR1 handler)",
+)
+HANG_REPORT_WAIT_S = _knob(
+    "RINGTORCH_HANG_REPORT_WAIT_S", 3.0, float,
+    "how long whoever makes a hang report waits for the ranks' answers before reporting the "
+    "silent ones as such (and asking those on its host for their stacks by SIGUSR1)",
+)
 SPIN_US = _knob(
     "RINGTORCH_SPIN_US", 50, int,
     "microseconds a collective receive polls its socket before blocking (a blocking wake-up "

@@ -19,10 +19,11 @@ import warnings
 from datetime import timedelta
 from typing import Any
 
+from ringtorch._observe.hang_ask import HANG
 from ringtorch.collectives.backends import registry
 from ringtorch.collectives.backends.base import BackendContext
 from ringtorch.collectives.process_group import ProcessGroup
-from ringtorch.distributed import _debug
+from ringtorch.distributed import _debug, flight_recorder
 from ringtorch.distributed._backend import Backend, BackendConfig
 from ringtorch.distributed._world import NON_GROUP_MEMBER, GroupMember, _world, is_non_member
 from ringtorch.store import HashStore, PrefixStore, Store
@@ -109,6 +110,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
                      store, name, timeout, "default_pg", pg_options, str(config))
     _world.default_pg = pg
     _world.init_method = init_method
+    HANG.install(store.underlying_store, rank, world_size, flight_recorder.dump)  # hang reports
     _install_excepthook(rank)
     if os.environ.get("TORCH_DIST_INIT_BARRIER", "0") == "1":
         _store_based_barrier(rank, store, name, world_size, timeout)
@@ -223,6 +225,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
                            if _world.pg_names[g].isdigit() else -1, reverse=True):
             each.shutdown()
         _world.reset()
+        HANG.uninstall()
     else:
         pg.shutdown()
         _world.forget(pg)

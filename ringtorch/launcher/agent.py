@@ -16,6 +16,7 @@ stops every worker before the launcher exits; the launcher adopts orphaned desce
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -29,6 +30,7 @@ from typing import Any
 from ringtorch import _config
 from ringtorch._wire.shm import sweep_stale_segments
 from ringtorch._workers import Guardian, WorkerStartError, become_subreaper, reap_adopted
+from ringtorch.launcher import hang
 from ringtorch.launcher.config import LaunchConfig
 from ringtorch.launcher.decisions import Action, Observation, decide, group_state
 from ringtorch.launcher.handlers import RendezvousGracefulExitError
@@ -68,6 +70,7 @@ class Agent:
         self._keep_files = False
         self._guardian: Guardian | None = None
         self._in_rendezvous = False
+        self._report_asked = False  # SIGUSR1: make a hang report (launcher/hang.py)
 
     # -- signals ---------------------------------------------------------------------------
 
@@ -87,6 +90,9 @@ class Agent:
                 self._saved_handlers[sig] = signal.signal(sig, self._on_signal)
             except (OSError, ValueError):  # not the main thread, or an uncatchable signal
                 pass
+        with contextlib.suppress(ValueError):  # SIGUSR1 asks for a hang report (main thread only)
+            self._saved_handlers[signal.SIGUSR1] = signal.signal(
+                signal.SIGUSR1, lambda signum, frame: setattr(self, "_report_asked", True))
 
     def _restore_signal_handlers(self) -> None:
         for sig, handler in self._saved_handlers.items():
@@ -105,6 +111,7 @@ class Agent:
         guardian = self._guardian = Guardian()  # first: it must hold none of the fds below
         self._install_signal_handlers()
         run_dir, keep = self._make_run_dir()
+        hang.mark_run_dir(run_dir)
         self._keep_files = keep
         try:
             with _config.override(SECRET=self.config.secret):
@@ -223,6 +230,9 @@ class Agent:
     def _watch(self, group: LocalWorkerGroup) -> Action:
         while True:
             group.wait(self.config.monitor_interval)
+            if self._report_asked:
+                self._report_asked = False
+                hang.report_group("ringrun received SIGUSR1", group, self._keep_files)
             codes = group.exit_codes()
             action = decide(Observation(
                 group=group_state(codes), remaining_restarts=self.remaining_restarts,
@@ -243,6 +253,8 @@ class Agent:
         name = signal.Signals(sig).name
         running = 0 if self._group is None else sum(
             1 for code in self._group.exit_codes() if code is None)
+        if self._group is not None and sig in (signal.SIGINT, signal.SIGTERM):
+            hang.report_group(f"ringrun received {name}", self._group, self._keep_files)
         self._stop_group(sig)
         self.rendezvous.close(f"the launcher of another node received {name}")
         say(f"received {name}: stopped {running} running worker(s)")

@@ -30,6 +30,7 @@ import torch
 from ringtorch import _config
 from ringtorch._buffers import as_bytes, typed_view
 from ringtorch._errors import DistBackendError, PeerLostError
+from ringtorch._observe.hang_ask import HANG
 from ringtorch._wire import mailbox as mb
 from ringtorch._wire.errors import DeadlineExceeded, PeerClosedError, PeerUnreachableError
 from ringtorch._wire.mesh import FrameMismatch, PeerMesh
@@ -213,6 +214,7 @@ class NativeBackend(Backend):
         self._board.running = False
         if exc is not None:
             error = self._collective_failed(exc)
+            HANG.on_collective_failure(self._words.group, error or exc)  # names its hang report
             if error is not None:
                 raise error from None
 
@@ -394,8 +396,7 @@ class NativeBackend(Backend):
         """See base class."""
         check_splits(self.rank, self.size, out, inp, out_splits, in_splits)
         size = inp.element_size()
-        call = self._calls("all_to_all", seq, inp.dtype, None, -1, inp.numel() * size,
-                           deadline)
+        call = self._calls("all_to_all", seq, inp.dtype, None, -1, inp.numel() * size, deadline)
         with self._enter(call):
             out_offsets = [0, *np.cumsum(out_splits).tolist()]
             in_offsets = [0, *np.cumsum(in_splits).tolist()]
@@ -460,8 +461,7 @@ class NativeBackend(Backend):
         if self._mailbox is None:
             raise ValueError(f"{what}: a group of one rank has nobody to receive from")
         try:
-            return self._mailbox.recv(as_bytes(buf), src, tag,  # type: ignore[arg-type]
-                                      deadline)
+            return self._mailbox.recv(as_bytes(buf), src, tag, deadline)  # type: ignore[arg-type]
         except mb.RecvError as exc:
             error = exc.args[0]
             if isinstance(error, PeerClosedError) and src is not None:

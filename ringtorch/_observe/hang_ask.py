@@ -1,0 +1,379 @@
+"""Asking every rank of a job for its flight record and stacks, through the job's store.
+
+At initialisation each rank publishes where it runs (``ringtorch/hang/info/<rank>``: host,
+pid, main thread, stacks file) and starts one daemon thread, the responder, blocked on the
+store for the next request addressed to it (``ringtorch/hang/ask/<epoch>/<rank>/<k>``). An
+asker (the rank whose collective timed out, ringrun, ``python -m ringtorch.distributed.debug``)
+takes a request number, hands the request to every rank and waits a bounded time for the answers
+(``ringtorch/hang/answer/<n>/<rank>``: the flight record and the stacks of every thread). A rank
+on the asker's host that does not answer in time (its main thread holds the GIL in C code,
+say) is sent SIGUSR1: faulthandler, registered at initialisation, writes its stacks into its
+stacks file from the C signal handler, without the GIL. A rank that gives nothing is reported
+as such; nobody waits longer than ``RINGTORCH_HANG_REPORT_WAIT_S``.
+
+The rule this module keeps: asking never hangs and never breaks the job. Every wait is
+bounded, every failure to ask or answer is swallowed (and named in the report), and the
+responder costs nothing while no one asks. ``HANG`` is this subsystem's one state object.
+The store is any object with ringtorch's Store methods (this layer imports no store).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import IO, Any
+
+from ringtorch import _config
+from ringtorch._observe.hang_report import Answer, analyse, format_report
+from ringtorch._observe.recorder import RECORDER
+
+log = logging.getLogger("ringtorch.hang")
+
+PREFIX = "ringtorch/hang/"
+SIGNAL = signal.SIGUSR1
+ANSWER_ENTRIES = 400  # the last records a rank puts in the store (its file has them all)
+_POLL_S = 60.0  # the responder's wait per round (it re-checks whether it should stop)
+
+
+def key(*parts: object) -> str:
+    """A store key of the protocol (``ringtorch/hang/<part>/<part>...``)."""
+    return PREFIX + "/".join(str(p) for p in parts)
+
+
+def stacks_header(rank: int, info: dict[str, Any]) -> str:
+    """The first line of a stacks file: who writes there (ringrun reads it to know which
+    worker it may signal)."""
+    return (f"# ringtorch stacks: rank {rank} pid {info['pid']} host {info['host']} "
+            f"main {info['main_thread']}\n")
+
+
+def parse_header(line: str) -> dict[str, Any] | None:
+    """The header's fields, or None for a line that is not one."""
+    words = line.split()
+    if words[:3] != ["#", "ringtorch", "stacks:"] or len(words) < 11:
+        return None
+    try:
+        return {"rank": int(words[4]), "pid": int(words[6]), "host": words[8],
+                "main_thread": words[10]}
+    except ValueError:
+        return None
+
+
+def thread_id(ident: int | None) -> str:
+    """A thread's id as faulthandler writes it."""
+    return f"0x{ident or 0:016x}"
+
+
+class HangState:
+    """This process's part in hang reports: its stacks file, its responder, its store."""
+
+    def __init__(self) -> None:
+        self.store: Any = None  # the job's store; None: not installed
+        self.rank = -1
+        self.world_size = 0
+        self.epoch = 0  # counts this rank's initialisations on the store (keys stay unique)
+        self.stacks_path = ""
+        self.dump: Callable[[], dict[str, Any]] = RECORDER.dump
+        self.name = ""  # the RPC worker name, when init_rpc gave one
+        self._info: dict[str, Any] = {}
+        self._stacks: IO[str] | None = None
+        self._stop = threading.Event()
+        self._listener: Any = None
+        self._responder: threading.Thread | None = None
+
+    # -- the rank's side --------------------------------------------------------------------
+
+    def install(self, store: Any, rank: int, world_size: int,
+                dump: Callable[[], dict[str, Any]] | None = None, name: str = "") -> None:
+        """Take part in hang reports: publish where this rank runs, register the stacks
+        signal and start the responder. Called once the job's store is known (by
+        init_process_group, and by init_rpc with the worker's ``name``; a second call only
+        adds what it knows better). Never raises: a rank that cannot take part is reported
+        as silent."""
+        if dump is not None:
+            self.dump = dump
+        if name:
+            self.name = name
+            if self.store is not None:
+                self._publish()
+        if self.store is not None or not _config.HANG_REPORT.get() or world_size < 1:
+            return
+        try:
+            self._install(store, rank, world_size)
+        except Exception as exc:  # observing must not stop the job from starting
+            log.debug("hang reports are off in this process: %s", exc)
+            self.uninstall()
+
+    def _install(self, store: Any, rank: int, world_size: int) -> None:
+        self.store, self.rank, self.world_size = store, rank, world_size
+        self.epoch = store.add(key("installs", rank), 1)
+        folder = _config.OBSERVE_DIR.get()
+        if folder:
+            self.stacks_path = os.path.join(folder, f"stacks-{rank}.txt")
+            open(self.stacks_path, "w").close()
+            # appending: faulthandler writes to the descriptor behind the file object's back
+            self._stacks = open(self.stacks_path, "a")
+        else:  # a file without a name (nothing to clean up), read through /proc by askers
+            self._stacks = tempfile.TemporaryFile("a+")
+            self.stacks_path = f"/proc/{os.getpid()}/fd/{self._stacks.fileno()}"
+        self._info = {"rank": rank, "epoch": self.epoch, "world_size": world_size,
+                      "host": socket.gethostname(),
+                      "pid": os.getpid(), "main_thread": thread_id(threading.main_thread().ident),
+                      "stacks_file": self.stacks_path, "observe_dir": folder}
+        self._stacks.write(stacks_header(rank, self._info))
+        self._stacks.flush()
+        previous = signal.getsignal(SIGNAL)
+        faulthandler.register(SIGNAL, file=self._stacks, all_threads=True,
+                              chain=callable(previous))
+        self._listener = store.clone()
+        self._publish()
+        self._stop = threading.Event()  # this installation's own (an old responder keeps its)
+        self._responder = threading.Thread(
+            target=self._respond, args=(self._listener, self.rank, self.epoch, self._stop),
+            daemon=True, name="ringtorch-hang-responder")
+        self._responder.start()
+
+    def _publish(self) -> None:
+        """Tell askers where this rank runs (and its RPC name, once known)."""
+        try:
+            self.store.set(key("info", self.rank), json.dumps({**self._info, "name": self.name}))
+        except Exception as exc:
+            log.debug("could not publish this rank for hang reports: %s", exc)
+
+    def uninstall(self) -> None:
+        """Stop taking part (destroy_process_group): the responder ends, the signal is
+        given back."""
+        self._stop.set()
+        if self.store is not None and self._responder is not None:
+            try:  # wake the responder with a request of its own, then let it go
+                poke(self.store, self.epoch, self.rank, {"stop": True})
+                self._responder.join(1.0)
+            except Exception:
+                pass
+        self._responder = None
+        if self._stacks is not None:
+            try:
+                faulthandler.unregister(SIGNAL)
+            except (RuntimeError, ValueError):
+                pass
+            self._stacks.close()
+        listener, self._listener, self._stacks, self.store = self._listener, None, None, None
+        if listener is not None:
+            try:
+                listener.close()
+            except Exception:
+                pass
+
+    def _respond(self, store: Any, rank: int, epoch: int, stop: threading.Event) -> None:
+        """The responder: answer each request addressed to this rank (``ask/<epoch>/<rank>/
+        <k>``, k = 1, 2, ...) until uninstalled or the store is gone."""
+        seen = 0
+        while not stop.is_set():
+            wanted = key("ask", epoch, rank, seen + 1)
+            try:
+                store.wait([wanted], timedelta(seconds=_POLL_S))
+                request = json.loads(store.get(wanted))
+            except Exception:
+                if stop.is_set() or not _alive(store):
+                    return
+                continue
+            seen += 1
+            if stop.is_set() or request.get("stop"):
+                return
+            try:
+                store.set(key("answer", request["n"], rank), json.dumps(self.answer()))
+            except Exception as exc:  # e.g. the store went away meanwhile
+                log.debug("could not answer hang-report request %s: %s", request, exc)
+
+    def answer(self) -> dict[str, Any]:
+        """This rank's answer: its flight record and the stacks of all its threads (also
+        written to the observe folder when ringrun gave one)."""
+        flight = self.dump()
+        stacks = self.own_stacks()
+        folder = _config.OBSERVE_DIR.get()
+        if folder:
+            _write_json(os.path.join(folder, f"flight-{self.rank}.json"), flight)
+        flight["entries"] = flight["entries"][-ANSWER_ENTRIES:]
+        return {"flight": flight, "stacks": stacks}
+
+    def own_stacks(self) -> str:
+        """The stacks of every thread, appended to the stacks file and returned."""
+        out = self._stacks
+        if out is None:
+            with tempfile.TemporaryFile("w+") as tmp:
+                faulthandler.dump_traceback(tmp, all_threads=True)
+                tmp.seek(0)
+                return tmp.read()
+        start = os.path.getsize(self.stacks_path)
+        out.flush()
+        faulthandler.dump_traceback(out, all_threads=True)
+        out.flush()
+        with open(self.stacks_path) as f:
+            f.seek(start)
+            return f.read()
+
+    # -- a collective failed ------------------------------------------------------------------
+
+    def on_collective_failure(self, group: str, exc: BaseException) -> None:
+        """A collective of ``group`` failed with ``exc``: when it timed out or mismatched,
+        make sure one hang report is made for the group (the first rank to get here makes
+        it, the others wait for it, answering meanwhile) and name the report in ``exc``'s
+        message. Costs nothing unless a collective failed; never raises."""
+        store = self.store
+        if store is None or not is_hang(str(exc)):
+            return
+        try:
+            path = self._group_report(store, group, str(exc))
+        except Exception as err:
+            log.debug("no hang report for group %s: %s", group, err)
+            return
+        if path and exc.args and isinstance(exc.args[0], str) and path not in exc.args[0]:
+            exc.args = (f"{exc.args[0]} (hang report: {path})", *exc.args[1:])
+
+    def _group_report(self, store: Any, group: str, message: str) -> str:
+        done = key("report", self.epoch, group)
+        wait_s = _config.HANG_REPORT_WAIT_S.get()
+        if store.add(key("failed", self.epoch, group), 1) != 1:  # another rank makes it
+            store.wait([done], timedelta(seconds=wait_s + 10.0))
+            return store.get(done).decode()
+        reason = f"rank {self.rank}: {message.strip().splitlines()[0]}"
+        try:
+            answers = ask(store, self.world_size, reason, wait_s)
+            text = format_report(analyse(answers, self.world_size, reason))
+            # in the temporary folder, which outlives ringrun's run directory (removed at the
+            # end unless --log-dir); a copy beside the other ranks' files when there is one
+            path = save_report(text, tempfile.gettempdir(), f"rank{self.rank}")
+            if _config.OBSERVE_DIR.get():
+                shutil.copy(path, _config.OBSERVE_DIR.get())
+            log.error("%s(saved in %s)", text, path)
+        except Exception as exc:
+            path = f"(none: {exc})"
+        store.set(done, path)
+        return path
+
+
+def _alive(store: Any) -> bool:
+    try:
+        store.check([key("requests")])
+        return True
+    except Exception:
+        return False
+
+
+def _write_json(path: str, data: Any) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def is_hang(message: str) -> bool:
+    """Whether a collective's error is one a hang report explains: a timeout or a mismatch
+    (the words of collectives/reports.py), possibly as the cause of an abort."""
+    text = message.lower()
+    return "timed out after" in text or "mismatch" in text
+
+
+def save_report(text: str, folder: str, who: str) -> str:
+    """Write ``text`` as a new ``hang-report-<who>-<time>[.<n>]-<pid>.txt`` in ``folder``
+    (never over an earlier report of the same second); its path."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        suffix = f".{n}" if n else ""
+        path = os.path.join(folder, f"hang-report-{who}-{stamp}{suffix}-{os.getpid()}.txt")
+        try:
+            with open(path, "x") as f:
+                f.write(text)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"too many hang reports in {folder} this second")
+
+
+# -- the asker's side ---------------------------------------------------------------------------
+
+
+def ask(store: Any, world_size: int, reason: str, wait_s: float) -> list[Answer]:
+    """Ask every rank for its flight record and stacks; returns one Answer per rank that
+    published where it runs, within about ``wait_s`` seconds (plus one for the stacks of
+    silent ranks on this host)."""
+    infos: dict[int, dict[str, Any]] = {}
+    for rank in range(world_size):
+        if store.check([key("info", rank)]):
+            infos[rank] = json.loads(store.get(key("info", rank)))
+    n = store.add(key("requests"), 1)
+    for rank, info in infos.items():
+        poke(store, info["epoch"], rank, {"n": n, "reason": reason, "pid": os.getpid()})
+    deadline = time.monotonic() + wait_s
+    answers: dict[int, dict[str, Any]] = {}
+    for rank in infos:
+        left = max(0.01, deadline - time.monotonic())
+        try:
+            store.wait([key("answer", n, rank)], timedelta(seconds=left))
+            answers[rank] = json.loads(store.get(key("answer", n, rank)))
+        except Exception:
+            continue
+    out = []
+    for rank, info in sorted(infos.items()):
+        got = answers.get(rank)
+        if got is not None:
+            out.append(Answer(rank, got["flight"], got["stacks"], info["main_thread"],
+                              info["host"], info["pid"], "", info.get("name", "")))
+            continue
+        note = f"did not answer within {wait_s:g} s"
+        stacks = ""
+        if info["host"] == socket.gethostname():
+            stacks = signal_stacks(info["pid"], info["stacks_file"])
+            note += "; stacks by SIGUSR1" if stacks else "; no stacks (the process is gone?)"
+        else:
+            note += f" (on {info['host']}: no stacks)"
+        out.append(Answer(rank, None, stacks, info["main_thread"], info["host"], info["pid"],
+                          note, info.get("name", "")))
+    return out
+
+
+def poke(store: Any, epoch: int, rank: int, request: dict[str, Any]) -> None:
+    """Hand ``request`` to the responder of ``rank`` (installation ``epoch``): its next
+    numbered request key (one counter per rank, so no responder ever waits on a number that
+    was handed to the others only)."""
+    k = store.add(key("asked", epoch, rank), 1)
+    store.set(key("ask", epoch, rank, k), json.dumps(request))
+
+
+def signal_stacks(pid: int, path: str, wait_s: float = 1.0) -> str:
+    """Send SIGUSR1 to ``pid`` (registered with faulthandler on ``path``) and return the
+    stacks it appends there; "" if nothing came within ``wait_s``."""
+    try:
+        start = os.path.getsize(path)
+        with open(path) as f:
+            if parse_header(f.readline()) is None:
+                return ""  # not a stacks file: the signal could kill the process
+        os.kill(pid, SIGNAL)
+    except OSError:
+        return ""
+    deadline, size = time.monotonic() + wait_s, start
+    while time.monotonic() < deadline:
+        time.sleep(0.05)  # polling a file another process writes from a signal handler
+        now = os.path.getsize(path)
+        if now > start and now == size:
+            break
+        size = now
+    with open(path) as f:
+        f.seek(start)
+        return f.read()
+
+
+HANG = HangState()
+
+__all__ = ["HANG", "HangState", "ask", "is_hang", "key", "parse_header", "poke", "save_report",
+           "signal_stacks", "stacks_header", "thread_id"]
