@@ -21,6 +21,7 @@ import torch
 
 from ringtorch._errors import DistBackendError
 from ringtorch._observe.recorder import RECORDER, Record
+from ringtorch.collectives import profiling
 
 _now = time.monotonic_ns
 
@@ -53,6 +54,8 @@ class Work:
         self.lane: Any = None
         # Its flight-recorder record (None when the recorder is off).
         self.record: Record | None = None
+        # Its torch.profiler range, open while it runs (None unless a profiler is active).
+        self.profile: Any = None
 
     # -- run by the group ---------------------------------------------------------------------
 
@@ -95,6 +98,8 @@ class Work:
             event, future = self._event, self._future
         if self.record is not None:
             RECORDER.finished(self.record, exc)
+        if self.profile is not None:
+            profiling.end(self.profile)
         if event is not None:
             event.set()
         if future is not None:

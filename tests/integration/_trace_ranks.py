@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -67,3 +68,34 @@ def ddp_step(rank: int, ws: int) -> int:
     buckets = len(model.reducer.buckets)
     dist.destroy_process_group()
     return buckets
+
+
+def profiled(rank: int, ws: int, path: str) -> dict[str, Any]:
+    """Collectives, p2p and RPC inside torch.profiler; what its summary and trace show."""
+    dist.init_process_group("gloo")
+    rpc.init_rpc(f"worker{rank}", rank=rank, world_size=ws)
+    dist.all_reduce(torch.ones(8))  # outside the profiler: no range
+    with torch.profiler.profile(record_shapes=True) as prof:
+        dist.all_reduce(torch.ones(256))
+        work = dist.all_gather_into_tensor(torch.zeros(4 * ws), torch.ones(4), async_op=True)
+        work.wait()
+        if rank == 0:
+            dist.send(torch.ones(5), dst=1)
+        elif rank == 1:
+            dist.recv(torch.zeros(5), src=0)
+        with dist.record_comm("layer1::grad all_reduce"):
+            dist.all_reduce(torch.ones(64))
+        if rank == 0:
+            rpc.rpc_sync("worker1", square, args=(torch.ones(16),))
+            rpc.rpc_async("worker1", square, args=(torch.ones(2, 3),)).wait()
+        dist.barrier()
+    rpc.shutdown()
+    dist.destroy_process_group()
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        events = [e for e in json.load(f)["traceEvents"]
+                  if e.get("ph") == "X" and ("gloo:" in e["name"] or "rpc_" in e["name"]
+                                             or "layer1" in e["name"])]
+    counts = {(avg.key, str(avg.input_shapes)): avg.count
+              for avg in prof.key_averages(group_by_input_shape=True)}
+    return {"events": events, "counts": counts}
