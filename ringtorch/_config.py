@@ -176,9 +176,10 @@ TRACE = _knob(
     "into FOLDER/trace.json (docs/timeline.md); ringrun --trace sets it. Empty: no timeline",
 )
 TRACE_MAX_EVENTS = _knob(
-    "RINGTORCH_TRACE_MAX_EVENTS", 1_000_000, int,
-    "most operations and spans one rank's timeline keeps in memory; later ones are counted "
-    "and dropped (the trace file says how many and from when), so the beginning is kept",
+    "RINGTORCH_TRACE_MAX_EVENTS", 200_000, int,
+    "most operations and spans one rank's timeline keeps in memory (about 700 bytes each); "
+    "later ones are counted and dropped (the trace file says how many and from when), so the "
+    "beginning is kept",
 )
 TRACE_MERGE_WAIT_S = _knob(
     "RINGTORCH_TRACE_MERGE_WAIT_S", 10.0, float,

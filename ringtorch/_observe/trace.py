@@ -32,6 +32,7 @@ from ringtorch._observe.recorder import COLLECTIVE, P2P, RECORDER, Record, line_
 FORMAT = "ringtorch-trace"
 VERSION = 1
 _now = time.monotonic_ns
+_thread_id = threading.get_native_id
 
 # What a kept item is: a finished record, or a span the upper layers reported.
 _RECORD, _SPAN, _INSTANT, _ASYNC = range(4)
@@ -109,19 +110,29 @@ class Tracer:
 
     def _keep(self, item: tuple[Any, ...]) -> None:
         if len(self._items) >= self.capacity:
-            if not self.dropped:
-                self.first_drop_ns = _now()
-            self.dropped += 1
+            self._drop()
             return
-        tid = threading.get_native_id()
+        tid = _thread_id()
         if tid not in self._threads:
             self._threads[tid] = threading.current_thread().name
         self._items.append((tid, *item))
 
+    def _drop(self) -> None:
+        if not self.dropped:
+            self.first_drop_ns = _now()
+        self.dropped += 1
+
     def _on_record(self, rec: Record) -> None:
-        """The recorder's listener: keep the finished record, with the thread that ran it."""
-        if self.on:
-            self._keep((_RECORD, rec))
+        """The recorder's listener (on only while tracing): keep the finished record, with
+        the thread that ran it. The hot path of tracing, hence written out flat."""
+        items = self._items
+        if len(items) >= self.capacity:
+            self._drop()
+            return
+        tid = _thread_id()
+        if tid not in self._threads:
+            self._threads[tid] = threading.current_thread().name
+        items.append((tid, _RECORD, rec))
 
     def span(self, cat: str, name: str, start_ns: int, end_ns: int,
              args: dict[str, Any] | None = None) -> None:
@@ -177,10 +188,11 @@ class Tracer:
         for tid, name in sorted(threads.items()):
             out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "ts": 0,
                         "args": {"name": name}})
+        sites: dict[tuple[Any, int], str] = {}
         for item in items:
             tid, kind = item[0], item[1]
             if kind == _RECORD:
-                out.extend(record_events(item[2], pid, tid, clock))
+                out.extend(record_events(item[2], pid, tid, clock, sites))
                 continue
             _, _, cat, name, start, end, args = item
             event: dict[str, Any] = {"name": name, "cat": cat, "pid": pid, "tid": tid,
@@ -217,15 +229,16 @@ class Tracer:
         return path
 
 
-def record_events(rec: Record, pid: int, tid: int, clock: Clock) -> list[dict[str, Any]]:
+def record_events(rec: Record, pid: int, tid: int, clock: Clock,
+                  sites: dict[tuple[Any, int], str] | None = None) -> list[dict[str, Any]]:
     """The trace events of one finished operation: its queued phase (an async slice, since
     queued operations overlap) and its running phase (a complete event on the thread that
-    ran it)."""
+    ran it). ``sites`` caches call sites across calls (looking a line up is slow)."""
     if rec.kind in (COLLECTIVE, P2P):
         name = rec.op if rec.kind == COLLECTIVE else _p2p_name(rec)
     else:
         name = f"{rec.op} {rec.detail} -> {rec.peer}"
-    args = _args(rec)
+    args = _args(rec, {} if sites is None else sites)
     ident = f"{pid}.r{rec.id}"
     end = rec.finished or rec.started or rec.enqueued
     if rec.kind not in (COLLECTIVE, P2P):  # an RPC: in flight from issue to answer
@@ -253,7 +266,7 @@ def _p2p_name(rec: Record) -> str:
     return f"{rec.op} {towards} {rec.peer if rec.peer != -1 else 'any'}"
 
 
-def _args(rec: Record) -> dict[str, Any]:
+def _args(rec: Record, sites: dict[tuple[Any, int], str]) -> dict[str, Any]:
     args: dict[str, Any] = {"group": rec.group, "state": rec.state,
                             "queued_us": (rec.started - rec.enqueued) / 1000.0
                             if rec.started else None}
@@ -280,7 +293,11 @@ def _args(rec: Record) -> dict[str, Any]:
     if rec.detail:
         args["detail"] = rec.detail
     if rec.code is not None:
-        args["site"] = f"{rec.code.co_filename}:{line_of(rec.code, rec.lasti)}"
+        key = (rec.code, rec.lasti)
+        site = sites.get(key)
+        if site is None:
+            site = sites[key] = f"{rec.code.co_filename}:{line_of(rec.code, rec.lasti)}"
+        args["site"] = site
     if rec.error:
         args["error"] = rec.error
     return args
