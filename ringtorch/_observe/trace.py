@@ -306,8 +306,9 @@ def _args(rec: Record, sites: dict[tuple[Any, int], str]) -> dict[str, Any]:
 def write_json(document: dict[str, Any], path: str) -> None:
     """Write ``document`` at ``path`` through a temporary name, so no reader sees half."""
     tmp = f"{path}.{os.getpid()}.tmp"
+    text = json.dumps(document, separators=(",", ":"))  # json.dump would not use the C encoder
     with open(tmp, "w") as f:
-        json.dump(document, f, separators=(",", ":"))
+        f.write(text)
     os.replace(tmp, path)
 
 
