@@ -14,6 +14,7 @@ Run as a program it merges a folder of per-rank files::
 Example::
 
     # RINGTORCH_TRACE=/tmp/tl python train.py   (every rank), or: ringrun --trace /tmp/tl ...
+    import torch
     import ringtorch.distributed as dist
     from ringtorch.distributed import trace
 

@@ -18,6 +18,8 @@ from ringtorch import _config
 from ringtorch._observe import clock, trace_merge
 from ringtorch._observe.recorder import COLLECTIVE, RECORDER
 from ringtorch._observe.trace import TRACER, Clock, Tracer
+from ringtorch.launcher import trace_merge as launcher_trace
+from ringtorch.launcher.config import LaunchConfig
 from ringtorch.store import HashStore
 
 
@@ -110,3 +112,32 @@ def test_a_merge_takes_this_runs_files_once_each(tmp_path: Path) -> None:
     other = merged["otherData"]
     assert other["missing_ranks"] == [2] and other["clock_error_bound_us"] == 2.0
     assert "within 2.0 us of rank 0's time" in other["alignment"]
+
+
+def test_the_launcher_of_node_n_merges_into_its_own_file(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    observe, out = tmp_path / "observe", tmp_path / "out"
+    observe.mkdir()
+    for rank in (4, 5):
+        trace_merge.write_json(_rank_doc(rank, "now"), str(observe / f"trace-{rank}.json"))
+    config = LaunchConfig(argv=("job",), trace_dir=str(out))
+    path = launcher_trace.merge_attempt(config, str(observe), node=2)
+    assert path == str(out / "trace-node2.json")
+    assert sorted(json.loads(Path(path).read_text())["otherData"]["ranks"]) == ["4", "5"]
+    assert capsys.readouterr().err == f"ringrun: timeline of ranks 4, 5: {path}\n"
+    assert launcher_trace.worker_env(config) == {"RINGTORCH_TRACE": str(out)}
+
+
+def test_the_launcher_says_when_no_worker_wrote_a_trace(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture) -> None:
+    config = LaunchConfig(argv=("job",), trace_dir=str(tmp_path / "out"))
+    assert launcher_trace.merge_attempt(config, str(tmp_path), node=0) is None
+    assert capsys.readouterr().err == (
+        f"ringrun: no timeline: no worker wrote a trace file (into {tmp_path})\n")
+
+
+def test_an_untraced_job_gives_its_workers_nothing_and_merges_nothing(tmp_path: Path) -> None:
+    with _config.override(TRACE=""):
+        config = LaunchConfig(argv=("job",))
+        assert launcher_trace.worker_env(config) == {}
+        assert launcher_trace.merge_attempt(config, str(tmp_path), node=0) is None
