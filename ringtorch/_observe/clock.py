@@ -6,7 +6,8 @@ rank 0 read its clock between the ping and the answer, the offset lies within ha
 trip of ``answer - midpoint``: the error bound this module reports is that half, never a guess.
 (On one host every process reads the same CLOCK_MONOTONIC, so the true offset is 0 and the
 measured one is within its bound of it.) Rank 0 answers the ranks one after the other; the
-whole exchange takes about ``ROUNDS * (world_size - 1)`` store round trips.
+whole exchange takes about ``ROUNDS * (world_size - 1)`` store round trips, and no rank
+returns before every rank is done (so every rank traces before any can reach another).
 
 The store is anything with torch's ``set``/``get`` (blocking until the key exists); this
 module imports no store, so every layer that has one can align its clock.
@@ -22,6 +23,9 @@ from ringtorch._observe.trace import Clock
 
 ROUNDS = 8
 _PREFIX = "rt_trace_clock"
+# The run id of ranks that could not agree on one (no shared store): rank 0 then merges any
+# unaligned rank's file it finds.
+UNALIGNED_RUN = "unaligned"
 
 
 def align(store: Any, rank: int, world_size: int, rounds: int = ROUNDS) -> tuple[Clock, str]:
@@ -39,6 +43,9 @@ def align(store: Any, rank: int, world_size: int, rounds: int = ROUNDS) -> tuple
             for i in range(rounds):
                 store.get(f"{_PREFIX}/ping/{peer}/{i}")
                 store.set(f"{_PREFIX}/pong/{peer}/{i}", str(time.monotonic_ns()))
+        for peer in range(1, world_size):  # every rank is done (and traces: trace_run.py)
+            store.get(f"{_PREFIX}/done/{peer}")
+        store.set(f"{_PREFIX}/all_done", b"1")
         return Clock(0, 0, origin, origin_unix, rounds), run_id
     best_rtt, best_offset = -1, 0
     for i in range(rounds):
@@ -53,7 +60,16 @@ def align(store: Any, rank: int, world_size: int, rounds: int = ROUNDS) -> tuple
     if isinstance(origin_text, bytes):
         origin_text = origin_text.decode()
     origin, origin_unix, run_id = origin_text.split()
+    store.set(f"{_PREFIX}/done/{rank}", b"1")
+    store.get(f"{_PREFIX}/all_done")
     return Clock(best_offset, (best_rtt + 1) // 2, int(origin), int(origin_unix), rounds), run_id
 
 
-__all__ = ["ROUNDS", "align"]
+def unaligned() -> Clock:
+    """The clock of a rank that shares no store with the others: every rank's time zero is
+    its CLOCK_MONOTONIC's zero (the boot), so ranks on one host agree exactly and ranks on
+    different hosts do not; ``error_ns`` -1 says the offset was not measured."""
+    return Clock(0, -1, 0, time.time_ns() - time.monotonic_ns(), 0)
+
+
+__all__ = ["ROUNDS", "UNALIGNED_RUN", "align", "unaligned"]

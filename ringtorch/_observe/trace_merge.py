@@ -64,19 +64,26 @@ def merge(documents: list[dict[str, Any]]) -> dict[str, Any]:
         ranks.update(other.get("ranks", {}))
         run_ids.add(other.get("run_id", ""))
         world_size = max(world_size, int(other.get("world_size", -1)))
-    bound_ns = max((int(r["clock"]["error_bound_ns"]) for r in ranks.values()), default=0)
+    bounds = [int(r["clock"]["error_bound_ns"]) for r in ranks.values()]
+    bound_ns = max(bounds, default=0)
     missing = ([r for r in range(world_size) if str(r) not in ranks]
                if world_size > 0 else [])
+    if -1 in bounds:
+        alignment = ("the ranks shared no store (MPI backend), so their clocks were not "
+                     "measured: each rank's CLOCK_MONOTONIC is used as it is, which all "
+                     "processes of one host share; ranks on different hosts are not aligned")
+    else:
+        alignment = (f"each rank's clock was measured against rank 0's through the store at "
+                     f"start-up; every timestamp is within {bound_ns / 1000.0:.1f} us of "
+                     f"rank 0's time")
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {
                 "format": FORMAT, "version": VERSION, "run_id": ",".join(sorted(run_ids)),
                 "world_size": world_size, "ranks": dict(sorted(ranks.items(),
                                                                key=lambda kv: int(kv[0]))),
                 "missing_ranks": missing,
-                "clock_error_bound_us": bound_ns / 1000.0,
-                "alignment": (f"each rank's clock was measured against rank 0's through the "
-                              f"store at start-up; every timestamp is within "
-                              f"{bound_ns / 1000.0:.1f} us of rank 0's time"),
+                "clock_error_bound_us": None if -1 in bounds else bound_ns / 1000.0,
+                "alignment": alignment,
             }}
 
 

@@ -31,7 +31,8 @@ _RING_FOR_TRACING = 64
 
 def start_if_asked(store: Any, rank: int, world_size: int) -> bool:
     """Start tracing if ``RINGTORCH_TRACE`` asks for it and it is not on already (every rank
-    of the job calls this at the same point: the clock is aligned through ``store``).
+    of the job calls this at the same point: the clock is aligned through ``store``; None:
+    the ranks share no store, as with the MPI backend, and the clocks are taken as they are).
 
     Returns:
         Whether tracing is on.
@@ -41,10 +42,13 @@ def start_if_asked(store: Any, rank: int, world_size: int) -> bool:
         return TRACER.on
     target = _config.OBSERVE_DIR.get() or directory
     os.makedirs(target, exist_ok=True)
-    aligned, run_id = clock.align(store, rank, world_size)
     if not RECORDER.on:
         RECORDER.configure(_RING_FOR_TRACING)
-    TRACER.start(target, rank, world_size, aligned, run_id)
+    # On before the clock exchange, which returns on rank 0 only when every rank is past
+    # this line: no rank's first operation can reach a peer that does not trace yet.
+    TRACER.start(target, rank, world_size, clock.unaligned(), clock.UNALIGNED_RUN)
+    if store is not None:
+        TRACER.clock, TRACER.run_id = clock.align(store, rank, world_size)
     atexit.unregister(finish)  # once per process, however often tracing starts
     atexit.register(finish)
     return True

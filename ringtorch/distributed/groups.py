@@ -111,7 +111,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     _world.default_pg = pg
     _world.init_method = init_method
     _install_excepthook(rank)
-    trace_run.start_if_asked(store, rank, world_size)
+    trace_run.start_if_asked(None if impl_name == Backend.MPI else store, rank, world_size)
     if os.environ.get("TORCH_DIST_INIT_BARRIER", "0") == "1":
         _store_based_barrier(rank, store, name, world_size, timeout)
 

@@ -198,3 +198,34 @@ def test_the_merge_command_says_when_a_folder_has_no_trace_files(tmp_path: Path)
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert result.stderr == f"no trace-<rank>.json files in {tmp_path}\n"
+
+
+MPI_SCRIPT = r"""
+import torch
+import ringtorch.distributed as dist
+
+dist.init_process_group("mpi")
+dist.all_reduce(torch.ones(16))
+dist.destroy_process_group()
+"""
+
+
+def test_under_mpirun_the_ranks_share_no_store_and_the_trace_says_they_are_unaligned(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.integration._mpi_jobs import mpirun
+    from tests.integration._mpi_jobs import run as run_mpi
+
+    script = tmp_path / "job.py"
+    script.write_text(MPI_SCRIPT)
+    monkeypatch.setenv("RINGTORCH_TRACE", str(tmp_path / "tl"))
+    done = run_mpi([*mpirun(), "-n", "2", sys.executable, str(script)], timeout=90)
+    assert done.returncode == 0, done.stdout[-4000:]
+    doc = json.loads((tmp_path / "tl" / "trace.json").read_text())
+    events = check_trace_format(doc)
+    for rank in (0, 1):
+        (reduce,) = [e for e in by_rank(events, "X")[rank] if e["name"] == "allreduce"]
+        assert (reduce["args"]["group"], reduce["args"]["seq"]) == ("0", 0)
+    other = doc["otherData"]
+    assert other["clock_error_bound_us"] is None and other["missing_ranks"] == []
+    assert other["alignment"].startswith("the ranks shared no store (MPI backend)")
+    assert {info["clock"]["error_bound_ns"] for info in other["ranks"].values()} == {-1}

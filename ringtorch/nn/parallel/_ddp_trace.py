@@ -31,9 +31,12 @@ class BackwardTrace:
         self._launch: dict[int, int] = {}
 
     @classmethod
-    def if_tracing(cls, sizes: list[int]) -> BackwardTrace | None:
-        """A new one while tracing is on, else None."""
-        return cls(sizes) if trace.enabled() else None
+    def if_tracing(cls, buckets: list[Any]) -> BackwardTrace | None:
+        """A new one for ``buckets`` (the Reducer's, each with its ``buffer``) while tracing
+        is on, else None (one check: the Reducer calls this every iteration)."""
+        if not trace.enabled():
+            return None
+        return cls([bucket.buffer.nbytes for bucket in buckets])
 
     def begin(self) -> None:
         """The first gradient of the iteration is ready."""

@@ -247,7 +247,7 @@ class Reducer:
         self._use_avg = self._comm_hook is None and not self._in_join
         self._expect_hooks = True
         self._require_finalize = True
-        self._trace = BackwardTrace.if_tracing([b.buffer.nbytes for b in self._buckets])
+        self._trace = BackwardTrace.if_tracing(self._buckets)
         self._marked_unused = False
         self._used = [0] * len(self._params)
         if self._find_unused:
