@@ -34,6 +34,10 @@ class Work:
         seq: the group's sequence number of the collective (-1 for point-to-point).
     """
 
+    # Its torch.profiler range, open while it runs: set only while a profiler is active, so
+    # the class default spares every other Work a store.
+    profile: Any = None
+
     def __init__(self, op_name: str, seq: int, run: Callable[[Work], Any] | None,
                  outputs: list[torch.Tensor] | None = None, group_name: str = "") -> None:
         self.op_name = op_name
@@ -54,8 +58,6 @@ class Work:
         self.lane: Any = None
         # Its flight-recorder record (None when the recorder is off).
         self.record: Record | None = None
-        # Its torch.profiler range, open while it runs (None unless a profiler is active).
-        self.profile: Any = None
 
     # -- run by the group ---------------------------------------------------------------------
 
