@@ -182,6 +182,23 @@ HANG_REPORT_WAIT_S = _knob(
     "how long whoever makes a hang report waits for the ranks' answers before reporting the "
     "silent ones as such (and asking those on its host for their stacks by SIGUSR1)",
 )
+TRACE = _knob(
+    "RINGTORCH_TRACE", "", str,
+    "a folder: every rank writes its timeline (Chrome trace events of its collectives, "
+    "point-to-point operations, RPC requests and DDP buckets) and the ranks' files are merged "
+    "into FOLDER/trace.json (docs/timeline.md); ringrun --trace sets it. Empty: no timeline",
+)
+TRACE_MAX_EVENTS = _knob(
+    "RINGTORCH_TRACE_MAX_EVENTS", 200_000, int,
+    "most operations and spans one rank's timeline keeps in memory (about 700 bytes each); "
+    "later ones are counted and dropped (the trace file says how many and from when), so the "
+    "beginning is kept",
+)
+TRACE_MERGE_WAIT_S = _knob(
+    "RINGTORCH_TRACE_MERGE_WAIT_S", 10.0, float,
+    "without a launcher, how long rank 0 waits at the end for the other ranks' trace files "
+    "before merging what is there (the missing ranks are named)",
+)
 SPIN_US = _knob(
     "RINGTORCH_SPIN_US", 50, int,
     "microseconds a collective receive polls its socket before blocking (a blocking wake-up "

@@ -18,6 +18,7 @@ import torch
 
 from ringtorch._errors import DistBackendError
 from ringtorch._observe.recorder import COLLECTIVE, RECORDER
+from ringtorch.collectives import profiling
 from ringtorch.collectives.backends.base import Backend
 from ringtorch.collectives.call import CollectiveCall, facade_call
 from ringtorch.collectives.comm_thread import Lane, WorkerPool
@@ -188,9 +189,16 @@ class GroupBase:
         work = Work(op_name, -1, run, outputs, self._group_name)
         if RECORDER.on:
             work.record = RECORDER.record(COLLECTIVE, self._group_name, op_name)
+        if profiling.profiler_on():
+            work.profile = profiling.begin(self._backend_name, op_name, self._profile_id(),
+                                           described, outputs)
         self._collectives.submit(work, inline=not getattr(opts, "asyncOp", True),
                                  collective=True)
         return work
+
+    def _profile_id(self) -> tuple[str, int, int]:
+        """(name, rank, size): how torch.profiler's ranges name this group."""
+        return self._group_name, self._rank, self._size
 
     def _seconds(self, timeout: timedelta | None) -> float:
         if timeout is None:

@@ -23,7 +23,7 @@ import torch
 
 from ringtorch._errors import DistBackendError
 from ringtorch._observe.recorder import P2P, RECORDER
-from ringtorch.collectives import checks
+from ringtorch.collectives import checks, profiling
 from ringtorch.collectives.comm_thread import Lane
 from ringtorch.collectives.group_base import GroupBase
 from ringtorch.collectives.work import Work
@@ -146,6 +146,9 @@ class P2POps(GroupBase):
             rec.peer = -1 if key[1] is None else key[1]
             rec.nbytes = outputs[0].numel() * outputs[0].element_size()
             rec.detail = f"tag {key[2]}"
+        if profiling.profiler_on():
+            work.profile = profiling.begin(self._backend_name, op_name, self._profile_id(),
+                                           outputs, outputs, peer=-1 if key[1] is None else key[1])
         lane.submit(work, inline=not async_op)
         return work
 

@@ -21,6 +21,7 @@ import torch
 
 from ringtorch._errors import DistBackendError
 from ringtorch._observe.recorder import RECORDER, Record
+from ringtorch.collectives import profiling
 
 _now = time.monotonic_ns
 
@@ -32,6 +33,10 @@ class Work:
         op_name: what the operation is ("all_reduce", "send", ...), for messages.
         seq: the group's sequence number of the collective (-1 for point-to-point).
     """
+
+    # Its torch.profiler range, open while it runs: set only while a profiler is active, so
+    # the class default spares every other Work a store.
+    profile: Any = None
 
     def __init__(self, op_name: str, seq: int, run: Callable[[Work], Any] | None,
                  outputs: list[torch.Tensor] | None = None, group_name: str = "") -> None:
@@ -95,6 +100,8 @@ class Work:
             event, future = self._event, self._future
         if self.record is not None:
             RECORDER.finished(self.record, exc)
+        if self.profile is not None:
+            profiling.end(self.profile)
         if event is not None:
             event.set()
         if future is not None:

@@ -54,6 +54,7 @@ from ringtorch.distributed._debug import (
     set_debug_level,
     set_debug_level_from_env,
 )
+from ringtorch.distributed._profiling import record_comm
 from ringtorch.distributed._world import GroupMember, GroupName, RankType, group
 from ringtorch.distributed.deprecated_ops import (
     all_gather_coalesced,
@@ -196,6 +197,7 @@ __all__ = [
     "new_subgroups_by_enumeration",
     "recv",
     "recv_object_list",
+    "record_comm",
     "reduce",
     "reduce_op",
     "reduce_scatter",

@@ -30,7 +30,7 @@ from typing import Any
 from ringtorch import _config
 from ringtorch._wire.shm import sweep_stale_segments
 from ringtorch._workers import Guardian, WorkerStartError, become_subreaper, reap_adopted
-from ringtorch.launcher import hang
+from ringtorch.launcher import hang, trace_merge
 from ringtorch.launcher.config import LaunchConfig
 from ringtorch.launcher.decisions import Action, Observation, decide, group_state
 from ringtorch.launcher.handlers import RendezvousGracefulExitError
@@ -173,6 +173,7 @@ class Agent:
             group.start()
             attempt += 1
             exit_code = self._act(self._watch(group), group)
+            trace_merge.merge_attempt(self.config, group.observe_dir, assignment.group_rank)
             if exit_code is not None:
                 return exit_code
 

@@ -113,6 +113,8 @@ _VALUE_FLAGS: list[tuple[list[str], Any, Any, str]] = [
                                                "or 30)."),
     (_both("--duplicate-stdout-filters"), str, "", "Not supported."),
     (_both("--duplicate-stderr-filters"), str, "", "Not supported."),
+    (["--trace"], str, None, "Write the job's timeline (Chrome trace of every rank's "
+                             "collectives, RPCs and DDP buckets) to DIR/trace.json."),
 ]
 
 _BOOL_FLAGS: list[tuple[list[str], str]] = [
@@ -235,7 +237,7 @@ def config_from_args(args: argparse.Namespace, use_env: bool = True,
         rdzv_backend=backend, rdzv_endpoint=endpoint, rdzv_configs=parse_rdzv_conf(args.rdzv_conf),
         master_addr=args.master_addr, master_port=args.master_port, local_addr=args.local_addr,
         max_restarts=args.max_restarts, monitor_interval=args.monitor_interval,
-        shutdown_timeout=_shutdown_timeout(args), log_dir=args.log_dir,
+        shutdown_timeout=_shutdown_timeout(args), log_dir=args.log_dir, trace_dir=args.trace,
         redirects=parse_std("--redirects", args.redirects), tee=parse_std("--tee", args.tee),
         local_ranks_filter=_ranks_filter(args.local_ranks_filter),
         log_line_prefix_template=os.getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),

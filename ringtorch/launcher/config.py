@@ -281,6 +281,7 @@ class LaunchConfig:
     monitor_interval: float = 0.1
     shutdown_timeout: float = 30.0
     log_dir: str | None = None
+    trace_dir: str | None = None  # --trace: the merged timeline goes there (docs/timeline.md)
     redirects: Std | dict[int, Std] = Std.NONE
     tee: Std | dict[int, Std] = Std.NONE
     local_ranks_filter: frozenset[int] | None = None

@@ -31,6 +31,7 @@ from ringtorch._workers import (
     stop_processes,
     wait_any,
 )
+from ringtorch.launcher import trace_merge
 from ringtorch.launcher.config import LOCAL_RANK_MACRO, LaunchConfig, Std, std_for
 
 DEFAULT_PREFIX_TEMPLATE = "[rank${rank}]:"
@@ -146,6 +147,7 @@ class LocalWorkerGroup:
         if self._guardian is not None:  # how the guardian finds what escaped the groups
             env[JOB_MARK_VAR] = self._guardian.mark
         env[_config.OBSERVE_DIR.name] = self.observe_dir
+        env.update(trace_merge.worker_env(self.config))
         targets, copiers = [], []
         for stream, console, name in ((Std.OUT, self.consoles[0], "stdout"),
                                       (Std.ERR, self.consoles[1], "stderr")):

@@ -94,7 +94,6 @@ NAMES_LEFT_OUT: dict[str, dict[str, str]] = {
     "torch.distributed.autograd": {"is_available": "the C++ build switch of torch's RPC"},
     "torch.distributed.distributed_c10d": {
         "ProcessGroupGloo": "the gloo library's class; ringtorch's 'gloo' is its own backend",
-        "record_comm": "names collectives in torch's profiler, which ringtorch does not feed",
         "shrink_group": "NCCL-centric group shrinking, not implemented"},
     "torch.distributed.elastic.multiprocessing": dict.fromkeys(
         ["LogsDest", "MultiprocessContext", "PContext", "RunProcsResult", "SubprocessContext",

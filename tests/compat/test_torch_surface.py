@@ -25,7 +25,6 @@ KNOWN_MISSING = {
     "DeviceMesh": "DTensor/DeviceMesh are out of scope for v1 (FEATURES.md section P)",
     "init_device_mesh": "DTensor/DeviceMesh are out of scope for v1 (FEATURES.md section P)",
     "ProcessGroupGloo": "the gloo library's class; ringtorch's 'gloo' is its own backend",
-    "record_comm": "names collectives in torch's profiler, which ringtorch does not feed yet",
     "shrink_group": "NCCL-centric group shrinking (torch 2.13), not implemented",
     "log": "torch's module logger, not API",
     "timedelta": "datetime.timedelta, imported by torch's module, not API",

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._C._autograd import _profiler_enabled as profiler_on
+from torch._C._profiler import _RecordFunctionFast
 
 from ringtorch._observe.recorder import RECORDER, RPC, Record
 from ringtorch.distributed.rpc import messages
@@ -107,9 +109,41 @@ def finish_on(future: Future[Any], rec: Record | None) -> None:
     torch.futures.Future.add_done_callback(future, stamp)
 
 
+def profile_range(kind: str, agent: RunningAgent, dst: WorkerInfo, func: Any,
+                  args: Any) -> Any:
+    """Open torch.profiler's range of a call (only while a profiler runs), named as torch
+    names it: ``rpc_sync#module.func(worker0 -> worker1)``; its tensor arguments are its
+    inputs and their bytes its ``nbytes``. Close it with ``end_range``."""
+    tensors = [a for a in (args or ()) if isinstance(a, torch.Tensor)]
+    span = _RecordFunctionFast(
+        f"rpc_{kind}#{function_name(func)}({agent.get_worker_info().name} -> {dst.name})",
+        tensors, {"dst": dst.name, "nbytes": sum(t.numel() * t.element_size() for t in tensors)})
+    span.__enter__()
+    return span
+
+
+def end_range(span: Any, future: Future[Any] | None = None) -> None:
+    """Close ``span`` now, or when ``future`` completes (a plain callback: see finish_on)."""
+    if future is None:
+        span.__exit__(None, None, None)
+        return
+    torch.futures.Future.add_done_callback(future, lambda _: span.__exit__(None, None, None))
+
+
 def call_sync(agent: RunningAgent, dst: WorkerInfo, func: Callable[..., Any], args: Any,
               kwargs: Any, seconds: float, what: object) -> Any:
     """Run ``func(*args, **kwargs)`` on ``dst``; return its value or raise its error."""
+    if profiler_on():
+        span = profile_range("sync", agent, dst, func, args)
+        try:
+            return _call_sync(agent, dst, func, args, kwargs, seconds, what)
+        finally:
+            end_range(span)
+    return _call_sync(agent, dst, func, args, kwargs, seconds, what)
+
+
+def _call_sync(agent: RunningAgent, dst: WorkerInfo, func: Callable[..., Any], args: Any,
+               kwargs: Any, seconds: float, what: object) -> Any:
     rec = record(agent, "rpc_sync", dst, func)
     if rec is None:
         return agent.request(dst, messages.CALL, (func, args, kwargs), seconds, what, sync=True)
@@ -128,6 +162,8 @@ def call_async(agent: RunningAgent, dst: WorkerInfo, func: Callable[..., Any], a
     """As ``call_sync``, returning at once a Future of the result (``_wait_all`` sees it)."""
     future: Future[Any] = Future()
     finish_on(future, record(agent, "rpc_async", dst, func))
+    if profiler_on():
+        end_range(profile_range("async", agent, dst, func, args), future)
     agent.request(dst, messages.CALL, (func, args, kwargs), seconds, what, future=future)
     futures = STATE.thread.future_list
     if futures is not None:
@@ -135,6 +171,6 @@ def call_async(agent: RunningAgent, dst: WorkerInfo, func: Callable[..., Any], a
     return future
 
 
-__all__ = ["CallDescription", "call_async", "call_sync", "destination", "finish_on", "function_name",
-           "prepare",
-           "record", "resolve_timeout"]
+__all__ = ["CallDescription", "call_async", "call_sync", "destination", "end_range", "finish_on",
+           "function_name", "prepare", "profile_range", "profiler_on", "record",
+           "resolve_timeout"]

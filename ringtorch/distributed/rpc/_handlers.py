@@ -13,7 +13,9 @@ from typing import Any
 
 import torch.futures
 
+from ringtorch._observe.trace import TRACER
 from ringtorch.distributed.rpc import messages
+from ringtorch.distributed.rpc._calls import function_name
 from ringtorch.distributed.rpc._interfaces import Agent, Handler
 from ringtorch.distributed.rpc._rref_context import Id, _OwnerEntry
 from ringtorch.distributed.rpc._server import (
@@ -92,6 +94,14 @@ def call_function(func: Any, args: Any, kwargs: Any) -> Any:
     return result
 
 
+def _serve(src: WorkerInfo, func: Any, args: Any, kwargs: Any) -> Any:
+    """``call_function``, shown on the timeline when tracing (the callee's side of a call)."""
+    if not TRACER.on:
+        return call_function(func, args, kwargs)
+    with TRACER.timed("rpc", f"serve {function_name(func)} <- {src.name}", {"caller": src.name}):
+        return call_function(func, args, kwargs)
+
+
 def _prepare_remote(agent: Agent, src: WorkerInfo, payload: Any) -> Any:
     rref_id, fork_id, func, args, kwargs = payload
     ctx = current_rrefs()
@@ -102,7 +112,7 @@ def _prepare_remote(agent: Agent, src: WorkerInfo, payload: Any) -> Any:
 
 def _run_remote(agent: Agent, src: WorkerInfo, prepared: Any) -> Any:
     entry, func, args, kwargs = prepared
-    return settle_entry(agent.info, entry, lambda: call_function(func, args, kwargs))
+    return settle_entry(agent.info, entry, lambda: _serve(src, func, args, kwargs))
 
 
 def _run_fetch(agent: Agent, src: WorkerInfo, rref_id: Id) -> Any:
@@ -125,7 +135,7 @@ def _run_user_delete(agent: Agent, src: WorkerInfo, forks: list[tuple[Id, Id]]) 
 
 def _run_call(agent: Agent, src: WorkerInfo, payload: Any) -> Any:
     func, args, kwargs = payload
-    result = call_function(func, args, kwargs)
+    result = _serve(src, func, args, kwargs)
     return Deferred(result.future) if isinstance(result, _AsyncValue) else result
 
 

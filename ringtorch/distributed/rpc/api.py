@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
+from ringtorch._observe import trace_run
 from ringtorch._observe.hang_ask import HANG
 from ringtorch.distributed.rpc import _calls, _shutdown
 from ringtorch.distributed.rpc._rref_context import RRefContext
@@ -93,6 +94,7 @@ def _start(name: str, rank: int, world_size: int, options: TensorPipeRpcBackendO
         agent.close()
         raise
     HANG.install(store.underlying_store, rank, world_size, name=name)  # answers hang reports
+    trace_run.start_if_asked(store, rank, world_size)
 
 
 def shutdown(graceful: bool = True, timeout: float = DEFAULT_SHUTDOWN_TIMEOUT) -> None:

@@ -360,6 +360,8 @@ def create_remote(agent: RunningAgent, dst: WorkerInfo, func: Callable[..., Any]
     created: Future[Any] = Future()
     user._created = created
     _calls.finish_on(created, _calls.record(agent, "remote", dst, func))
+    if _calls.profiler_on():
+        _calls.end_range(_calls.profile_range("remote", agent, dst, func, args), created)
 
     def confirmed(value: Any, error: BaseException | None) -> None:
         if error is None:

@@ -24,6 +24,7 @@ import torch
 from torch.autograd import Variable
 
 from ringtorch import distributed as dist
+from ringtorch.nn.parallel._ddp_trace import BackwardTrace
 from ringtorch.nn.parallel.buckets import BucketPlan
 
 __all__ = ["GradBucket", "Reducer"]
@@ -187,6 +188,7 @@ class Reducer:
         self._div_factor: float = float(self._world_size)
         self._count_work: Any = None
         self._in_join = False
+        self._trace: BackwardTrace | None = None  # this iteration's timeline, when tracing
         # buckets whose by_avg is set are all_reduced with AVG (the backend divides the sum,
         # right after copying it out); other buckets divide while copying into the bucket
         self._use_avg = False
@@ -245,6 +247,7 @@ class Reducer:
         self._use_avg = self._comm_hook is None and not self._in_join
         self._expect_hooks = True
         self._require_finalize = True
+        self._trace = BackwardTrace.if_tracing(self._buckets)
         self._marked_unused = False
         self._used = [0] * len(self._params)
         if self._find_unused:
@@ -292,6 +295,8 @@ class Reducer:
             return  # no_sync(), or a backward that no DDP forward armed: accumulate locally
         if not self._marked_unused:
             self._marked_unused = True
+            if self._trace:
+                self._trace.begin()
             for unused in self._unused:
                 self._mark_ready(unused, used=False)
         self._used[index] = 1
@@ -319,6 +324,8 @@ class Reducer:
                             divide=self._comm_hook is None and not (bucket.by_avg and self._use_avg))
         bucket.pending -= 1
         if bucket.pending == 0:
+            if self._trace:
+                self._trace.bucket_ready(b)
             self._launch_ready_buckets()
 
     def _fill_slot(self, param: torch.Tensor, view: torch.Tensor, divide: bool) -> None:
@@ -355,6 +362,8 @@ class Reducer:
 
     def _launch(self, b: int, wait_now: bool = False) -> None:
         bucket = self._buckets[b]
+        if self._trace:
+            self._trace.launching(b)
         if self._comm_hook is not None:
             hook, state = self._comm_hook
             bucket.comm = _Pending(future=hook(state, self.grad_bucket(b, bucket.comm_buffer())))
@@ -366,6 +375,8 @@ class Reducer:
             else:
                 bucket.comm = _Pending(work=dist.all_reduce(bucket.comm_buffer(), op=op,
                                                             group=self._group, async_op=True))
+        if self._trace:
+            self._trace.launched(b, bucket.comm)
 
     def grad_bucket(self, b: int, buffer: torch.Tensor) -> GradBucket:
         """The GradBucket a comm hook gets for bucket ``b``, its gradients viewing ``buffer``."""
@@ -377,6 +388,8 @@ class Reducer:
     # ---- end of backward -----------------------------------------------------------------
 
     def _finalize_backward(self) -> None:
+        if self._trace:
+            self._trace.end()
         self._expect_hooks = False
         self._require_finalize = False
         for bucket in self._buckets:
@@ -393,6 +406,8 @@ class Reducer:
                 if globally_used is not None and not globally_used[index]:
                     continue  # no rank produced a gradient: leave .grad as it is, like torch
                 self._write_grad(param, view)
+        if self._trace:
+            self._trace.finalized()
 
     def _write_grad(self, param: torch.Tensor, view: torch.Tensor) -> None:
         if self._as_view:
