@@ -19,6 +19,7 @@ import warnings
 from datetime import timedelta
 from typing import Any
 
+from ringtorch._observe.totals import TOTALS
 from ringtorch.collectives.backends import registry
 from ringtorch.collectives.backends.base import BackendContext
 from ringtorch.collectives.process_group import ProcessGroup
@@ -110,6 +111,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     _world.default_pg = pg
     _world.init_method = init_method
     _install_excepthook(rank)
+    TOTALS.install(rank)  # running totals for the end-of-job summary
     if os.environ.get("TORCH_DIST_INIT_BARRIER", "0") == "1":
         _store_based_barrier(rank, store, name, world_size, timeout)
 
@@ -219,6 +221,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
     if pg not in _world.pg_map:
         raise ValueError("Invalid process group specified")
     if group is None or group is _world.default_pg:
+        TOTALS.write()  # the end-of-job summary's totals, in case the process is killed later
         for each in sorted(_world.pg_names, key=lambda g: int(_world.pg_names[g])
                            if _world.pg_names[g].isdigit() else -1, reverse=True):
             each.shutdown()

@@ -1,0 +1,48 @@
+"""Training-like programs that tests/integration/test_job_summary.py runs under ringrun.
+
+``python _summary_jobs.py straggler``: ten all_reduces of 1000 float32 (rank 2 sleeps
+``SLEEP_S`` before each, so the others wait for it), one send of 100 int64 from rank 0 to
+rank 1, one broadcast. ``python _summary_jobs.py fails``: three all_reduces, then rank 1
+raises while the others block until the launcher stops them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import torch
+
+import ringtorch.distributed as dist
+
+SLEEP_S = float(os.environ.get("SLEEP_S", "0.1"))
+
+
+def straggler() -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    for _ in range(10):
+        if rank == 2:
+            time.sleep(SLEEP_S)
+        dist.all_reduce(torch.ones(1000))
+    if rank == 0:
+        dist.send(torch.arange(100), dst=1)
+    elif rank == 1:
+        dist.recv(torch.zeros(100, dtype=torch.int64), src=0)
+    dist.broadcast(torch.ones(10), src=0)
+    dist.destroy_process_group()
+
+
+def fails() -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    for _ in range(3):
+        dist.all_reduce(torch.ones(1000))
+    if rank == 1:
+        raise ValueError("rank 1 cannot go on")
+    time.sleep(600)  # the launcher stops the others when rank 1 fails
+
+
+if __name__ == "__main__":
+    {"straggler": straggler, "fails": fails}[sys.argv[1]]()
