@@ -3,7 +3,8 @@
 ``python _summary_jobs.py straggler``: ten all_reduces of 1000 float32 (rank 2 sleeps
 ``SLEEP_S`` before each, so the others wait for it), one send of 100 int64 from rank 0 to
 rank 1, one broadcast. ``python _summary_jobs.py fails``: three all_reduces, then rank 1
-raises while the others block until the launcher stops them.
+raises while the others block until the launcher stops them. ``python _summary_jobs.py
+rpc``: RPC only (no process group): rank 0 calls rank 1 four times.
 """
 
 from __future__ import annotations
@@ -44,5 +45,16 @@ def fails() -> None:
     time.sleep(600)  # the launcher stops the others when rank 1 fails
 
 
+def rpc_only() -> None:
+    import ringtorch.distributed.rpc as rpc
+
+    rank = int(os.environ["RANK"])
+    rpc.init_rpc(f"worker{rank}", rank=rank, world_size=int(os.environ["WORLD_SIZE"]))
+    if rank == 0:
+        for _ in range(4):
+            rpc.rpc_sync("worker1", torch.add, args=(torch.ones(2), 1))
+    rpc.shutdown()
+
+
 if __name__ == "__main__":
-    {"straggler": straggler, "fails": fails}[sys.argv[1]]()
+    {"straggler": straggler, "fails": fails, "rpc": rpc_only}[sys.argv[1]]()

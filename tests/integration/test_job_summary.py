@@ -116,3 +116,12 @@ def test_a_program_that_never_makes_a_group_gets_no_summary(tmp_path: Path) -> N
     result = ringrun(["--nproc-per-node", "2", str(script)])
     assert result.returncode == 0, result.stderr
     assert "summary" not in result.stderr
+
+
+def test_an_rpc_job_without_a_process_group_is_summarized(tmp_path: Path) -> None:
+    result = ringrun(["--nproc-per-node", "2", JOBS, "rpc"])
+    assert result.returncode == 0, result.stderr
+    block = summary_block(result.stderr)
+    assert block[0].startswith("ringrun: job summary (2 ranks")
+    assert block[1].startswith("  rank 0: RPC ") and "(4 calls, " in block[1]
+    assert block[2].startswith("  rank 1: no collective, p2p or RPC call of ")

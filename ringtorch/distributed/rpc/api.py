@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
+from ringtorch._observe.totals import TOTALS
 from ringtorch.distributed.rpc import _calls, _shutdown
 from ringtorch.distributed.rpc._rref_context import RRefContext
 from ringtorch.distributed.rpc._state import STATE, current_agent
@@ -91,6 +92,7 @@ def _start(name: str, rank: int, world_size: int, options: TensorPipeRpcBackendO
         rrefs.close()
         agent.close()
         raise
+    TOTALS.install(rank)  # running totals for the end-of-job summary
 
 
 def shutdown(graceful: bool = True, timeout: float = DEFAULT_SHUTDOWN_TIMEOUT) -> None:
