@@ -255,7 +255,9 @@ def render_recorder(r: dict[str, Any]) -> str:
             f"job(s).\n\n{text}\n\nPer record (world 1 all_reduce in one process, CPU time of "
             f"the calling thread): off {rec['off_ns']:,.0f} ns, ring only "
             f"+{rec['ring_ns'] - rec['off_ns']:,.0f} ns, ring and the summary's totals "
-            f"(the default) +{rec['on_ns'] - rec['off_ns']:,.0f} ns.")
+            f"(the default) +{rec['on_ns'] - rec['off_ns']:,.0f} ns"
+            + (f"; the listeners alone {rec['listeners_ns']:,.0f} ns." if "listeners_ns" in rec
+               else "."))
 
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {

@@ -21,7 +21,8 @@ repeats:
    recorder off, with its ring only, and by default (the ring and the listeners the process
    installed: the summary's totals), switched in place between blocks, timed by the calling
    thread's CPU clock (``time.thread_time``), which other processes on the same cores do not
-   advance: the per-record cost stays measurable on a loaded machine.
+   advance: the per-record cost stays measurable on a loaded machine. Then the listeners
+   alone (what finishing a record costs with and without them, in a tight loop).
 
 The goals (issue 15): under 1 µs per operation, and under 5% of a 1 KB all_reduce.
 """
@@ -159,7 +160,26 @@ def per_record(args: argparse.Namespace) -> dict[str, float]:
                                           clock=time.thread_time)
     _switch("on", capacity, listeners)
     dist.destroy_process_group()
-    return {f"{mode}_ns": statistics.median(v) * 1e9 for mode, v in samples.items()}
+    found = {f"{mode}_ns": statistics.median(v) * 1e9 for mode, v in samples.items()}
+    found["listeners_ns"] = _listeners_alone(listeners, args) * 1e9
+    return found
+
+
+def _listeners_alone(listeners: list[Any], args: argparse.Namespace) -> float:
+    """CPU seconds the listeners add to finishing one record (a completed all_reduce's record
+    finished again and again, with and without them, alternating)."""
+    from ringtorch._observe.recorder import COLLECTIVE, FlightRecorder
+
+    recorder = FlightRecorder(16)
+    rec = recorder.record(COLLECTIVE, "0", "allreduce")
+    rec.started = time.monotonic_ns()
+    samples: dict[bool, list[float]] = {False: [], True: []}
+    for block in range(args.repeats * 10):
+        for on in (False, True) if block % 2 == 0 else (True, False):
+            recorder.listeners[:] = listeners if on else []
+            samples[on] += _time_blocks(lambda: recorder.finished(rec, None), args.iters * 10,
+                                        1, clock=time.thread_time)
+    return statistics.median(samples[True]) - statistics.median(samples[False])
 
 
 def main() -> None:
@@ -218,11 +238,12 @@ def main() -> None:
           f"median of {args.repeats * 10} alternating blocks of {args.iters} calls per mode:")
     print(f"  off {record['off_ns']:.0f} ns, ring only {record['ring_ns']:.0f} ns "
           f"(+{record['ring_ns'] - record['off_ns']:.0f} ns), default (ring + summary totals) "
-          f"{record['on_ns']:.0f} ns (+{record['on_ns'] - record['off_ns']:.0f} ns)")
+          f"{record['on_ns']:.0f} ns (+{record['on_ns'] - record['off_ns']:.0f} ns); the "
+          f"listeners alone (the summary's totals) {record['listeners_ns']:.0f} ns per record")
     print(f"load average at the end: {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)")
     # results: {"repeats", "iters", "blocks", "tracing": bool, "rows": [{"transport",
     # "off_us", "default_us", "trace_off_us", "trace_us" (None: not available)}],
-    # "per_record": {"off_ns", "ring_ns", "on_ns"}}
+    # "per_record": {"off_ns", "ring_ns", "on_ns", "listeners_ns"}}
     recorder.write(args.json, {"repeats": args.repeats, "iters": args.iters,
                                "blocks": args.blocks, "tracing": tracing, "rows": rows,
                                "per_record": record})

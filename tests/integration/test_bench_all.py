@@ -62,6 +62,7 @@ def test_a_quick_recorder_run_measures_both_transports_and_writes_its_table(
         assert (row["trace_us"] is None) is not tracing
     record = results["per_record"]
     assert all(record[k] > 0 for k in ("off_ns", "ring_ns", "on_ns"))
+    assert "listeners_ns" in record
     page = (tmp_path / "BENCHMARKS.md").read_text()
     block = page[page.index("<!-- bench/all.py: begin recorder -->"):
                  page.index("<!-- bench/all.py: end recorder -->")]

@@ -125,3 +125,18 @@ def test_an_rpc_job_without_a_process_group_is_summarized(tmp_path: Path) -> Non
     assert block[0].startswith("ringrun: job summary (2 ranks")
     assert block[1].startswith("  rank 0: RPC ") and "(4 calls, " in block[1]
     assert block[2].startswith("  rank 1: no collective, p2p or RPC call of ")
+
+
+def test_the_observability_pages_program_runs_under_ringrun(tmp_path: Path) -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "observability.md").read_text()
+    program = re.search(r"```python\n(.*?)```", text[text.index("### The API"):], re.S)
+    assert program, "docs/observability.md has no python block after '### The API'"
+    script = tmp_path / "tour.py"
+    script.write_text(program.group(1))
+    result = ringrun(["--nproc-per-node", "2", str(script)])
+    assert result.returncode == 0, result.stderr[-4000:]
+    for rank in range(2):
+        assert f"rank {rank}: observability tour passed" in result.stdout
+    # the summary counts what the program did, flight_recorder.reset() notwithstanding
+    block = summary_block(result.stderr)
+    assert "(1 call, 1.0 KiB), p2p" in block[1] and "(1 call, 32 B)" in block[1]

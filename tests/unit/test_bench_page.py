@@ -134,7 +134,8 @@ RECORDER = {"repeats": 5, "iters": 1000, "blocks": 7, "tracing": True, "rows": [
      "trace_us": 12.5},
     {"transport": "sockets", "off_us": 20.0, "default_us": 20.5, "trace_off_us": None,
      "trace_us": None}],
-    "per_record": {"off_ns": 9000.0, "ring_ns": 9600.0, "on_ns": 9900.0}}
+    "per_record": {"off_ns": 9000.0, "ring_ns": 9600.0, "on_ns": 9900.0,
+                   "listeners_ns": 250.0}}
 
 
 def test_the_recorders_cost_is_on_over_off(tmp_path: Path) -> None:
@@ -150,7 +151,7 @@ def test_the_recorders_cost_is_on_over_off(tmp_path: Path) -> None:
     assert ("| sockets | 20.0 | 20.5 | 1.025 | 500 | not available | not available | "
             "not available |") in block
     assert ("off 9,000 ns, ring only +600 ns, ring and the summary's totals (the default) "
-            "+900 ns.") in block
+            "+900 ns; the listeners alone 250 ns.") in block
 
 
 def test_a_page_without_the_markers_is_refused(tmp_path: Path) -> None:
