@@ -14,10 +14,11 @@ collective is the one the others wait for (the straggler). ``ringtorch/_observe/
 turns the ranks' totals into that verdict; docs/observability.md explains the choice.
 
 Each rank writes its totals as ``summary-<rank>.json`` into ``RINGTORCH_OBSERVE_DIR`` (set
-by ringrun) when its default group is destroyed and again at exit; the launcher merges what
-it finds. The rule this module keeps, as the recorder's: it never blocks an operation on
-anything, and never raises into it. ``TOTALS`` is the process's
-one accumulator (this subsystem's state, beside ``RECORDER``).
+by ringrun) when it starts counting, every ``FLUSH_S`` seconds while they change (from a
+daemon thread: a rank killed by a signal runs no exit hook), when its default group is
+destroyed and at exit; the launcher merges what it finds. The rule this module keeps, as the
+recorder's: it never blocks an operation on anything, and never raises into it. ``TOTALS`` is
+the process's one accumulator (this subsystem's state, beside ``RECORDER``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import atexit
 import json
 import os
 import socket
+import threading
 import time
 from threading import get_ident
 from typing import Any
@@ -36,6 +38,9 @@ from ringtorch._observe.recorder import RECORDER, Record
 FORMAT = "ringtorch-rank-summary"
 VERSION = 1
 FILE_PREFIX = "summary-"
+# How often a rank under ringrun rewrites its file while its totals change (what a killed rank
+# leaves is at most this old).
+FLUSH_S = 2.0
 
 
 class Totals:
@@ -110,6 +115,21 @@ class Totals:
         if not self._exit_hooked and _config.OBSERVE_DIR.get():
             self._exit_hooked = True
             atexit.register(self.write)
+            threading.Thread(target=self._flush_every, args=(FLUSH_S,), daemon=True,
+                             name="ringtorch-summary").start()
+
+    def _flush_every(self, seconds: float) -> None:
+        """Write the file now and then whenever the totals changed: a rank that is killed
+        (ringrun stops the others with SIGTERM when one fails) runs no exit hook, and its
+        last flush is what the summary shows of it."""
+        written = -1
+        while True:
+            calls = sum(acc[1] for table in list(self._by_thread.values())
+                        for acc in list(table.values()))
+            if calls != written:
+                written = calls
+                self.write()
+            time.sleep(seconds)
 
     def write(self) -> str | None:
         """Write ``summary-<rank>.json`` into RINGTORCH_OBSERVE_DIR; its path, or None when

@@ -6,7 +6,7 @@ The ranks leave their running totals in the attempt's observe folder
 attempt and prints them merged (``ringtorch/_observe/summary.py`` does the merging). Each
 node's launcher prints the part of its own ranks: the files are local, and gathering them
 through the rendezvous store would make the end of a job wait on the slowest node. A rank
-that left no file (killed before it exited, or not a ringtorch program) is named; a job
+that left no file (killed before its first write, or not a ringtorch program) is named; a job
 where no rank left one prints nothing, so plain programs run under ringrun look as before.
 On by default; ``--no-summary`` turns it off.
 """

@@ -3,12 +3,14 @@
 ``python _summary_jobs.py straggler``: ten all_reduces of 1000 float32 (rank 2 sleeps
 ``SLEEP_S`` before each, so the others wait for it), one send of 100 int64 from rank 0 to
 rank 1, one broadcast. ``python _summary_jobs.py fails``: three all_reduces, then rank 1
-raises while the others block until the launcher stops them. ``python _summary_jobs.py
+raises (once the others' summary files show their calls) while the others block until the
+launcher stops them. ``python _summary_jobs.py
 rpc``: RPC only (no process group): rank 0 calls rank 1 four times.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -41,8 +43,21 @@ def fails() -> None:
     for _ in range(3):
         dist.all_reduce(torch.ones(1000))
     if rank == 1:
+        # Fail once the others' running totals show their three calls (their summary files,
+        # rewritten as the totals change), so what they leave is known.
+        while not all(_calls_written(other, "allreduce") >= 3 for other in (0, 2)):
+            time.sleep(0.01)
         raise ValueError("rank 1 cannot go on")
     time.sleep(600)  # the launcher stops the others when rank 1 fails
+
+
+def _calls_written(rank: int, op: str) -> int:
+    path = os.path.join(os.environ["RINGTORCH_OBSERVE_DIR"], f"summary-{rank}.json")
+    try:
+        with open(path) as f:
+            return int(json.load(f)["ops"].get(op, {}).get("calls", 0))
+    except FileNotFoundError:
+        return 0
 
 
 def rpc_only() -> None:
