@@ -76,11 +76,6 @@ class Totals:
         if rec.error:
             acc[2] += 1
 
-    def reset(self) -> None:
-        """Forget every total (a new job in the same process starts from zero)."""
-        self._by_thread = {}
-        self.started_ns = time.time_ns()
-
     def ops(self) -> dict[str, dict[str, Any]]:
         """The totals so far, summed over threads: ``{op: {kind, calls, failed, bytes,
         time_ns}}`` (a table being added to while read is read as it stands)."""
@@ -138,7 +133,7 @@ class Totals:
         if not folder or self.rank < 0:
             return None
         target = os.path.join(folder, f"{FILE_PREFIX}{self.rank}.json")
-        tmp = f"{target}.{os.getpid()}.tmp"
+        tmp = f"{target}.{os.getpid()}.{get_ident()}.tmp"  # the flusher and exit may overlap
         try:
             with open(tmp, "w") as f:
                 json.dump(self.snapshot(), f)

@@ -243,7 +243,8 @@ def config_from_args(args: argparse.Namespace, use_env: bool = True,
         local_ranks_filter=_ranks_filter(args.local_ranks_filter),
         log_line_prefix_template=os.getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
         signals_to_handle=parse_signals(args.signals_to_handle),
-        virtual_local_rank=args.virtual_local_rank, summary=args.summary, secret=secret.secret,
+        virtual_local_rank=args.virtual_local_rank, summary=getattr(args, "summary", True),
+        secret=secret.secret,
     )
 
 
