@@ -144,3 +144,30 @@ def test_the_observability_pages_program_runs_under_ringrun(tmp_path: Path) -> N
     # the summary counts what the program did, flight_recorder.reset() notwithstanding
     block = summary_block(result.stderr)
     assert "(1 call, 1.0 KiB), p2p" in block[1] and "(1 call, 32 B)" in block[1]
+
+
+def test_each_nodes_launcher_prints_its_own_ranks(tmp_path: Path) -> None:
+    # Two launchers on this machine form one 4-rank job (static rendezvous); rank 2, on the
+    # second node, is the straggler. Each launcher summarizes the ranks it started.
+    from ringtorch.testing.harness import job_port
+
+    common = ["--nnodes", "2", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+              "--master-port", str(job_port())]
+    env = {**os.environ, "RINGTORCH_SECRET": "0123456789abcdef" * 4, "SLEEP_S": "0.1"}
+    env.pop("OMP_NUM_THREADS", None)
+    nodes = [subprocess.Popen([sys.executable, "-m", "ringtorch.launcher", *common,
+                               "--node-rank", str(n), JOBS, "straggler"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for n in (0, 1)]
+    errs = []
+    for node in nodes:
+        _, err = node.communicate(timeout=120)
+        assert node.returncode == 0, err
+        errs.append(err)
+    first, second = summary_block(errs[0]), summary_block(errs[1])
+    assert first[0].startswith("ringrun: job summary (2 ranks")
+    assert [line.split(":")[0] for line in first[1:3]] == ["  rank 0", "  rank 1"]
+    assert [line.split(":")[0] for line in second[1:3]] == ["  rank 2", "  rank 3"]
+    assert not any("rank 2" in line or "rank 3" in line for line in first)
+    verdict = next(line for line in second if line.startswith("  allreduce:"))
+    assert verdict.startswith("  allreduce: slowest rank 2: the others waited ")
