@@ -1,6 +1,6 @@
 """What the flight recorder (and the timeline's tracing) costs, on and off, side by side in one run.
 
-    python bench/recorder.py                      # 5 repeats, about a minute on 2 cores
+    python bench/recorder.py                      # 5 repeats: 2-3 minutes on 2 cores
     python bench/recorder.py --repeats 3 --iters 500 --blocks 5
     python bench/recorder.py --quick              # tiny settings: checks that it runs
     python bench/recorder.py --json bench/out/recorder.json   # also bench/_report.py's JSON
