@@ -128,11 +128,12 @@ def _rank_line(rank: int, data: dict[str, Any]) -> str:
         if failed:
             text += f", {failed} failed"
         parts.append(text + ")")
+    since = f"{format_seconds(lifetime)} since init" if lifetime > 0 else ""
+    if not data.get("recording", True) and not parts:
+        return f"  rank {rank}: not recorded (RINGTORCH_FLIGHT_RECORDER=0)"
     if not parts:
-        parts.append("no collective, p2p or RPC call" if data.get("recording", True)
-                     else "not recorded (RINGTORCH_FLIGHT_RECORDER=0)")
-    tail = f" of {format_seconds(lifetime)} since init" if lifetime > 0 else ""
-    return f"  rank {rank}: " + ", ".join(parts) + tail
+        return f"  rank {rank}: no collective, p2p or RPC call" + (f" in {since}" if since else "")
+    return f"  rank {rank}: " + ", ".join(parts) + (f" of {since}" if since else "")
 
 
 def _count(n: int, noun: str) -> str:

@@ -128,7 +128,7 @@ def test_an_rpc_job_without_a_process_group_is_summarized(tmp_path: Path) -> Non
     block = summary_block(result.stderr)
     assert block[0].startswith("ringrun: job summary (2 ranks")
     assert block[1].startswith("  rank 0: RPC ") and "(4 calls, " in block[1]
-    assert block[2].startswith("  rank 1: no collective, p2p or RPC call of ")
+    assert block[2].startswith("  rank 1: no collective, p2p or RPC call in ")
 
 
 def test_the_observability_pages_program_runs_under_ringrun(tmp_path: Path) -> None:

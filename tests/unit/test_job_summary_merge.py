@@ -128,9 +128,15 @@ def test_damaged_and_foreign_files_are_named_not_fatal(tmp_path: Path) -> None:
     assert problems[0].startswith("summary-1.json unreadable (JSONDecodeError")
     assert problems[1] == "summary-2.json unreadable (ValueError: format 'something else')"
     text = format_summary(found, expected=[0, 1, 2], problems=problems)
-    assert "  rank 0: no collective, p2p or RPC call of 1.00 s since init" in text
+    assert "  rank 0: no collective, p2p or RPC call in 1.00 s since init" in text
     assert "  summary-1.json unreadable (JSONDecodeError" in text
 
 
 def test_a_missing_folder_reads_as_no_summary(tmp_path: Path) -> None:
     assert read_summaries(str(tmp_path / "never made")) == ({}, [])
+
+
+def test_a_rank_that_did_not_record_says_so() -> None:
+    quiet = {**_summary(0, {}), "recording": False}
+    assert format_summary({0: quiet}).splitlines()[1] == (
+        "  rank 0: not recorded (RINGTORCH_FLIGHT_RECORDER=0)")
