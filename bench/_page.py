@@ -233,10 +233,37 @@ def render_autograd(r: dict[str, Any]) -> str:
     return text
 
 
+def render_recorder(r: dict[str, Any]) -> str:
+    """The 1 KB all_reduce at world 2 with the recorder off and on (and tracing), then the
+    cost per record in one process; the goals are under 1 µs and under 5% per operation."""
+    rows = []
+    for row in r["rows"]:
+        off, on = row["off_us"], row["default_us"]
+        if row.get("trace_us") is None:
+            trace = ["not available"] * 3
+        else:
+            trace = [us(row["trace_off_us"]), us(row["trace_us"]),
+                     f"{row['trace_us'] / row['trace_off_us']:.3f}"]
+        rows.append([row["transport"], us(off), us(on), f"{on / off:.3f}",
+                     f"{(on - off) * 1e3:,.0f}", *trace])
+    text = table(["transport", "recorder off µs", "recorder on µs", "on / off",
+                  "cost per op ns", "tracing job: off µs", "tracing on µs", "tracing / off"],
+                 rows)
+    rec = r["per_record"]
+    return (f"1 KB all_reduce at world 2, recorder switched off and on between blocks of "
+            f"{r['iters']} calls, {r['blocks']} blocks each per job, median over {r['repeats']} "
+            f"job(s).\n\n{text}\n\nPer record (world 1 all_reduce in one process, CPU time of "
+            f"the calling thread): off {rec['off_ns']:,.0f} ns, ring only "
+            f"+{rec['ring_ns'] - rec['off_ns']:,.0f} ns, ring and the summary's totals "
+            f"(the default) +{rec['on_ns'] - rec['off_ns']:,.0f} ns"
+            + (f"; the listeners alone {rec['listeners_ns']:,.0f} ns." if "listeners_ns" in rec
+               else "."))
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "store": render_store, "collectives": render_collectives, "shm": render_collectives,
     "hierarchy": render_hierarchy, "ddp": render_ddp, "rpc": render_rpc, "mpi": render_mpi,
-    "autograd": render_autograd}
+    "autograd": render_autograd, "recorder": render_recorder}
 
 
 def block(area: str, env: dict[str, Any], regenerate: str) -> str:

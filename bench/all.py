@@ -7,7 +7,7 @@
     python -m bench.all ...                    # the same, from the repository root
 
 Each area runs its script (bench/store.py, collectives.py, hierarchical.py, ddp.py, rpc.py,
-mpi_overhead.py, dist_autograd.py) with the settings below and ``--json OUT/AREA.json``
+mpi_overhead.py, dist_autograd.py, recorder.py) with the settings below and ``--json OUT/AREA.json``
 (bench/_report.py's format: the results with the machine, commit, date and load), then its
 generated block of the page is rewritten from that file (bench/_page.py); the hand-written
 text around the blocks stays. The collectives area also draws docs/img/busbw.png (matplotlib:
@@ -71,6 +71,7 @@ AREAS: dict[str, Area] = {
     "mpi": Area("mpi_overhead.py", (), ("--max-bytes", "16K", "--seconds", "0.02")),
     "autograd": Area("dist_autograd.py", ("--rounds", "3", "--steps", "200"),
                      ("--rounds", "1", "--steps", "20")),
+    "recorder": Area("recorder.py", ("--repeats", "5"), ("--quick",)),
 }
 PLOT_AREA = "collectives"
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from ringtorch._observe import trace_run
 from ringtorch._observe.hang_ask import HANG
+from ringtorch._observe.totals import TOTALS
 from ringtorch.collectives.backends import registry
 from ringtorch.collectives.backends.base import BackendContext
 from ringtorch.collectives.process_group import ProcessGroup
@@ -114,6 +115,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     HANG.install(store.underlying_store, rank, world_size, flight_recorder.dump)  # hang reports
     _install_excepthook(rank)
     trace_run.start_if_asked(None if impl_name == Backend.MPI else store, rank, world_size)
+    TOTALS.install(rank)  # running totals for the end-of-job summary
     if os.environ.get("TORCH_DIST_INIT_BARRIER", "0") == "1":
         _store_based_barrier(rank, store, name, world_size, timeout)
 
@@ -224,6 +226,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         raise ValueError("Invalid process group specified")
     if group is None or group is _world.default_pg:
         trace_run.finish()  # before shutdown: the records still know their route
+        TOTALS.write()  # the end-of-job summary's totals, in case the process is killed later
         for each in sorted(_world.pg_names, key=lambda g: int(_world.pg_names[g])
                            if _world.pg_names[g].isdigit() else -1, reverse=True):
             each.shutdown()

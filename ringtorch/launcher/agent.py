@@ -34,6 +34,7 @@ from ringtorch.launcher import hang, trace_merge
 from ringtorch.launcher.config import LaunchConfig
 from ringtorch.launcher.decisions import Action, Observation, decide, group_state
 from ringtorch.launcher.handlers import RendezvousGracefulExitError
+from ringtorch.launcher.job_summary import print_job_summary
 from ringtorch.launcher.node_rendezvous import NodeRendezvous, RendezvousError, StaticRendezvous
 from ringtorch.launcher.summary import format_summary, one_line, root_cause
 from ringtorch.launcher.workers import Assignment, LocalWorkerGroup, WorkerFailure
@@ -175,6 +176,7 @@ class Agent:
             exit_code = self._act(self._watch(group), group)
             trace_merge.merge_attempt(self.config, group.observe_dir, assignment.group_rank)
             if exit_code is not None:
+                print_job_summary(self.config, group, self.embedded)
                 return exit_code
 
     def _act(self, action: Action, group: LocalWorkerGroup) -> int | None:

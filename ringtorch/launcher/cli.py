@@ -134,6 +134,9 @@ def get_args_parser(prog: str = "ringrun") -> ArgumentParser:
         parser.add_argument(*flags, action=env, type=kind, default=default, help=text)
     for flags, text in _BOOL_FLAGS:
         parser.add_argument(*flags, action=check_env, help=text)
+    parser.add_argument("--summary", action=argparse.BooleanOptionalAction, default=True,
+                        help="At the end, print each rank's time in collectives and bytes, "
+                             "and the slowest rank of each collective (default: on).")
     parser.add_argument("training_script", type=str,
                         help="The program to run on every worker, then its arguments.")
     parser.add_argument("training_script_args", nargs=REMAINDER)
@@ -242,7 +245,8 @@ def config_from_args(args: argparse.Namespace, use_env: bool = True,
         local_ranks_filter=_ranks_filter(args.local_ranks_filter),
         log_line_prefix_template=os.getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
         signals_to_handle=parse_signals(args.signals_to_handle),
-        virtual_local_rank=args.virtual_local_rank, secret=secret.secret,
+        virtual_local_rank=args.virtual_local_rank, summary=getattr(args, "summary", True),
+        secret=secret.secret,
     )
 
 

@@ -289,6 +289,7 @@ class LaunchConfig:
     signals_to_handle: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
                                           signal.SIGQUIT)
     virtual_local_rank: bool = False
+    summary: bool = True  # print the end-of-job summary (--no-summary: off)
     secret: str = field(default="", repr=False)
     fork_target: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
     """When set, each worker is forked from the agent's process to run it (``argv`` only names

@@ -41,3 +41,35 @@ def test_a_quick_store_run_measures_and_writes_its_table(tmp_path: Path) -> None
         assert torch_rate == round(row["torch_ops_s"])
         assert ring_rate == round(row["ringtorch_ops_s"])
         assert abs(ratio - row["ringtorch_ops_s"] / row["torch_ops_s"]) <= 0.01 * ratio + 0.005
+
+
+def test_a_quick_recorder_run_measures_both_transports_and_writes_its_table(
+        tmp_path: Path) -> None:
+    from ringtorch import _config
+
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "all.py"), "--quick", "--only",
+                           "recorder", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads((tmp_path / "recorder.json").read_text())
+    assert result["bench"] == "recorder" and result["command"] == "python bench/recorder.py --quick"
+    results = result["results"]
+    tracing = "RINGTORCH_TRACE" in _config.KNOBS
+    assert results["tracing"] is tracing
+    assert [row["transport"] for row in results["rows"]] == ["shm", "sockets"]
+    for row in results["rows"]:
+        assert row["off_us"] > 0 and row["default_us"] > 0
+        assert (row["trace_us"] is None) is not tracing
+    record = results["per_record"]
+    assert all(record[k] > 0 for k in ("off_ns", "ring_ns", "on_ns"))
+    assert "listeners_ns" in record
+    page = (tmp_path / "BENCHMARKS.md").read_text()
+    block = page[page.index("<!-- bench/all.py: begin recorder -->"):
+                 page.index("<!-- bench/all.py: end recorder -->")]
+    for row in results["rows"]:
+        line = re.search(rf"^\| {row['transport']} \| [\d,.]+ \| [\d,.]+ \| ([\d.]+) \|", block,
+                         re.MULTILINE)
+        assert line is not None, block
+        assert abs(float(line[1]) - row["default_us"] / row["off_us"]) <= 0.0006
+    if not tracing:
+        assert "not available" in block

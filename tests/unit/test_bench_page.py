@@ -129,6 +129,31 @@ def test_collective_ratios_are_anchor_time_over_ringtorch_time(tmp_path: Path) -
     assert "old ddp table" in (tmp_path / "page.md").read_text()
 
 
+RECORDER = {"repeats": 5, "iters": 1000, "blocks": 7, "tracing": True, "rows": [
+    {"transport": "shm", "off_us": 10.0, "default_us": 10.4, "trace_off_us": 10.0,
+     "trace_us": 12.5},
+    {"transport": "sockets", "off_us": 20.0, "default_us": 20.5, "trace_off_us": None,
+     "trace_us": None}],
+    "per_record": {"off_ns": 9000.0, "ring_ns": 9600.0, "on_ns": 9900.0,
+                   "listeners_ns": 250.0}}
+
+
+def test_the_recorders_cost_is_on_over_off(tmp_path: Path) -> None:
+    page = PAGE.replace("## DDP", "## Recorder\n\n<!-- bench/all.py: begin recorder -->\nold\n"
+                                  "<!-- bench/all.py: end recorder -->\n\n## DDP")
+    (tmp_path / "page.md").write_text(page)
+    _write_results(tmp_path / "out", recorder=("recorder", RECORDER))
+    done = _render(tmp_path, "--only", "recorder")
+    assert done.returncode == 0, done.stderr
+    block = _block((tmp_path / "page.md").read_text(), "recorder")
+    # shm: 10.4 / 10.0 = 1.040, (10.4 - 10.0) µs = 400 ns; tracing 12.5 / 10.0 = 1.250
+    assert "| shm | 10.0 | 10.4 | 1.040 | 400 | 10.0 | 12.5 | 1.250 |" in block
+    assert ("| sockets | 20.0 | 20.5 | 1.025 | 500 | not available | not available | "
+            "not available |") in block
+    assert ("off 9,000 ns, ring only +600 ns, ring and the summary's totals (the default) "
+            "+900 ns; the listeners alone 250 ns.") in block
+
+
 def test_a_page_without_the_markers_is_refused(tmp_path: Path) -> None:
     (tmp_path / "page.md").write_text("# Benchmarks\n\nNo markers here.\n")
     _write_results(tmp_path / "out", store=("store", STORE))

@@ -19,6 +19,7 @@ from typing import Any
 
 from ringtorch._observe import trace_run
 from ringtorch._observe.hang_ask import HANG
+from ringtorch._observe.totals import TOTALS
 from ringtorch.distributed.rpc import _calls, _shutdown
 from ringtorch.distributed.rpc._rref_context import RRefContext
 from ringtorch.distributed.rpc._state import STATE, current_agent
@@ -95,6 +96,7 @@ def _start(name: str, rank: int, world_size: int, options: TensorPipeRpcBackendO
         raise
     HANG.install(store.underlying_store, rank, world_size, name=name)  # answers hang reports
     trace_run.start_if_asked(store, rank, world_size)
+    TOTALS.install(rank)  # running totals for the end-of-job summary
 
 
 def shutdown(graceful: bool = True, timeout: float = DEFAULT_SHUTDOWN_TIMEOUT) -> None:

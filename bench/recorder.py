@@ -1,0 +1,253 @@
+"""What the flight recorder (and the timeline's tracing) costs, on and off, side by side in one run.
+
+    python bench/recorder.py                      # 5 repeats: 2-3 minutes on 2 cores
+    python bench/recorder.py --repeats 3 --iters 500 --blocks 5
+    python bench/recorder.py --quick              # tiny settings: checks that it runs
+    python bench/recorder.py --json bench/out/recorder.json   # also bench/_report.py's JSON
+
+Two measurements, each alternating its configurations (off, on, off, on, ...) so that a
+change of load on a shared machine hits them alike, each reported as the median of its
+repeats:
+
+1. The 1 KB all_reduce at world 2, over shared memory and over sockets (RINGTORCH_SHM=0):
+   with the recorder off (as RINGTORCH_FLIGHT_RECORDER=0 leaves it) and on by default (the
+   recorder and the summary's running totals), and in a job started with tracing on
+   (RINGTORCH_TRACE=<a temporary folder>) when this ringtorch has that knob ("not available"
+   otherwise). Each job is a fresh pair of processes that switch the recorder off and on in
+   place between blocks of ``--iters`` calls (both ranks on the same schedule, a barrier
+   before each block); rank 0 keeps the median block's wall time per call of each mode.
+2. The cost per record, in one process: the world-1 all_reduce (no peer to wait for, so the
+   recorder's share is as large as it can be; it runs on the calling thread) with the
+   recorder off, with its ring only, and by default (the ring and the listeners the process
+   installed: the summary's totals), switched in place between blocks, timed by the calling
+   thread's CPU clock (``time.thread_time``), which other processes on the same cores do not
+   advance: the per-record cost stays measurable on a loaded machine. Then the listeners
+   alone (what finishing a record costs with and without them, in a tight loop).
+
+The goals (issue 15): under 1 µs per operation, and under 5% of a 1 KB all_reduce.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _report import Recorder  # bench/ is sys.path[0]
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TRANSPORTS = {"shm": {"RINGTORCH_SHM": "1"}, "sockets": {"RINGTORCH_SHM": "0"}}
+ELEMENTS = 256  # float32: 1 KB
+
+
+def trace_available() -> bool:
+    """Whether this ringtorch has the timeline's RINGTORCH_TRACE knob."""
+    from ringtorch import _config
+
+    return "RINGTORCH_TRACE" in _config.KNOBS
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _time_blocks(fn: Any, iters: int, blocks: int, before: Any = None,
+                 clock: Any = time.perf_counter) -> list[float]:
+    """Seconds per call of ``blocks`` blocks of ``iters`` calls (``before`` runs untimed
+    ahead of each block), by ``clock``."""
+    times = []
+    for _ in range(blocks):
+        if before is not None:
+            before()
+        start = clock()
+        for _ in range(iters):
+            fn()
+        times.append((clock() - start) / iters)
+    return times
+
+
+def _switch(mode: str, capacity: int, listeners: list[Any]) -> None:
+    """Recorder off (what RINGTORCH_FLIGHT_RECORDER=0 does at start-up: nothing is recorded,
+    no listener runs), its ring only, or as the process started (``on``: the ring and the
+    listeners it installed: the summary's totals, and the trace writer when tracing)."""
+    from ringtorch._observe.recorder import RECORDER
+
+    RECORDER.configure(0 if mode == "off" else capacity)
+    RECORDER.listeners[:] = [] if mode == "ring" else listeners
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One rank of a world-2 job: blocks of 1 KB all_reduces, the recorder switched off and
+    back on between blocks (both ranks follow the same schedule)."""
+    import torch
+
+    import ringtorch.distributed as dist
+    from ringtorch._observe.recorder import RECORDER
+
+    dist.init_process_group("gloo")
+    capacity, listeners = RECORDER.capacity, list(RECORDER.listeners)
+    tensor = torch.ones(ELEMENTS)
+    for _ in range(args.warmup):
+        dist.all_reduce(tensor)
+    times: dict[str, list[float]] = {"off": [], "on": []}
+    for block in range(args.blocks):
+        for mode in ("off", "on") if block % 2 == 0 else ("on", "off"):  # no order bias
+            _switch(mode, capacity, listeners)
+            times[mode] += _time_blocks(lambda: dist.all_reduce(tensor), args.iters, 1,
+                                        before=dist.barrier)
+    _switch("on", capacity, listeners)
+    if dist.get_rank() == 0:
+        Path(args.worker_out).write_text(json.dumps(times))
+    dist.destroy_process_group()
+
+
+def run_job(env_extra: dict[str, str], args: argparse.Namespace) -> dict[str, float]:
+    """Median seconds per 1 KB all_reduce of one fresh world-2 job, recorder off and on."""
+    with tempfile.TemporaryDirectory(prefix="bench_recorder_") as tmp:
+        out = os.path.join(tmp, "times.json")
+        port = _free_port()
+        procs = []
+        for rank in range(2):
+            env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                   "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+                   "OMP_NUM_THREADS": "1", **env_extra}
+            env.pop("RINGTORCH_FLIGHT_RECORDER", None)
+            env = {k: v.replace("{tmp}", tmp) for k, v in env.items()}
+            procs.append(subprocess.Popen(
+                [sys.executable, __file__, "--worker", "--worker-out", out,
+                 "--iters", str(args.iters), "--blocks", str(args.blocks),
+                 "--warmup", str(args.warmup)], env=env, stderr=subprocess.PIPE, text=True))
+        errors = [(p.wait(timeout=300), p.stderr.read() if p.stderr else "") for p in procs]
+        for code, err in errors:
+            if code != 0:
+                raise RuntimeError(f"a benchmark rank failed (exit {code}):\n{err}")
+        times = json.loads(Path(out).read_text())
+        return {mode: statistics.median(v) for mode, v in times.items()}
+
+
+def per_record(args: argparse.Namespace) -> dict[str, float]:
+    """Nanoseconds per world-1 all_reduce: recorder off, ring only, default (ring + listeners)."""
+    import torch
+
+    import ringtorch.distributed as dist
+    from ringtorch._observe.recorder import RECORDER
+
+    os.environ.pop("RINGTORCH_FLIGHT_RECORDER", None)
+    os.environ.pop("RINGTORCH_TRACE", None)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    capacity = RECORDER.capacity or 2000
+    listeners = list(RECORDER.listeners)  # what init_process_group installed
+    tensor = torch.ones(ELEMENTS)
+    samples: dict[str, list[float]] = {"off": [], "ring": [], "on": []}
+    for _ in range(args.warmup):
+        dist.all_reduce(tensor)
+    for block in range(args.repeats * 10):
+        for mode in ("off", "ring", "on")[::1 if block % 2 == 0 else -1]:
+            _switch(mode, capacity, listeners)
+            samples[mode] += _time_blocks(lambda: dist.all_reduce(tensor), args.iters, 1,
+                                          clock=time.thread_time)
+    _switch("on", capacity, listeners)
+    dist.destroy_process_group()
+    found = {f"{mode}_ns": statistics.median(v) * 1e9 for mode, v in samples.items()}
+    found["listeners_ns"] = _listeners_alone(listeners, args) * 1e9
+    return found
+
+
+def _listeners_alone(listeners: list[Any], args: argparse.Namespace) -> float:
+    """CPU seconds the listeners add to finishing one record (a completed all_reduce's record
+    finished again and again, with and without them, alternating)."""
+    from ringtorch._observe.recorder import COLLECTIVE, FlightRecorder
+
+    recorder = FlightRecorder(16)
+    rec = recorder.record(COLLECTIVE, "0", "allreduce")
+    rec.started = time.monotonic_ns()
+    samples: dict[bool, list[float]] = {False: [], True: []}
+    for block in range(args.repeats * 10):
+        for on in (False, True) if block % 2 == 0 else (True, False):
+            recorder.listeners[:] = listeners if on else []
+            samples[on] += _time_blocks(lambda: recorder.finished(rec, None), args.iters * 10,
+                                        1, clock=time.thread_time)
+    return statistics.median(samples[True]) - statistics.median(samples[False])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="jobs per configuration, alternating; medians are reported")
+    parser.add_argument("--iters", type=int, default=1000, help="calls per timed block")
+    parser.add_argument("--blocks", type=int, default=7, help="timed blocks per job")
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--quick", action="store_true", help="tiny settings (checks it runs)")
+    parser.add_argument("--json", help="also write the results here (bench/_report.py's format)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    if args.quick:
+        args.repeats, args.iters, args.blocks, args.warmup = 1, 50, 2, 20
+    recorder = Recorder("recorder")
+    tracing = trace_available()
+    jobs = {"default": {}}
+    if tracing:
+        jobs["trace"] = {"RINGTORCH_TRACE": "{tmp}"}
+    # samples[transport][job] = [{"off": s, "on": s} per repeat]
+    samples: dict[str, dict[str, list[dict[str, float]]]] = {t: {j: [] for j in jobs}
+                                                             for t in TRANSPORTS}
+    for _ in range(args.repeats):
+        for transport, transport_env in TRANSPORTS.items():
+            for job, job_env in jobs.items():
+                samples[transport][job].append(run_job({**transport_env, **job_env}, args))
+    record = per_record(args)
+    rows = []
+    print(f"1 KB all_reduce at world 2, recorder off and on in alternate blocks of {args.iters} "
+          f"calls ({args.blocks} each per job), median over {args.repeats} job(s) each; "
+          f"tracing: {'RINGTORCH_TRACE' if tracing else 'not available in this ringtorch'}")
+    print("| transport | off µs | default µs | default / off | cost per op ns "
+          "| tracing off µs | tracing on µs | tracing / off |")
+    print("|---|---|---|---|---|---|---|---|")
+    for transport in TRANSPORTS:
+        med = {(job, mode): statistics.median(r[mode] for r in samples[transport][job])
+               for job in jobs for mode in ("off", "on")}
+        off, on = med[("default", "off")], med[("default", "on")]
+        row = {"transport": transport, "off_us": off * 1e6, "default_us": on * 1e6,
+               "trace_off_us": med[("trace", "off")] * 1e6 if tracing else None,
+               "trace_us": med[("trace", "on")] * 1e6 if tracing else None}
+        rows.append(row)
+        if tracing:
+            trace_cells = (f"{row['trace_off_us']:.1f} | {row['trace_us']:.1f} | "
+                           f"{row['trace_us'] / row['trace_off_us']:.3f}")
+        else:
+            trace_cells = "not available | not available | not available"
+        print(f"| {transport} | {off * 1e6:.1f} | {on * 1e6:.1f} | {on / off:.3f} | "
+              f"{(on - off) * 1e9:.0f} | {trace_cells} |")
+    print(f"\nper record, world 1 all_reduce in one process (CPU time of the calling thread), "
+          f"median of {args.repeats * 10} alternating blocks of {args.iters} calls per mode:")
+    print(f"  off {record['off_ns']:.0f} ns, ring only {record['ring_ns']:.0f} ns "
+          f"(+{record['ring_ns'] - record['off_ns']:.0f} ns), default (ring + summary totals) "
+          f"{record['on_ns']:.0f} ns (+{record['on_ns'] - record['off_ns']:.0f} ns); the "
+          f"listeners alone (the summary's totals) {record['listeners_ns']:.0f} ns per record")
+    print(f"load average at the end: {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)")
+    # results: {"repeats", "iters", "blocks", "tracing": bool, "rows": [{"transport",
+    # "off_us", "default_us", "trace_off_us", "trace_us" (None: not available)}],
+    # "per_record": {"off_ns", "ring_ns", "on_ns", "listeners_ns"}}
+    recorder.write(args.json, {"repeats": args.repeats, "iters": args.iters,
+                               "blocks": args.blocks, "tracing": tracing, "rows": rows,
+                               "per_record": record})
+
+
+if __name__ == "__main__":
+    main()
