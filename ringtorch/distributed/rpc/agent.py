@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ringtorch._observe.recorder import RECORDER
 from ringtorch._wire.errors import DeadlineExceeded, PeerClosedError
 from ringtorch.distributed.rpc import _cma, _mesh, _serialization, extensions, messages
 from ringtorch.distributed.rpc._connection import (
@@ -65,7 +64,6 @@ class RpcAgent:
 
     def __init__(self, name: str, rank: int, world_size: int,
                  options: TensorPipeRpcBackendOptions, store: Store) -> None:
-        RECORDER.settle()
         self.info = WorkerInfo(name, rank)  # read-only, as world_size and rpc_timeout
         self.world_size = world_size
         self.rpc_timeout = options.rpc_timeout

@@ -19,6 +19,7 @@ from typing import Any
 
 from ringtorch._observe import trace_run
 from ringtorch._observe.hang_ask import HANG
+from ringtorch._observe.recorder import RECORDER
 from ringtorch._observe.totals import TOTALS
 from ringtorch.distributed.rpc import _calls, _shutdown
 from ringtorch.distributed.rpc._rref_context import RRefContext
@@ -84,6 +85,7 @@ def _start(name: str, rank: int, world_size: int, options: TensorPipeRpcBackendO
     store.set_timeout(timedelta(seconds=timeout))
     store = PrefixStore(f"rpc_prefix_{STATE.init_count}", store)
     STATE.init_count += 1
+    RECORDER.settle()  # this process's environment is known by now
     agent = RpcAgent(name, rank, world_size, options, store)
     rrefs = RRefContext(agent)
     STATE.start_run(agent, rrefs, _shutdown.ShutdownLeader(agent))
