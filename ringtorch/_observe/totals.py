@@ -59,9 +59,10 @@ class Totals:
 
     def add(self, rec: Record) -> None:
         """Count one finished record (a recorder listener: quick, never raises)."""
-        mine = self._by_thread.get(get_ident())
+        ident = get_ident()
+        mine = self._by_thread.get(ident)
         if mine is None:
-            mine = self._by_thread[get_ident()] = {}
+            mine = self._by_thread[ident] = {}
         acc = mine.get(rec.op)
         if acc is None:
             acc = mine[rec.op] = [rec.kind, 0, 0, 0, 0]

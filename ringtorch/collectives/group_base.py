@@ -174,17 +174,13 @@ class GroupBase:
             if check is not None:
                 check(self, facade_call(op_name, work.seq, self._group_name, deadline),
                       fingerprint)
-            if work.record is None:
-                return fn(work.seq, deadline)
-            work.record.seq = work.seq
-            backend = self._backend
-            if backend is not None:
-                backend.record = work.record
-            try:
-                return fn(work.seq, deadline)
-            finally:
+            rec = work.record
+            if rec is not None:  # the backend attaches its call to the record of this seq
+                rec.seq = work.seq
+                backend = self._backend
                 if backend is not None:
-                    backend.record = None
+                    backend.record = rec
+            return fn(work.seq, deadline)
 
         work = Work(op_name, -1, run, outputs, self._group_name)
         if RECORDER.on:
