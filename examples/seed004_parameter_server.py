@@ -39,15 +39,22 @@ def use_backend(name: str) -> None:
     DistributedOptimizer = importlib.import_module(base + ".optim").DistributedOptimizer
 
 
+def _generator(seed: int) -> torch.Generator:
+    """A generator of the module's own: the parameter server builds the trainer's modules
+    at the same time (each ``rpc.remote`` on a thread of its pool, under torch as here), so
+    weights drawn from torch's global generator, even right after ``torch.manual_seed``,
+    would depend on how the two constructions interleave."""
+    return torch.Generator().manual_seed(seed)
+
+
 class EmbeddingTable(nn.Module):
     """Encoding layer of the RNN model (lives on the parameter server)."""
 
     def __init__(self, ntoken: int, ninp: int, dropout: float, seed: int) -> None:
         super().__init__()
-        torch.manual_seed(seed)
         self.drop = nn.Dropout(dropout)
         self.encoder = nn.Embedding(ntoken, ninp)
-        self.encoder.weight.data.uniform_(-0.1, 0.1)
+        self.encoder.weight.data.uniform_(-0.1, 0.1, generator=_generator(seed))
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return self.drop(self.encoder(input))
@@ -58,11 +65,10 @@ class Decoder(nn.Module):
 
     def __init__(self, ntoken: int, nhid: int, dropout: float, seed: int) -> None:
         super().__init__()
-        torch.manual_seed(seed)
         self.drop = nn.Dropout(dropout)
         self.decoder = nn.Linear(nhid, ntoken)
         self.decoder.bias.data.zero_()
-        self.decoder.weight.data.uniform_(-0.1, 0.1)
+        self.decoder.weight.data.uniform_(-0.1, 0.1, generator=_generator(seed))
 
     def forward(self, output: torch.Tensor) -> torch.Tensor:
         return self.decoder(self.drop(output))

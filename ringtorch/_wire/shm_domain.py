@@ -342,7 +342,9 @@ class ShmDomain:
         return futex.address_of(self.segments[j].buf, 8 * W_ROUND)
 
     def _check_late(self, t: int, desc: Descriptor, deadline: float, now: float) -> None:
-        """Raise if this wait cannot end well: a late peer died, aborted or is elsewhere."""
+        """Raise if this wait cannot end well: a late peer died, aborted or is elsewhere.
+        A peer's round word is read again after its state: one that arrived in between
+        (and then finished and closed its group, on a loaded machine) is not late."""
         if self._failure is not None:
             raise DistBackendError(self._failure)
         external = self.poll_failure() if self.poll_failure is not None else None
@@ -350,15 +352,18 @@ class ShmDomain:
         if external is not None:
             self._fail(self.reports.failed(desc, me, external), [])
         late = [j for j in self.peers if self.words[j][W_ROUND] < t]
-        for j in late:
-            name = self._name(j)
-            if self.words[j][W_ABORTED]:
+        for j in list(late):
+            name, aborted = self._name(j), self.words[j][W_ABORTED]
+            theirs, alive = self._read_desc(j, W_NOW), self.segments[j].owner_alive()
+            if self.words[j][W_ROUND] >= t:
+                late.remove(j)
+                continue
+            if aborted:
                 self._fail(self.reports.peer_aborted(desc, me, name, self._reason(j)), [name])
-            theirs = self._read_desc(j, W_NOW)
             if theirs.seq == desc.seq and (theirs.kind, theirs.detail, theirs.nbytes) != (
                     desc.kind, desc.detail, desc.nbytes):
                 self._fail(self._mismatch(desc, j, theirs), [name])
-            if not self.segments[j].owner_alive():
+            if not alive:
                 self._explained_by_sockets(desc)
                 self._fail(self.reports.peer_died(desc, me, name, self.words[j][W_PID]), [name])
         waited = now - self._op_start

@@ -52,6 +52,11 @@ def module_grads(rref: Any, context_id: int) -> list[Any]:
         [p.grad for p in rref.local_value().parameters()]]
 
 
+def module_context_grads(rref: Any, context_id: int) -> list[Any]:
+    grads = dist_autograd.get_gradients(context_id)
+    return [grads[p] for p in rref.local_value().parameters()]
+
+
 def context_record(context_id: int) -> tuple[int, int]:
     ctx = dist_autograd.engine.container().retrieve(context_id)
     return len(ctx.sends), len(ctx.recvs)
@@ -148,15 +153,23 @@ def shared_module() -> Any:
 
 
 def barrier(name: str, parties: int = 2) -> None:
-    """(on worker2) Wait until ``parties`` trainers arrived at ``name``."""
+    """(on worker2) Wait until ``parties`` trainers arrived at ``name``.
+
+    Raises:
+        RuntimeError: they did not all arrive within 15 s (less than the RPC timeout, so the
+            trainers see this): the scenario's order of events cannot be kept.
+    """
     with _arrival:
         _arrived[name] = _arrived.get(name, 0) + 1
         _arrival.notify_all()
-        _arrival.wait_for(lambda: _arrived[name] >= parties, timeout=20)
+        if not _arrival.wait_for(lambda: _arrived[name] >= parties, timeout=15):
+            raise RuntimeError(f"barrier {name!r}: {_arrived[name]} of {parties} trainers "
+                               f"arrived within 15 s")
 
 
 def optim_scenario(rank: int, world_size: int) -> dict[str, Any]:
-    """Trainers 0 and 1 compute gradients in their contexts, then step at the same time."""
+    """Trainers 0 and 1 compute gradients in their contexts, then step at the same time
+    (each also returns its context's gradients of the server's parameters)."""
     start(rank, world_size)
     out: dict[str, Any] = {}
     if rank < 2:
@@ -168,6 +181,8 @@ def optim_scenario(rank: int, world_size: int) -> dict[str, Any]:
         with dist_autograd.context() as cid:
             y = rpc.rpc_sync("worker2", call, args=(ps_rref, x * local))
             dist_autograd.backward(cid, [y.sum()])
+            out["ps_grads"] = rpc.rpc_sync("worker2", module_context_grads,
+                                          args=(ps_rref, cid))
             rpc.rpc_sync("worker2", barrier, args=("computed",))
             opt.step(cid)
         rpc.rpc_sync("worker2", barrier, args=("stepped",))
@@ -179,11 +194,6 @@ def optim_scenario(rank: int, world_size: int) -> dict[str, Any]:
 
 
 # ---- seed 004's program -------------------------------------------------------------------
-
-
-def module_context_grads(rref: Any, context_id: int) -> list[Any]:
-    grads = dist_autograd.get_gradients(context_id)
-    return [grads[p] for p in rref.local_value().parameters()]
 
 
 def seed004_one_step(rank: int, world_size: int) -> dict[str, Any]:

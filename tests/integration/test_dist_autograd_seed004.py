@@ -1,10 +1,14 @@
 """Seed 004's program (examples/seed004_parameter_server.py): its distributed gradients
 equal those of the same model trained in one process with plain torch (same seeds, same
-batch), and the example trains (its loss falls)."""
+batch), whichever way the parameter server's concurrent constructions of its modules
+interleave, and the example trains (its loss falls)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from torch.nn.modules.module import register_module_parameter_registration_hook
 
 from examples import seed004_parameter_server as E
 from ringtorch.testing import run_ranks
@@ -29,6 +33,31 @@ def test_distributed_gradients_equal_single_process_gradients() -> None:
         assert len(got[key]) == len(expected)
         for g, e in zip(got[key], expected, strict=True):
             torch.testing.assert_close(g, e)
+
+
+def test_the_parameter_servers_modules_do_not_draw_from_torchs_global_generator() -> None:
+    # The parameter server builds the embedding table and the decoder at the same time, on two
+    # threads of its pool: a draw from the global generator by the other construction while
+    # one is built (forced here at each parameter's registration) must not change its weights.
+    ids, ntoken = E.make_corpus()
+    c = E.CONFIG
+
+    def build() -> list[torch.Tensor]:
+        modules = [E.EmbeddingTable(ntoken, c["ninp"], 0.0, 0), E.Decoder(ntoken, c["nhid"], 0.0, 2)]
+        return [p.detach() for m in modules for p in m.parameters()]
+
+    def the_other_construction_draws(module: torch.nn.Module, name: str, param: Any) -> None:
+        torch.rand(1)
+
+    alone = build()
+    hook = register_module_parameter_registration_hook(the_other_construction_draws)
+    try:
+        disturbed = build()
+    finally:
+        hook.remove()
+    assert len(alone) == len(disturbed) == 3
+    for a, b in zip(alone, disturbed, strict=True):
+        assert torch.equal(a, b)
 
 
 def test_the_example_trains() -> None:

@@ -16,6 +16,7 @@ import threading
 import pytest
 
 from ringtorch.testing import RankFailed, run_ranks, wait_for
+from tests.integration import _shm_leave_ranks as leave_ranks
 from tests.integration import _shm_ranks as ranks
 
 AR = r"all_reduce #1 \(float32, 32 bytes, op SUM\)"
@@ -92,6 +93,15 @@ def test_a_late_rank_times_out_the_others_naming_it_and_where_it_is(tmp_path):
     assert 1.4 < results[0]["after"] < 5.0
     late_name, late_message = results[1]["error"]
     assert late_name == "DistBackendError" and "timed out" in late_message, late_message
+
+
+@pytest.mark.parametrize("ws", [2, 4])
+def test_a_rank_that_arrived_then_left_while_a_waiter_checked_on_it_was_not_late(ws):
+    # rank 1 arrives at the barrier and closes its group between rank 0's read of its round
+    # word and rank 0's probe of its process: it did arrive, so rank 0's barrier passes
+    results = run_ranks(leave_ranks.arrive_then_leave, ws, timeout=60)
+    assert results[0]["probed"]
+    assert [r["error"] for r in results] == [("no error", "")] * ws
 
 
 def test_abort_on_one_rank_ends_the_others_waits_with_its_reason():
