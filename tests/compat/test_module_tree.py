@@ -22,6 +22,8 @@ import torch.distributed
 ROOT = Path(torch.distributed.__file__).parent
 
 # Modules left out, by path prefix (a prefix covers its submodules), with the reason.
+_FR_ANALYSER = ("torch's analyser of NCCL flight-recorder dumps; ringtorch's own records "
+                "are merged by its hang report (docs/hang-report.md)")
 _LATER = "a separate step: DTensor, DeviceMesh and the parallelisms built on them"
 LEFT_OUT = {
     "torch.distributed.checkpoint": "distributed checkpointing of sharded state: " + _LATER,
@@ -29,9 +31,8 @@ LEFT_OUT = {
     "torch.distributed.tensor": "DTensor and tensor parallelism: " + _LATER,
     "torch.distributed.fsdp": "FSDP: " + _LATER,
     "torch.distributed.pipelining": "pipeline parallelism: a separate step",
-    "torch.distributed.flight_recorder": "reads NCCL flight-recorder dumps; ringtorch has no "
-                                         "NCCL",
-    "torch.distributed.debug": "torch's HTTP debug server over its C++ worker server",
+    "torch.distributed.flight_recorder.components": _FR_ANALYSER,
+    "torch.distributed.flight_recorder.fr_trace": _FR_ANALYSER,
     "torch.distributed.config": "switches of torch.compile and torchcomms, which ringtorch "
                                 "does not drive",
     "torch.distributed.c10d_logger": "torch's internal logging of c10d calls",
@@ -91,6 +92,10 @@ LEFT_OUT = {
 _PROCESS_CONTEXTS = "torch's process contexts; ringtorch's supervision is ringtorch._workers"
 _RUN_HELPERS = "torchrun's internal helpers; ringrun's flags are parsed in ringtorch.launcher"
 NAMES_LEFT_OUT: dict[str, dict[str, str]] = {
+    "torch.distributed.debug": dict.fromkeys(
+        ["start_debug_server", "stop_debug_server"],
+        "torch's HTTP debug server over its C++ worker server; ringtorch's debug module asks "
+        "a running job for its hang report instead (docs/hang-report.md)"),
     "torch.distributed.autograd": {"is_available": "the C++ build switch of torch's RPC"},
     "torch.distributed.distributed_c10d": {
         "ProcessGroupGloo": "the gloo library's class; ringtorch's 'gloo' is its own backend",
