@@ -128,6 +128,16 @@ class CellResult:
                 "left_processes": self.left_processes, "left_shm": self.left_shm,
                 "left_ports": self.left_ports, "addresses": list(self.addresses)}
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CellResult:
+        """The result ``to_json`` wrote (a saved run, rendered again without rerunning)."""
+        cell = data["cell"]
+        settings = {**data["settings"], "env": tuple(data["settings"]["env"].items())}
+        return cls(Cell(cell["workload"], cell["fault"], tuple(cell["layout"])), data["lib"],
+                   Settings(**settings), [RankOutcome(**o) for o in data["outcomes"]],
+                   data["left_processes"], data["left_shm"], data["left_ports"],
+                   tuple(data["addresses"]))
+
 
 # -- reading messages (pure) --------------------------------------------------------------------
 
@@ -195,7 +205,7 @@ def _listening_ports(netns: str) -> list[int]:
     return sorted(ports)
 
 
-def _shm_of(names: set[str], pids: set[int]) -> list[str]:
+def shm_files_of(names: set[str], pids: set[int]) -> list[str]:
     """The names among ``names`` that carry one of ``pids`` as a number of their own."""
     return sorted(n for n in names
                   if any(int(num) in pids for num in re.findall(r"(?<!\d)\d+(?!\d)", n)))
@@ -311,7 +321,7 @@ def run_cell(cell: Cell, lib: str, settings: Settings, keep_dir: Path | None = N
         pids = set(_job_pids(job)) | {p.pid for p in procs.values()}
         left = [_describe_pid(pid) for pid in _job_pids(job)]
         ports = [f"host {h}: {port}" for h in (0, 1) for port in _listening_ports(hosts.netns[h])]
-        shm = _shm_of(set(os.listdir("/dev/shm")) - shm_before, pids)
+        shm = shm_files_of(set(os.listdir("/dev/shm")) - shm_before, pids)
         outcomes = [_outcome(cell, r, out, since[r], exits.get(r),
                              killed=(r == victim and cell.fault in ("sigkill", "store_death")))
                     for r in range(cell.world)]
