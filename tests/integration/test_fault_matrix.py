@@ -11,8 +11,8 @@ checked on every rank of every cell:
 * a dead process is reported in under 1 s, the store's death in under 2 s, a partition
   within the bound the configuration promises (1.5 x ``RINGTORCH_TCP_USER_TIMEOUT_MS``, as
   the default 10 s promises under 15 s), a frozen rank by the stall warning naming it
-  (collectives) and then an error within the group's timeout; the frozen rank itself, once
-  resumed, fails at once;
+  (collectives; logged before the error) and then an error within the group's timeout;
+  the frozen rank itself, once resumed, fails at once with a DistError naming a rank;
 * every process exits, and no process, /dev/shm segment or listening port is left.
 
 Timeouts are short here through the existing knobs, so the matrix fits the suite's budget;
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import pytest
 
-from ringtorch.testing.fault_matrix import Cell, CellResult, Settings, run_cell
+from ringtorch.testing.fault_matrix import Cell, CellResult, Settings, named_ranks, run_cell
 
 pytestmark = pytest.mark.netns
 
@@ -90,11 +90,12 @@ def missed_targets(result: CellResult) -> list[str]:
                 missed.append(f"{who} took {o.error_s:.2f} s (bound {_bound(cell):.1f} s) to "
                               f"raise {said}")
         if cell.fault == "sigstop" and cell.workload != "rpc" and not resumed:
+            # the wait may have begun before the fault: only the order is certain
             stalls = [t for t, line in o.warnings
-                      if "has waited" in line and f"rank {cell.victim}" in line]
-            if not stalls or not STALL_WARNING_S <= stalls[0] <= o.error_s:
-                missed.append(f"{who} logged no stall warning naming rank {cell.victim} after "
-                              f"{STALL_WARNING_S} s and before its error; warnings: {o.warnings}")
+                      if "has waited" in line and cell.victim in named_ranks(line)]
+            if not stalls or stalls[0] > o.error_s:
+                missed.append(f"{who} logged no stall warning naming rank {cell.victim} "
+                              f"before its error; warnings: {o.warnings}")
         if o.exit_s is None:
             missed.append(f"{who} was still running {SETTINGS.exit_grace_s} s after its error")
     for what, left in (("processes", result.left_processes), ("/dev/shm files", result.left_shm),
