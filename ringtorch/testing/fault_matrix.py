@@ -315,8 +315,8 @@ def run_cell(cell: Cell, lib: str, settings: Settings, keep_dir: Path | None = N
         _watch(watched, out, fault_at, settings, exits)
         since = {r: fault_at for r in procs}
         if cell.fault == "sigstop" and victim is not None:
-            os.kill(procs[victim].pid, signal.SIGCONT)
             since[victim] = time.monotonic()
+            os.kill(procs[victim].pid, signal.SIGCONT)
             _watch({victim: procs[victim]}, out, since[victim], settings, exits)
         pids = set(_job_pids(job)) | {p.pid for p in procs.values()}
         left = [_describe_pid(pid) for pid in _job_pids(job)]
