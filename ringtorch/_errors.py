@@ -23,6 +23,16 @@ class DistNetworkError(DistError):
     """A connection could not be made or broke: the message names the peer."""
 
 
+class PeerLostError(DistBackendError, DistNetworkError):
+    """An operation of a group failed because a connection to a peer broke: the peer's
+    process exited (known dead) or the network to its host failed (unreachable). The message
+    names the peer, its host, the group and the operation, and says which of the two it was.
+
+    Both a ``DistNetworkError`` (torch's name for a broken connection) and a
+    ``DistBackendError`` (what a failed collective raises), so either ``except`` catches it.
+    """
+
+
 class DistStoreError(DistError):
     """A store operation failed or timed out: the message names the keys and the timeout."""
 
@@ -31,4 +41,5 @@ class QueueEmptyError(DistStoreError):
     """``queue_pop(block=False)`` found the queue empty."""
 
 
-__all__ = ["DistBackendError", "DistError", "DistNetworkError", "DistStoreError", "QueueEmptyError"]
+__all__ = ["DistBackendError", "DistError", "DistNetworkError", "DistStoreError", "PeerLostError",
+           "QueueEmptyError"]

@@ -22,9 +22,9 @@ import socket
 import struct
 import time
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import NoReturn, Protocol, runtime_checkable
 
-from ringtorch._wire.errors import DeadlineExceeded, PeerClosedError
+from ringtorch._wire.errors import DeadlineExceeded, PeerClosedError, unreachable
 from ringtorch._wire.framing import advance_views
 from ringtorch._wire.sockets import tune_tcp
 
@@ -126,22 +126,38 @@ def wait_fd(fd: int, events: int, deadline: float | None, peer: str) -> None:
 class SocketChannel:
     """A Channel over a connected, blocking stream socket (see the module docstring)."""
 
-    def __init__(self, sock: socket.socket, peer: str) -> None:
+    def __init__(self, sock: socket.socket, peer: str, rank: int = -1) -> None:
         sock.settimeout(None)
         whole = int(WAIT_SLICE_S)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
                         struct.pack("ll", whole, int((WAIT_SLICE_S - whole) * 1e6)))
         self.sock = sock
         self.peer = peer
+        self.rank = rank
         self._fd = sock.fileno()
         self._shut = False
 
     def _closed_error(self, what: str, exc: BaseException | None = None) -> PeerClosedError:
         if self._shut:
-            return PeerClosedError(f"channel to {self.peer} was shut down while {what}")
-        detail = f" ({exc})" if exc is not None else ""
-        return PeerClosedError(f"connection to {self.peer} was closed while {what}{detail}: "
-                               f"the peer exited or was killed")
+            error = PeerClosedError(f"channel to {self.peer} was shut down while {what}")
+        else:
+            detail = f" ({exc})" if exc is not None else ""
+            error = PeerClosedError(f"connection to {self.peer} was closed while {what}"
+                                    f"{detail}: the peer exited or was killed")
+        error.peer = self.rank
+        return error
+
+    def _raise_os_error(self, what: str, exc: OSError) -> NoReturn:
+        """Raise what an OSError of the socket means: the connection was closed
+        (PeerClosedError), the network broke it (PeerUnreachableError), or something else
+        (``exc`` itself)."""
+        if exc.errno in (errno.EPIPE, errno.ENOTCONN, errno.EBADF):
+            raise self._closed_error(what, exc) from exc
+        lost = unreachable(self.peer, what, exc)
+        if lost is not None:
+            lost.peer = self.rank
+            raise lost from exc
+        raise exc
 
     def send(self, buffers: Sequence[BytesLike], deadline: float | None = None) -> None:
         """See base class."""
@@ -161,9 +177,7 @@ class SocketChannel:
         except _CLOSED as exc:
             raise self._closed_error("sending", exc) from exc
         except OSError as exc:
-            if exc.errno in (errno.EPIPE, errno.ENOTCONN, errno.EBADF):
-                raise self._closed_error("sending", exc) from exc
-            raise
+            self._raise_os_error("sending", exc)
 
     def recv_into(self, buf: BytesLike, deadline: float | None = None) -> None:
         """See base class."""
@@ -193,9 +207,7 @@ class SocketChannel:
         except _CLOSED as exc:
             raise self._closed_error("receiving", exc) from exc
         except OSError as exc:
-            if exc.errno in (errno.ENOTCONN, errno.EBADF):
-                raise self._closed_error("receiving", exc) from exc
-            raise
+            self._raise_os_error("receiving", exc)
 
     def send_nowait(self, buffers: Sequence[memoryview]) -> int:
         """See base class."""
@@ -206,9 +218,7 @@ class SocketChannel:
         except _CLOSED as exc:
             raise self._closed_error("sending", exc) from exc
         except OSError as exc:
-            if exc.errno in (errno.EPIPE, errno.ENOTCONN, errno.EBADF):
-                raise self._closed_error("sending", exc) from exc
-            raise
+            self._raise_os_error("sending", exc)
 
     def recv_into_nowait(self, buf: memoryview) -> int:
         """See base class."""
@@ -219,9 +229,7 @@ class SocketChannel:
         except _CLOSED as exc:
             raise self._closed_error("receiving", exc) from exc
         except OSError as exc:
-            if exc.errno in (errno.ENOTCONN, errno.EBADF):
-                raise self._closed_error("receiving", exc) from exc
-            raise
+            self._raise_os_error("receiving", exc)
         if n == 0 and len(buf):
             raise self._closed_error("receiving")
         return n
@@ -237,9 +245,7 @@ class SocketChannel:
         except _CLOSED as exc:
             raise self._closed_error("receiving", exc) from exc
         except OSError as exc:
-            if exc.errno in (errno.ENOTCONN, errno.EBADF):
-                raise self._closed_error("receiving", exc) from exc
-            raise
+            self._raise_os_error("receiving", exc)
         if n == 0 and any(len(b) for b in buffers):
             raise self._closed_error("receiving")
         return n
@@ -279,11 +285,12 @@ class TcpChannel(SocketChannel):
     TCP's own autotuning beats a fixed large buffer on loopback, so buffers are left alone
     unless ``buffer_nbytes`` is given."""
 
-    def __init__(self, sock: socket.socket, peer: str, buffer_nbytes: int | None = None) -> None:
+    def __init__(self, sock: socket.socket, peer: str, buffer_nbytes: int | None = None,
+                 rank: int = -1) -> None:
         tune_tcp(sock)
         if buffer_nbytes:
             _grow_buffers(sock, buffer_nbytes)
-        super().__init__(sock, peer)
+        super().__init__(sock, peer, rank)
 
 
 class UnixChannel(SocketChannel):
@@ -291,10 +298,10 @@ class UnixChannel(SocketChannel):
     throughput and 2/3 the latency of TCP loopback)."""
 
     def __init__(self, sock: socket.socket, peer: str,
-                 buffer_nbytes: int | None = SOCKET_BUFFER_NBYTES) -> None:
+                 buffer_nbytes: int | None = SOCKET_BUFFER_NBYTES, rank: int = -1) -> None:
         if buffer_nbytes:
             _grow_buffers(sock, buffer_nbytes)
-        super().__init__(sock, peer)
+        super().__init__(sock, peer, rank)
 
 
 __all__ = [

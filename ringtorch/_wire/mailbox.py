@@ -13,7 +13,9 @@ through ``on_event(peer, kind, payload)``.
 
 P2P frame (little-endian):
     offset  0  u8   kind: 1 DATA, 2 ABORT (payload: UTF-8 reason), 3 BYE (the peer closes
-                    its group), 4 STATUS_REQ, 5 STATUS (payload: UTF-8 JSON)
+                    its group), 4 STATUS_REQ, 5 STATUS (payload: UTF-8 JSON), 6 ABORT_LOST
+                    (as ABORT, for a cause that is a lost connection: a peer died or is
+                    unreachable)
     offset  8  i64  tag (DATA only)
     offset 16  u64  payload bytes that follow
 """
@@ -27,12 +29,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ringtorch._wire.channel import Channel
-from ringtorch._wire.errors import DeadlineExceeded, PeerClosedError
+from ringtorch._wire.errors import DeadlineExceeded, PeerClosedError, PeerUnreachableError
 from ringtorch._wire.framing import BytesLike
 
 P2P_HEADER = struct.Struct("<B7xqQ")
-DATA, ABORT, BYE, STATUS_REQ, STATUS = 1, 2, 3, 4, 5
-KIND_NAMES = {ABORT: "abort", BYE: "bye", STATUS_REQ: "status_request", STATUS: "status"}
+DATA, ABORT, BYE, STATUS_REQ, STATUS, ABORT_LOST = 1, 2, 3, 4, 5, 6
+KIND_NAMES = {ABORT: "abort", BYE: "bye", STATUS_REQ: "status_request", STATUS: "status",
+              ABORT_LOST: "abort_lost"}
 MAX_CONTROL_NBYTES = 64 * 1024
 
 EventHandler = Callable[[int, str, bytes], None]
@@ -243,6 +246,8 @@ class Mailbox:
                 payload = bytearray(nbytes)
                 ch.recv_into(payload)
                 self._on_event(peer, KIND_NAMES[kind], bytes(payload))
+        except PeerUnreachableError as exc:
+            self._on_event(peer, "unreachable", exc.reason.encode())
         except PeerClosedError as exc:
             self._on_event(peer, "eof", str(exc).encode())
         except BaseException as exc:  # a reader must report, never die silently
@@ -320,5 +325,5 @@ def _expired(deadline: float | None) -> bool:
     return deadline is not None and time.monotonic() >= deadline
 
 
-__all__ = ["ABORT", "BYE", "DATA", "P2P_HEADER", "STATUS", "STATUS_REQ", "Mailbox",
+__all__ = ["ABORT", "ABORT_LOST", "BYE", "DATA", "P2P_HEADER", "STATUS", "STATUS_REQ", "Mailbox",
            "MailboxStatistics", "RecvError"]

@@ -32,7 +32,7 @@ from typing import Any
 from ringtorch import _config
 from ringtorch._errors import DistNetworkError
 from ringtorch._wire.channel import WAIT_SLICE_S, Channel
-from ringtorch._wire.errors import PeerClosedError
+from ringtorch._wire.errors import PeerClosedError, PeerUnreachableError
 
 COLL_HEADER = struct.Struct("<BBBBIQQQ")
 # A frame's payload or destination: anything exposing its memory through the buffer protocol
@@ -61,11 +61,21 @@ class FrameMismatch(DistNetworkError):
 
 
 class PeerLost(PeerClosedError):
-    """A collective channel ended (the peer died, closed, or this mesh was shut down)."""
+    """A collective channel ended (the peer died, closed, or this mesh was shut down).
 
-    def __init__(self, peer: int, message: str) -> None:
+    ``unreachable`` is the reason in words when the network broke it (PeerUnreachableError),
+    else ""."""
+
+    def __init__(self, peer: int, message: str, unreachable: str = "") -> None:
         super().__init__(message)
         self.peer = peer
+        self.unreachable = unreachable
+
+    @classmethod
+    def of(cls, peer: int, exc: PeerClosedError) -> PeerLost:
+        """The PeerLost for ``exc``, raised by ``peer``'s channel."""
+        reason = exc.reason if isinstance(exc, PeerUnreachableError) else ""
+        return cls(peer, str(exc), reason)
 
 
 def core_per_rank(local_ranks: int) -> bool:
@@ -106,15 +116,19 @@ class PeerMesh:
         coll: ``coll[peer]`` the collective channel to ``peer`` (None at ``rank``).
         p2p: ``p2p[peer]`` the point-to-point channel to ``peer`` (None at ``rank``).
         same_host: ``same_host[peer]`` whether ``peer`` shares this host.
+        hosts: ``hosts[peer]`` the address ``peer``'s TCP connections come from ("" for a
+            peer reached over a Unix socket, and at ``rank``): how errors name its host.
     """
 
     def __init__(self, rank: int, size: int, coll: list[Channel | None],
-                 p2p: list[Channel | None], same_host: list[bool]) -> None:
+                 p2p: list[Channel | None], same_host: list[bool],
+                 hosts: list[str] | None = None) -> None:
         self.rank = rank
         self.size = size
         self.coll = coll
         self.p2p = p2p
         self.same_host = same_host
+        self.hosts = hosts or [""] * size
         self.on_slow_wait: Callable[[list[int], float], None] | None = None
         self.spin_s = spin_seconds(sum(same_host))
         self._spin_now = self.spin_s
@@ -152,7 +166,7 @@ class PeerMesh:
         except PeerLost:
             raise
         except PeerClosedError as exc:
-            raise PeerLost(getattr(exc, "peer", -1), str(exc)) from exc
+            raise PeerLost.of(exc.peer, exc) from exc
 
     def _exchange(self, sends: Sequence[tuple[int, bytes, Payload]],
                   recvs: Sequence[tuple[int, bytes, Payload]]) -> None:
@@ -163,7 +177,7 @@ class PeerMesh:
             try:
                 sent = ch.send_nowait((header, payload))  # type: ignore[union-attr,arg-type]
             except PeerClosedError as exc:
-                raise PeerLost(peer, str(exc)) from exc
+                raise PeerLost.of(peer, exc) from exc
             if sent < total:
                 views = [memoryview(header), memoryview(payload).cast("B")]
                 pending.append(_Outgoing(ch, peer, views, sent))  # type: ignore[arg-type]
@@ -327,7 +341,7 @@ class _Sender:
             try:
                 ch.send(views)
             except PeerClosedError as exc:
-                self._error = PeerLost(peer, str(exc))
+                self._error = PeerLost.of(peer, exc)
             except BaseException as exc:  # handed to the waiting collective
                 self._error = exc
             finally:
@@ -361,7 +375,7 @@ class _Outgoing:
         try:
             self._skip(self.ch.send_nowait(self.views))
         except PeerClosedError as exc:
-            raise PeerLost(self.peer, str(exc)) from exc
+            raise PeerLost.of(self.peer, exc) from exc
         return not self.views
 
 
@@ -393,7 +407,7 @@ class _Incoming:
         except PeerLost:
             raise
         except PeerClosedError as exc:
-            raise PeerLost(self.peer, str(exc)) from exc
+            raise PeerLost.of(self.peer, exc) from exc
 
     def _progress(self) -> bool:
         while self.got < self.total:

@@ -232,13 +232,20 @@ def connect_mesh(store: Any, rank: int, size: int, group: str, deadline: float,
         acceptor.stop()
         for listener in listeners:
             listener.close()
-    return PeerMesh(rank, size, coll, p2p, same_host)
+    return PeerMesh(rank, size, coll, p2p, same_host, [_peer_host(ch) for ch in coll])
+
+
+def _peer_host(ch: Channel | None) -> str:
+    sock = getattr(ch, "sock", None)
+    if sock is None or sock.family == socket.AF_UNIX:
+        return ""
+    return str(sock.getpeername()[0])
 
 
 def _channel(sock: socket.socket, peer: int) -> Channel:
     if sock.family == socket.AF_UNIX:
-        return UnixChannel(sock, f"rank {peer}")
-    return TcpChannel(sock, f"rank {peer}")
+        return UnixChannel(sock, f"rank {peer}", rank=peer)
+    return TcpChannel(sock, f"rank {peer} ({sock.getpeername()[0]})", rank=peer)
 
 
 __all__ = ["connect_mesh"]

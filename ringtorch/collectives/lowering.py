@@ -20,7 +20,7 @@ group size), so a collective pays one dictionary lookup for it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -118,4 +118,32 @@ def _divider(dtype: torch.dtype, size: int) -> PostStep:
     return divide_torch
 
 
-__all__ = ["Lowering", "PostStep", "factor_of", "lower", "scale"]
+# Overflow wraps (ints) or goes to inf (floats) silently, as in torch: NumPy's warnings are
+# switched off around a collective through its error-state context variable (what
+# np.errstate does, minus the cost of building a context manager on every call).
+try:
+    from numpy._core._ufunc_config import (  # type: ignore[attr-defined]
+        _extobj_contextvar as _FP_STATE,
+    )
+
+    with np.errstate(all="ignore"):
+        _FP_IGNORE = _FP_STATE.get()
+
+    def ignore_fp_errors() -> Any:
+        """Switch NumPy's floating-point warnings off; returns the token to restore with."""
+        return _FP_STATE.set(_FP_IGNORE)
+
+    def restore_fp_errors(token: Any) -> None:
+        _FP_STATE.reset(token)
+except (ImportError, AttributeError):  # another NumPy layout: the public, slower way
+    def ignore_fp_errors() -> Any:
+        state = np.errstate(all="ignore")
+        state.__enter__()
+        return state
+
+    def restore_fp_errors(token: Any) -> None:
+        token.__exit__(None, None, None)
+
+
+__all__ = ["Lowering", "PostStep", "factor_of", "ignore_fp_errors", "lower", "restore_fp_errors",
+           "scale"]

@@ -27,6 +27,7 @@ class Words:
     def __init__(self, group: str, global_ranks: Sequence[int]) -> None:
         self.group = group
         self._global = tuple(global_ranks)
+        self.hosts: Sequence[str] = ()  # each rank's address, "" on this host (PeerMesh.hosts)
 
     def who(self, rank: int) -> str:
         """'rank 1', or 'rank 1 (global rank 3)' in a subgroup."""
@@ -71,16 +72,37 @@ class Words:
         return (f"{self.what(call)} was interrupted on {self.who(me)} by "
                 f"{type(exc).__name__}: {exc}")
 
-    def peer_left(self, peer: int, me: int) -> str:
-        """A reader thread saw ``peer``'s connection end without a goodbye."""
-        return (f"{self.who(peer)} closed its connection to {self.who(me)} of group "
-                f"'{self.group}' without leaving the group: the process exited or was killed")
+    def on_host(self, rank: int) -> str:
+        """' on host 10.0.0.2' for a rank on another host, '' for one on this host."""
+        host = self.hosts[rank] if rank < len(self.hosts) else ""
+        return f" on host {host}" if host else ""
 
-    def peer_lost(self, peer: int, said_bye: bool, exc: BaseException) -> str:
-        """The cause when this rank's own wait found ``peer``'s connection gone."""
+    def peer_left(self, peer: int, me: int) -> str:
+        """A reader thread saw ``peer``'s connection end without a goodbye: it is known dead."""
+        return (f"{self.who(peer)}{self.on_host(peer)} closed its connection to {self.who(me)} "
+                f"of group '{self.group}' without leaving the group: the process exited or was "
+                f"killed")
+
+    def peer_unreachable(self, peer: int, me: int, reason: str) -> str:
+        """The network broke ``peer``'s connection (``reason``: UNREACHABLE_ERRNOS's words):
+        the peer may be alive, every rank on its host is cut off from this one."""
+        host = self.hosts[peer] if peer < len(self.hosts) else ""
+        cut = [r for r, h in enumerate(self.hosts) if h and h == host]
+        ranks = f"; ranks {cut} on that host are cut off" if len(cut) > 1 else ""
+        return (f"{self.who(peer)}{self.on_host(peer)} is unreachable from {self.who(me)} of "
+                f"group '{self.group}': {reason}; the network to that host failed or the host "
+                f"is down (the process may still be running){ranks}")
+
+    def peer_lost(self, peer: int, me: int, said_bye: bool, exc: BaseException,
+                  unreachable: str = "") -> str:
+        """The cause when this rank's own wait found ``peer``'s connection gone
+        (``unreachable``: the network broke it, in words; "" when the peer closed it)."""
+        if unreachable:
+            return self.peer_unreachable(peer, me, unreachable)
         if said_bye:
             return f"{self.who(peer)} closed its process group during this collective"
-        return f"{self.who(peer)} closed its connection: the process exited or was killed ({exc})"
+        return (f"{self.who(peer)}{self.on_host(peer)} closed its connection: the process exited "
+                f"or was killed ({exc})")
 
     def missing(self, seq: int, statuses: dict[int, dict[str, Any]], peers: list[int],
                 waiting_on: list[int]) -> str:

@@ -40,6 +40,7 @@ from ringtorch._wire.handshake import SERVICE_STORE, client_handshake
 from ringtorch._wire.sockets import connect_tcp
 from ringtorch.store import _protocol as P
 from ringtorch.store._table import INTERNAL_PREFIX, display_key
+from ringtorch.store._tcp_failures import reconnect_failed, request_failed
 from ringtorch.store._tcp_master import (
     Resources,
     StoreAddressInUseError,
@@ -308,14 +309,9 @@ class TCPStore(Store):
         """The error for a request that broke; the connection is dropped (we reconnect on
         the next request, so no stale answer can be read as a later one's)."""
         self._drop_connection()
-        if isinstance(exc, (BlockingIOError, TimeoutError)):
-            return DistStoreError(
-                f"TCPStore {self._host}:{self._port} did not answer within "
-                f"{timedelta(seconds=wait_s)}: the server is hung or unreachable")
-        self._lost = str(exc)
-        return DistNetworkError(
-            f"lost the connection to TCPStore {self._host}:{self._port} ({exc}); did the server "
-            f"process (the master, rank 0) exit or crash?")
+        error, lost = request_failed(self._host, self._port, exc, wait_s)
+        self._lost = lost or self._lost
+        return error
 
     def _reconnect(self) -> socket.socket:
         """Connect again: within the store timeout the first time (the server may still be
@@ -329,10 +325,7 @@ class TCPStore(Store):
             try:
                 self._connect(time.monotonic() + seconds)
             except (DistNetworkError, HandshakeError):
-                raise DistNetworkError(
-                    f"lost the connection to TCPStore {self._host}:{self._port} ({self._lost}) "
-                    f"and could not connect again within {seconds:g} s: the server process "
-                    f"(the master, rank 0) exited or crashed") from None
+                raise reconnect_failed(self._host, self._port, self._lost, seconds) from None
             self._lost = None
         assert self._sock is not None
         return self._sock

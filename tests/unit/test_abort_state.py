@@ -17,6 +17,18 @@ def test_the_first_cause_wins_and_later_posts_are_ignored():
     assert state.wait(5.0) == "rank 2 closed its connection"
 
 
+def test_whether_the_cause_is_a_lost_connection_comes_with_the_first_cause_only():
+    state = AbortState()
+    assert state.lost is False
+    assert state.post("rank 1 on host 10.0.0.2 is unreachable from rank 0", lost=True)
+    assert not state.post("rank 0 timed out", lost=False)
+    assert state.lost is True
+    healthy_first = AbortState()
+    healthy_first.post("mismatched collectives")
+    healthy_first.post("rank 2 closed its connection", lost=True)
+    assert healthy_first.lost is False
+
+
 def test_a_waiter_wakes_when_another_thread_posts():
     state = AbortState()
     started = threading.Event()

@@ -27,9 +27,9 @@ import torch
 
 from ringtorch import _config
 from ringtorch._buffers import as_bytes, typed_view
-from ringtorch._errors import DistBackendError
+from ringtorch._errors import DistBackendError, PeerLostError
 from ringtorch._wire import mailbox as mb
-from ringtorch._wire.errors import DeadlineExceeded, PeerClosedError
+from ringtorch._wire.errors import DeadlineExceeded, PeerClosedError, PeerUnreachableError
 from ringtorch._wire.mesh import FrameMismatch, PeerMesh
 from ringtorch._wire.mesh_setup import connect_mesh
 from ringtorch.collectives.abort import AbortState
@@ -43,7 +43,13 @@ from ringtorch.collectives.backends.native_status import (
     check_splits,
 )
 from ringtorch.collectives.call import CallMaker, CollectiveCall, Signature
-from ringtorch.collectives.lowering import Lowering, lower, scale
+from ringtorch.collectives.lowering import (
+    Lowering,
+    ignore_fp_errors,
+    lower,
+    restore_fp_errors,
+    scale,
+)
 from ringtorch.collectives.reduce_op import RedOpType, op_type, premul_factor
 from ringtorch.collectives.reports import Words
 from ringtorch.collectives.transports.base import Transport
@@ -51,32 +57,6 @@ from ringtorch.collectives.transports.setup import open_transport
 
 log = logging.getLogger(__name__)
 _new_call = tuple.__new__  # CollectiveCall from (*signature, seq, nbytes, deadline): call.new_call
-
-# Overflow wraps (ints) or goes to inf (floats) silently, as in torch: NumPy's warnings are
-# switched off around a collective through its error-state context variable (what
-# np.errstate does, minus the cost of building a context manager on every call).
-try:
-    from numpy._core._ufunc_config import (  # type: ignore[attr-defined]
-        _extobj_contextvar as _FP_STATE,
-    )
-
-    with np.errstate(all="ignore"):
-        _FP_IGNORE = _FP_STATE.get()
-
-    def _ignore_fp_errors() -> Any:
-        return _FP_STATE.set(_FP_IGNORE)
-
-    def _restore_fp_errors(token: Any) -> None:
-        _FP_STATE.reset(token)
-except (ImportError, AttributeError):  # another NumPy layout: the public, slower way
-    def _ignore_fp_errors() -> Any:
-        state = np.errstate(all="ignore")
-        state.__enter__()
-        return state
-
-    def _restore_fp_errors(token: Any) -> None:
-        token.__exit__(None, None, None)
-
 
 class _Timeout(Exception):
     """Raised inside a wait when the collective's deadline passed; carries the message."""
@@ -112,6 +92,7 @@ class NativeBackend(Backend):
             deadline = time.monotonic() + ctx.timeout.total_seconds()
             self._mesh = connect_mesh(ctx.store, ctx.rank, ctx.size, ctx.group_name, deadline)
             self._mesh.on_slow_wait = self._slow_wait
+            self._words.hosts = self._mesh.hosts
             self._mailbox = mb.Mailbox(ctx.rank, self._mesh.p2p, self._on_event,
                                        name=ctx.group_name)
             self._mailbox.start()
@@ -129,14 +110,15 @@ class NativeBackend(Backend):
 
     # -- failure handling --------------------------------------------------------------------
 
-    def _abort_local(self, cause: str, tell_peers: bool = True) -> None:
-        """Post the cause (the first one wins), fail every receive, tell the peers (ABORT
-        frames carry the cause, so a peer learns the real culprit before it sees this rank's
-        connections close), then shut every connection down to wake blocked calls."""
-        if not self.abort_state.post(cause):
+    def _abort_local(self, cause: str, tell_peers: bool = True, lost: bool = False) -> None:
+        """Post the cause (the first one wins; ``lost``: it is a lost connection), fail every
+        receive, tell the peers (ABORT frames carry the cause, so a peer learns the real
+        culprit before it sees this rank's connections close), then shut every connection
+        down to wake blocked calls."""
+        if not self.abort_state.post(cause, lost):
             return
         if self._mailbox is not None:
-            self._mailbox.fail(DistBackendError(f"the group was aborted: {cause}"))
+            self._mailbox.fail(self._error(f"the group was aborted: {cause}"))
         if threading.current_thread().name.startswith("ringtorch-p2p"):
             # a reader thread must not block on a send lock: tell the peers from another thread
             threading.Thread(target=self._tell_and_shutdown, args=(cause, tell_peers),
@@ -146,9 +128,10 @@ class NativeBackend(Backend):
 
     def _tell_and_shutdown(self, cause: str, tell_peers: bool) -> None:
         if tell_peers and self._mailbox is not None:
+            kind = mb.ABORT_LOST if self.abort_state.lost else mb.ABORT
             for peer in range(self.size):
                 if peer != self.rank and peer not in self._gone:
-                    self._mailbox.send_control(peer, mb.ABORT, cause.encode()[:60000], 0.5)
+                    self._mailbox.send_control(peer, kind, cause.encode()[:60000], 0.5)
         if self._mesh is not None:
             self._mesh.shutdown()
 
@@ -160,9 +143,9 @@ class NativeBackend(Backend):
 
     def _on_event(self, peer: int, kind: str, payload: bytes) -> None:
         """Called on reader threads: must not block on anything a sender may hold."""
-        if kind == "abort":
+        if kind in ("abort", "abort_lost"):
             self._gone.add(peer)
-            self._abort_local(payload.decode(errors="replace"))
+            self._abort_local(payload.decode(errors="replace"), lost=kind == "abort_lost")
         elif kind == "bye":
             self._bye.add(peer)
         elif kind == "eof":
@@ -174,18 +157,28 @@ class NativeBackend(Backend):
                 self._mailbox.fail_peer(peer, DistBackendError(
                     f"{self._words.who(peer)} has closed its process group"))
                 return
-            self._abort_local(self._words.peer_left(peer, self.rank))
+            self._abort_local(self._words.peer_left(peer, self.rank), lost=True)
+        elif kind == "unreachable":
+            self._gone.add(peer)
+            if not self._closed:
+                self._abort_local(self._words.peer_unreachable(
+                    peer, self.rank, payload.decode(errors="replace")), lost=True)
         elif kind == "status_request" and self._mailbox is not None:
             self._board.answer(self._mailbox, peer)
         elif kind == "status":
             self._board.on_status(peer, payload)
+
+    def _error(self, message: str) -> DistBackendError:
+        """The error of a failed operation: a PeerLostError (also a DistNetworkError) when
+        the group's abort cause is a lost connection, else a DistBackendError."""
+        return PeerLostError(message) if self.abort_state.lost else DistBackendError(message)
 
     def _check_usable(self, what: str) -> None:
         if self._closed:
             raise DistBackendError(self._words.closed(what))
         cause = self.abort_state.cause
         if cause is not None:
-            raise DistBackendError(self._words.aborted(what, cause))
+            raise self._error(self._words.aborted(what, cause))
 
     def _enter(self, call: CollectiveCall) -> NativeBackend:
         """The scope of one collective (``with self._enter(call):``): refuses to start on a
@@ -203,10 +196,10 @@ class NativeBackend(Backend):
         return self
 
     def __enter__(self) -> None:
-        self._fp_token = _ignore_fp_errors()
+        self._fp_token = ignore_fp_errors()
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
-        _restore_fp_errors(self._fp_token)
+        restore_fp_errors(self._fp_token)
         self._board.running = False
         if exc is not None:
             error = self._collective_failed(exc)
@@ -226,9 +219,11 @@ class NativeBackend(Backend):
             self._abort_local(str(exc), tell_peers=True)
             return DistBackendError(str(exc))
         if isinstance(exc, PeerClosedError):
-            peer = getattr(exc, "peer", -1)
-            return DistBackendError(self._words.failed(self._words.what(call),
-                                                       self._peer_lost_cause(exc, peer)))
+            cause = self._peer_lost_cause(exc, exc.peer)
+            return self._error(self._words.failed(self._words.what(call), cause))
+        if isinstance(exc, DistBackendError) and self.abort_state.lost:
+            # a shared-memory wait ended by the group's abort for a lost connection
+            return PeerLostError(str(exc))
         # Anything else (KeyboardInterrupt, MemoryError, a bug) stopped this rank half way
         # through its frames: the streams are out of step, so the group cannot go on.
         self._abort_local(self._words.interrupted(call, self.rank, exc), tell_peers=True)
@@ -240,8 +235,11 @@ class NativeBackend(Backend):
         # been shut down because of another peer's death.
         cause = self.abort_state.wait(0.2)
         if cause is None:
-            self._abort_local(self._words.peer_lost(peer, peer in self._bye, exc),
-                              tell_peers=True)
+            unreachable = getattr(exc, "unreachable", "") or (
+                exc.reason if isinstance(exc, PeerUnreachableError) else "")
+            self._abort_local(self._words.peer_lost(peer, self.rank, peer in self._bye, exc,
+                                                    unreachable),
+                              tell_peers=True, lost=peer not in self._bye or bool(unreachable))
         return f"the group was aborted: {self.abort_state.cause}"
 
     # -- waiting: stall warning and timeout --------------------------------------------------
@@ -440,7 +438,7 @@ class NativeBackend(Backend):
             self._abort_local(cause, tell_peers=True)
             raise DistBackendError(cause) from None
         except PeerClosedError as exc:
-            raise DistBackendError(f"{what} failed: {self._peer_lost_cause(exc, dst)}") from None
+            raise self._error(f"{what} failed: {self._peer_lost_cause(exc, dst)}") from None
 
     def recv(self, buf: torch.Tensor, src: int | None, tag: int, deadline: float) -> int:
         """See base class."""
@@ -457,12 +455,12 @@ class NativeBackend(Backend):
         except mb.RecvError as exc:
             error = exc.args[0]
             if isinstance(error, PeerClosedError) and src is not None:
-                raise DistBackendError(f"{what} failed: {self._peer_lost_cause(error, src)}") \
+                raise self._error(f"{what} failed: {self._peer_lost_cause(error, src)}") \
                     from None
             cause = self.abort_state.cause
             if isinstance(error, PeerClosedError) and cause is not None:
-                raise DistBackendError(self._words.aborted(what, cause)) from None
-            raise DistBackendError(f"{what} failed: {error}") from None
+                raise self._error(self._words.aborted(what, cause)) from None
+            raise self._error(f"{what} failed: {error}") from None
         except DeadlineExceeded:
             raise DistBackendError(f"{what} timed out: no matching message arrived") from None
 

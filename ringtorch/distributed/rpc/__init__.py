@@ -28,6 +28,7 @@ from ringtorch.distributed.rpc.api import (
 from ringtorch.distributed.rpc.errors import (
     RpcError,
     RpcPeerDiedError,
+    RpcPeerUnreachableError,
     RpcProtocolError,
     RpcTimeoutError,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "RpcBackendOptions",
     "RpcError",
     "RpcPeerDiedError",
+    "RpcPeerUnreachableError",
     "RpcProtocolError",
     "RpcTimeoutError",
     "TensorPipeRpcBackendOptions",

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ringtorch._wire.errors import DeadlineExceeded, PeerClosedError
+from ringtorch._wire.errors import DeadlineExceeded, PeerClosedError, unreachable
 from ringtorch._wire.framing import advance_views
 from ringtorch.distributed.rpc import _cma, messages
 from ringtorch.distributed.rpc._serialization import Encoded
@@ -73,7 +73,7 @@ class MessageReader:
         except OSError as exc:
             if isinstance(exc, BlockingIOError):
                 raise
-            raise PeerClosedError(f"connection to {self.peer} failed ({exc})") from exc
+            raise broken(self.peer, "receiving", exc) from exc
         if n == 0:
             raise PeerClosedError(f"connection to {self.peer} was closed")
         self._end += n
@@ -150,7 +150,7 @@ class MessageReader:
             try:
                 n = self.sock.recv_into(dest[got:])
             except OSError as exc:
-                raise PeerClosedError(f"connection to {self.peer} failed ({exc})") from exc
+                raise broken(self.peer, "receiving", exc) from exc
             if n == 0:
                 raise PeerClosedError(f"connection to {self.peer} was closed after {got} of "
                                       f"{len(dest)} bytes of a message")
@@ -200,6 +200,13 @@ class MessageReader:
         return out
 
 
+def broken(peer: str, what: str, exc: OSError) -> PeerClosedError:
+    """The error of a connection an OSError broke: PeerUnreachableError when the network
+    broke it (a timeout, no route), else PeerClosedError (reset, closed)."""
+    return unreachable(peer, what, exc) or PeerClosedError(
+        f"connection to {peer} failed while {what} ({exc})")
+
+
 def send_message(sock: socket.socket, parts: list[Any], deadline: float | None,
                  peer: str) -> None:
     """Write every part, in order, with ``sendmsg``; blocks (up to ``deadline``) while the
@@ -217,7 +224,7 @@ def send_message(sock: socket.socket, parts: list[Any], deadline: float | None,
         except BlockingIOError:
             pass
         except OSError as exc:
-            raise PeerClosedError(f"connection to {peer} failed while sending ({exc})") from exc
+            raise broken(peer, "sending", exc) from exc
     if sent < sum(map(len, parts)):  # every part is bytes or a byte-format memoryview
         _send_rest(sock, parts, sent, deadline, peer)
 
@@ -245,7 +252,7 @@ def _send_rest(sock: socket.socket, parts: list[Any], sent: int, deadline: float
         except BlockingIOError:
             sent = 0
         except OSError as exc:
-            raise PeerClosedError(f"connection to {peer} failed while sending ({exc})") from exc
+            raise broken(peer, "sending", exc) from exc
         sent_any = sent_any or sent > 0
 
 

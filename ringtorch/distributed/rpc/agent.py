@@ -50,6 +50,7 @@ from ringtorch.distributed.rpc.errors import (
     RpcPeerDiedError,
     RpcProtocolError,
     RpcTimeoutError,
+    lost_worker_error,
 )
 from ringtorch.distributed.rpc.options import TensorPipeRpcBackendOptions
 from ringtorch.futures import Future
@@ -82,6 +83,7 @@ class RpcAgent:
         self._claims = _mesh.Claims(self.info)
         self._response_holds: dict[tuple[int, int], list[Any]] = {}
         self._pids: dict[int, int] = {}
+        self._hosts: dict[int, str] = {}  # each worker's address, "" on this host
         self._can_read: dict[int, bool] = {}  # we may copy tensors out of this peer's memory
         self._reads_me: dict[int, bool] = {}  # this peer may copy tensors out of ours
         self._hook: AutogradHook | None = None
@@ -166,6 +168,7 @@ class RpcAgent:
         here = _mesh.host_identity()
         with self._lock:
             self._pids = {e["rank"]: e["pid"] for e in table}
+            self._hosts = {e["rank"]: "" if e["host_id"] == here else e["host"] for e in table}
             self._can_read = {e["rank"]: e["host_id"] == here and _cma.probe(e["pid"], e["cma"])
                              for e in table}
             self._workers = [WorkerInfo(e["name"], e["rank"]) for e in table]
@@ -298,7 +301,10 @@ class RpcAgent:
             yield_inline_role()
             conn.wait(pending)
         if pending.error is not None:
-            raise pending.error
+            try:
+                raise pending.error
+            finally:  # break error -> traceback -> this frame -> pending -> error: collected
+                del pending, encoded, parts  # late, that cycle's memoryviews crashed the exit
         return pending.value
 
     def _send(self, conn: PendingTable, parts: list[Any], deadline: float | None) -> None:
@@ -419,14 +425,15 @@ class RpcAgent:
                 del self._response_holds[key]
         peer = self._workers[rank]
         what = "closed its connection" if self._closing else "died or closed its connection"
-        if not (self._closing or self._shutting_down):
-            logger.warning("ringtorch RPC on %s: %s %s (%s); calls to it fail from now on",
-                           describe(self.info), describe(peer), what, reason)
 
         def make_error(pending: Pending | None) -> BaseException:
-            call = f"; call: {pending.what}" if pending is not None else ""
-            return RpcPeerDiedError(f"RPC to {describe(peer)} failed: the worker {what} "
-                                    f"({reason}){call}")
+            return lost_worker_error(describe(peer), self._hosts.get(rank, ""),
+                                     describe(self.info), what, reason,
+                                     None if pending is None else pending.what)
+
+        if not (self._closing or self._shutting_down):
+            logger.warning("ringtorch RPC on %s: %s; calls to it fail from now on",
+                           describe(self.info), make_error(None))
 
         out = self._outgoing.get(rank)
         if out is not None:

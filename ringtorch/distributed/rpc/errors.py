@@ -8,6 +8,7 @@ raised by the remote function itself is re-raised with its own type instead (see
 from __future__ import annotations
 
 from ringtorch._errors import DistError, DistNetworkError
+from ringtorch._wire.errors import PeerUnreachableError
 
 
 class RpcError(DistError):
@@ -29,8 +30,32 @@ class RpcPeerDiedError(RpcError, DistNetworkError):
     """
 
 
+class RpcPeerUnreachableError(RpcError, DistNetworkError):
+    """The network to the destination worker's host failed (no acknowledgement within the TCP
+    user timeout, or no route): the worker may still be running. The message names it, its
+    host and the call. Calls are at most once, as for RpcPeerDiedError.
+    """
+
+
 class RpcProtocolError(RpcError, DistNetworkError):
     """A peer sent bytes that are not a valid RPC message; its connection is dropped."""
 
 
-__all__ = ["RpcError", "RpcPeerDiedError", "RpcProtocolError", "RpcTimeoutError"]
+def lost_worker_error(worker: str, host: str, me: str, what: str, reason: BaseException,
+                      call: object | None) -> RpcError:
+    """The error of a call to ``worker`` (on ``host``; "" for this host) whose connection
+    broke for ``reason``: RpcPeerUnreachableError when the network broke it, else
+    RpcPeerDiedError (``what`` says how: "died or closed its connection")."""
+    where = f" on host {host}" if host else ""
+    tail = f"; call: {call}" if call is not None else ""
+    if isinstance(reason, PeerUnreachableError):
+        return RpcPeerUnreachableError(
+            f"RPC to {worker}{where} failed: the worker is unreachable from {me}: "
+            f"{reason.reason}; the network to its host failed or the host is down (the worker "
+            f"may still be running){tail}")
+    return RpcPeerDiedError(f"RPC to {worker}{where} failed: the worker {what} ({reason}){tail}")
+
+
+__all__ = ["RpcError", "RpcPeerDiedError", "RpcPeerUnreachableError", "RpcProtocolError",
+           "RpcTimeoutError",
+           "lost_worker_error"]
