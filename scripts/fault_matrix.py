@@ -17,7 +17,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -94,12 +93,13 @@ def worst(r: CellResult) -> str:
                  and not (r.cell.fault == "sigstop" and o.rank == r.cell.victim)]
     if any(o.error_s is None for o in reporting):
         return f"hang (> {r.settings.cap_s:.0f} s)"
-    every = all(o.dist_error for o in reporting)
-    return f"{max(o.error_s or 0.0 for o in reporting):.2f} s{'' if every else ' ¹'}"
+    marks = [mark for mark, ok in (
+        ("¹", all(o.dist_error for o in reporting)),
+        ("²", all(set(o.named_ranks) & r.cell.culprits(o.rank) for o in reporting))) if not ok]
+    return f"{max(o.error_s or 0.0 for o in reporting):.2f} s{' ' if marks else ''}{''.join(marks)}"
 
 
-def render(results: list[CellResult], settings: Settings, libs: list[str], command: str,
-           took_s: float) -> str:
+def render(results: list[CellResult], settings: Settings, libs: list[str], command: str) -> str:
     by_key = {(r.lib, r.cell): r for r in results}
     cells = list(dict.fromkeys(r.cell for r in results))
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
@@ -136,9 +136,9 @@ def render(results: list[CellResult], settings: Settings, libs: list[str], comma
         "before the timeout. The ranks are paced (a step every few milliseconds), so a fault",
         "finds them inside a collective or between two.",
         "",
-        f"Measured {datetime.date.today().isoformat()} at commit `{commit}` on "
-        f"{platform.node() or 'this machine'}, {os.cpu_count()} cores, in {took_s / 60:.0f} min. "
-        "To measure again (root; about half an hour):",
+        f"Measured {datetime.date.today().isoformat()} at commit `{commit}`, "
+        f"{os.cpu_count()} cores. To measure again (root; about half an hour; `--help` lists",
+        "the options that select cells):",
         "",
         "```",
         command,
@@ -149,7 +149,9 @@ def render(results: list[CellResult], settings: Settings, libs: list[str], comma
         "",
         "## At a glance: the slowest rank's time to its error",
         "",
-        "¹: some rank's error is not a `DistError`.",
+        "¹: some rank's error is not a `DistError`. ²: some rank's first line names no culprit",
+        "rank (the struck rank; for a partition, a rank on the other host). The frozen rank",
+        "itself is left out here (it is timed from its SIGCONT in the tables below).",
         "",
         "| fault | ranks (host 0 + host 1) | workload | " + " | ".join(LIB_TITLES[x] for x in libs) + " |",
         "|---|---|---|" + "---|" * len(libs),
@@ -212,8 +214,8 @@ def main() -> int:
             results.append(result)
             print(f"{cell.name:28} {lib:9} {worst(result):>14}  left: {leftovers(result)}  "
                   f"({time.monotonic() - t0:.0f} s)", flush=True)
-    command = " ".join([".venv/bin/python scripts/fault_matrix.py", *sys.argv[1:]])
-    page = render(results, settings, libs, command.strip(), time.monotonic() - started)
+    print(f"measured in {(time.monotonic() - started) / 60:.0f} min", flush=True)
+    page = render(results, settings, libs, "sudo .venv/bin/python scripts/fault_matrix.py")
     if args.no_write:
         print(page)
     else:
