@@ -22,6 +22,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -293,7 +294,8 @@ def run_cell(cell: Cell, lib: str, settings: Settings, keep_dir: Path | None = N
     job = secrets.token_hex(8)
     with tempfile.TemporaryDirectory(prefix="fault-matrix-") as tmp, TwoHosts(prefix="fm") as hosts:
         out = Path(keep_dir or tmp) / f"{lib}-{cell.name}"
-        out.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(out, ignore_errors=True)  # an earlier run's records would be read as ours
+        out.mkdir(parents=True)
         shm_before = set(os.listdir("/dev/shm"))
         procs: dict[int, subprocess.Popen[bytes]] = {}
         for rank in range(cell.world):
