@@ -95,8 +95,10 @@ CONNECT_TIMEOUT = _knob(
 )
 TCP_USER_TIMEOUT_MS = _knob(
     "RINGTORCH_TCP_USER_TIMEOUT_MS", 10_000, int,
-    "TCP_USER_TIMEOUT and keepalive horizon: unacknowledged data for this long breaks the "
-    "connection, so a network partition is noticed in seconds",
+    "TCP_USER_TIMEOUT and keepalive horizon of every TCP socket (mesh, RPC, store): "
+    "unacknowledged data, or keepalive probes unanswered, for this long break the connection, "
+    "so a network partition fails every rank with a DistNetworkError within about this time "
+    "(keepalive probes every third of it)",
 )
 DEBUG = _knob(
     "RINGTORCH_DEBUG", "OFF", lambda s: s.strip().upper(),
