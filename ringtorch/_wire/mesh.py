@@ -116,8 +116,8 @@ class PeerMesh:
         coll: ``coll[peer]`` the collective channel to ``peer`` (None at ``rank``).
         p2p: ``p2p[peer]`` the point-to-point channel to ``peer`` (None at ``rank``).
         same_host: ``same_host[peer]`` whether ``peer`` shares this host.
-        hosts: ``hosts[peer]`` the address ``peer``'s TCP connections come from ("" for a
-            peer reached over a Unix socket, and at ``rank``): how errors name its host.
+        hosts: ``hosts[peer]`` the address ``peer``'s TCP connections come from, for a peer
+            on another host ("" for one on this host, and at ``rank``): how errors name it.
     """
 
     def __init__(self, rank: int, size: int, coll: list[Channel | None],

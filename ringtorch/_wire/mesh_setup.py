@@ -232,7 +232,8 @@ def connect_mesh(store: Any, rank: int, size: int, group: str, deadline: float,
         acceptor.stop()
         for listener in listeners:
             listener.close()
-    return PeerMesh(rank, size, coll, p2p, same_host, [_peer_host(ch) for ch in coll])
+    hosts = ["" if same else _peer_host(ch) for ch, same in zip(coll, same_host, strict=True)]
+    return PeerMesh(rank, size, coll, p2p, same_host, hosts)
 
 
 def _peer_host(ch: Channel | None) -> str:

@@ -1,12 +1,15 @@
 """Two "hosts" on one machine, for tests of what happens between hosts: partitions, links down.
 
-``TwoHosts`` makes two network namespaces joined by a veth pair, each with its own address in
-a private /24, and runs processes in either (``run``). ``partition()`` cuts the link silently
-(a zero-length queue on both veth ends: every packet is dropped, no reset, no error, as when a
-switch loses power); ``heal()`` lifts the cut; ``link_down()`` takes the interfaces down (the
-sender gets "network unreachable"). The rule it keeps: whatever it made goes when it exits,
-on success or error — every process it started (and anything else left in its namespaces) is
-killed, and the namespaces and their veth pair are deleted.
+``TwoHosts`` makes two network namespaces, each with its own address in a private /24, joined
+through a third one, the *switch* (a bridge, a veth pair to each host), and runs processes in
+either host (``run``). ``partition()`` cuts the network silently: a zero-length queue on the
+switch's two ports drops every frame it would forward, while each host's own sends succeed, as
+when a switch in the path fails (dropping at the hosts' own interfaces would not do: the kernel
+takes a local drop for congestion and never times the connection out). ``heal()`` lifts the
+cut; ``link_down()`` takes the hosts' interfaces down (the sender gets "network unreachable").
+The rule it keeps: whatever it made goes when it exits, on success or error: every process it
+started (and anything else left in its namespaces) is killed, and the namespaces and their
+veth pairs are deleted.
 
 The two namespaces share the machine's hostname, /dev/shm and boot id, so ``env(host)`` gives
 each host its own ringtorch host identity (``RINGTORCH_HOST_ID``) and the address its ranks
@@ -31,7 +34,7 @@ __all__ = ["HOSTS", "TwoHosts", "available", "sweep_stale"]
 
 HOSTS = (0, 1)
 _instances = itertools.count()
-_NAME_RE = re.compile(r"^(?P<prefix>[a-z]+)-(?P<pid>\d+)-(?P<n>\d+)-[01]$")
+_NAME_RE = re.compile(r"^(?P<prefix>[a-z]+)-(?P<pid>\d+)-(?P<n>\d+)-[01s]$")
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -111,7 +114,7 @@ def _kill_netns_pids(netns: str, timeout: float = 10.0) -> None:
 
 
 class TwoHosts:
-    """Hosts 0 and 1: two network namespaces and a veth pair between them.
+    """Hosts 0 and 1: two network namespaces joined through a switch namespace.
 
     Use as a context manager; see the module docstring. Names include this process's pid and
     an instance counter, and each instance takes its own /24 out of 172.16.0.0/12, so
@@ -124,8 +127,10 @@ class TwoHosts:
         n = next(_instances)
         pid = os.getpid()
         self.netns = tuple(f"{prefix}-{pid}-{n}-{h}" for h in HOSTS)
-        # interface names are limited to 15 characters
+        self.switch = f"{prefix}-{pid}-{n}-s"
+        # interface names are limited to 15 characters: each host's end, the switch's ports
         self.ifname = tuple(f"v{pid:x}x{n:x}{h}"[-15:] for h in HOSTS)
+        self._ports = tuple(f"v{pid:x}y{n:x}{h}"[-15:] for h in HOSTS)
         subnet = (pid * 7 + n) % 4096
         base = f"172.{16 + subnet // 256}.{subnet % 256}"
         self.addresses = (f"{base}.1", f"{base}.2")
@@ -148,11 +153,16 @@ class TwoHosts:
         self.close()
 
     def _create(self) -> None:
-        for netns in self.netns:
+        for netns in (*self.netns, self.switch):
             _ip("netns", "add", netns)
             self._created.append(netns)
-        _ip("link", "add", self.ifname[0], "netns", self.netns[0], "type", "veth",
-            "peer", "name", self.ifname[1], "netns", self.netns[1])
+        _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+        for h in HOSTS:
+            _ip("link", "add", self.ifname[h], "netns", self.netns[h], "type", "veth",
+                "peer", "name", self._ports[h], "netns", self.switch)
+            _ip("-n", self.switch, "link", "set", self._ports[h], "master", "br0")
+            _ip("-n", self.switch, "link", "set", self._ports[h], "up")
+        _ip("-n", self.switch, "link", "set", "br0", "up")
         for h in HOSTS:
             _ip("-n", self.netns[h], "addr", "add", f"{self.addresses[h]}/24",
                 "dev", self.ifname[h])
@@ -213,11 +223,11 @@ class TwoHosts:
 
     def partition(self) -> None:
         """Drop every packet between the hosts, silently, in both directions: a queue of
-        length zero on each veth end. Established connections see no error, only silence."""
+        length zero on each port of the switch. Each host's sends succeed; established
+        connections see no error, only silence, until TCP gives up on them."""
         self._check_open()
-        for h in HOSTS:
-            _tc(self.netns[h], "qdisc", "replace", "dev", self.ifname[h], "root", "pfifo",
-                "limit", "0")
+        for port in self._ports:
+            _tc(self.switch, "qdisc", "replace", "dev", port, "root", "pfifo", "limit", "0")
 
     def link_down(self) -> None:
         """Take both veth ends down: the routes go, and sends fail with "network unreachable"
@@ -230,12 +240,12 @@ class TwoHosts:
         """Undo ``partition`` and ``link_down``: the default queue again, both ends up (and
         their routes back). Connections that outlived the fault carry on."""
         self._check_open()
-        for h in HOSTS:
-            shown = subprocess.run(["tc", "-n", self.netns[h], "qdisc", "show", "dev",
-                                    self.ifname[h], "root"], capture_output=True, text=True,
-                                   timeout=30).stdout
+        for port in self._ports:
+            shown = subprocess.run(["tc", "-n", self.switch, "qdisc", "show", "dev", port,
+                                    "root"], capture_output=True, text=True, timeout=30).stdout
             if "pfifo" in shown:
-                _tc(self.netns[h], "qdisc", "del", "dev", self.ifname[h], "root")
+                _tc(self.switch, "qdisc", "del", "dev", port, "root")
+        for h in HOSTS:
             _ip("-n", self.netns[h], "link", "set", self.ifname[h], "up")
         for h in HOSTS:
             # bringing the link up re-adds the /24 route; wait until it is there

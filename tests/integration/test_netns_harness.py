@@ -1,15 +1,18 @@
 """The two-host harness (ringtorch.testing.netns) does what the fault tests rely on.
 
 A TCP connection crosses from host 0 to host 1; ``partition()`` silences it (bytes sent go
-nowhere, no error) and ``heal()`` brings it back with the bytes retransmitted; ``link_down()``
-makes sends fail with "network unreachable"; and on exit, even through an exception, no
-namespace and no process it started is left, including one that left its session.
+nowhere, no error) and ``heal()`` brings it back with the bytes retransmitted; under a
+partition an idle connection with keepalive times out as it would across a real network;
+``link_down()`` makes sends fail with "network unreachable"; and on exit, even through an
+exception, no namespace and no process it started is left, including one that left its
+session.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import select
 import subprocess
 import sys
 
@@ -46,6 +49,23 @@ for line in sys.stdin:
             print("got", s.recv(100).decode().strip(), flush=True)
         except TimeoutError:
             print("timeout", flush=True)
+"""
+
+# an idle connection with keepalive every second and a 1 s user timeout; "wait" blocks in recv
+_IDLE = """
+import socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
+s.settimeout(None)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 1000)
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 1)
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1)
+print("connected", flush=True)
+sys.stdin.readline()
+try:
+    s.recv(100)
+except OSError as exc:
+    print(exc.errno, flush=True)
 """
 
 _CONNECT = """
@@ -103,6 +123,24 @@ def test_partition_silences_a_connection_and_heal_restores_it():
         assert client.ask("recv 10") == "got AFTER"
 
 
+def test_under_a_partition_an_idle_connection_times_out_through_keepalive():
+    # the probes leave host 0 and are lost on the way, as on a real network: were they
+    # dropped on host 0 itself, Linux would count local congestion and never time out
+    with TwoHosts() as hosts:
+        server = hosts.run(1, [sys.executable, "-c", _ECHO_SERVER, hosts.addresses[1]],
+                           stdout=subprocess.PIPE)
+        port = server.stdout.readline().decode().strip()  # type: ignore[union-attr]
+        idle = hosts.run(0, [sys.executable, "-c", _IDLE, hosts.addresses[1], port],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert idle.stdout.readline() == b"connected\n"  # type: ignore[union-attr]
+        hosts.partition()
+        idle.stdin.write(b"wait\n")  # type: ignore[union-attr]
+        idle.stdin.flush()  # type: ignore[union-attr]
+        ready, _, _ = select.select([idle.stdout], [], [], 20)
+        assert ready, "an idle connection outlived a partition"
+        assert idle.stdout.readline().strip() == str(errno.ETIMEDOUT).encode()  # type: ignore[union-attr]
+
+
 def test_link_down_makes_connecting_fail_with_network_unreachable():
     with TwoHosts() as hosts:
         hosts.link_down()
@@ -151,7 +189,7 @@ def _alive(pid: int) -> bool:
 
 def test_nothing_is_left_after_exit_even_on_an_error():
     with pytest.raises(KeyError, match="boom"), TwoHosts() as hosts:
-        names = hosts.netns
+        names, switch = hosts.netns, hosts.switch
         proc = hosts.run(1, [sys.executable, "-c", _LINGERER], stdout=subprocess.PIPE)
         pids = [int(p) for p in proc.stdout.readline().split()]  # type: ignore[union-attr]
         assert all(_alive(p) for p in pids)
@@ -159,7 +197,7 @@ def test_nothing_is_left_after_exit_even_on_an_error():
         raise KeyError("boom")
     assert not any(_alive(p) for p in pids), "a process started in a host survived"
     listed = _netns_list()
-    assert not any(name in listed for name in names), listed
+    assert not any(name in listed for name in (*names, switch)), listed
     assert os.path.exists(f"/run/netns/{names[0]}") is False
 
 
