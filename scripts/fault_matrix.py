@@ -44,6 +44,9 @@ def _cell_text(o: RankOutcome, r: CellResult, cap_s: float) -> str:
     if o.error_s is None:
         return f"**hang** (> {cap_s:.0f} s)"
     text = f"{o.error_s:.2f} s"
+    stalls = [t for t, line in o.warnings if "has waited" in line]
+    if stalls:
+        text += f" (stall warning at {stalls[0]:.1f} s)"
     if r.cell.fault == "sigstop" and o.rank == r.cell.victim:
         text += " after SIGCONT"
     if o.exit_s is None:
@@ -51,7 +54,7 @@ def _cell_text(o: RankOutcome, r: CellResult, cap_s: float) -> str:
     return text
 
 
-def _escape(text: str, limit: int = 220) -> str:
+def _escape(text: str, limit: int = 280) -> str:
     text = text if len(text) <= limit else text[:limit - 1] + "…"
     return text.replace("|", "\\|").replace("<", "&lt;").replace("\n", " ")
 
@@ -99,6 +102,28 @@ def worst(r: CellResult) -> str:
     return f"{max(o.error_s or 0.0 for o in reporting):.2f} s{' ' if marks else ''}{''.join(marks)}"
 
 
+def summary(results: list[CellResult], libs: list[str]) -> list[str]:
+    """One bullet per library: the cells where every rank ended with a DistError naming the
+    culprit, and each fault's slowest rank."""
+    lines = []
+    for lib in libs:
+        mine = [r for r in results if r.lib == lib]
+        named = sum(1 for r in mine if worst(r)[-1] == "s")
+        slowest = []
+        for fault in dict.fromkeys(r.cell.fault for r in mine):
+            of_fault = [worst(r) for r in mine if r.cell.fault == fault]
+            hangs = [w for w in of_fault if w.startswith("hang")]
+            top = hangs[0] if hangs else max(of_fault, key=lambda w: float(w.split()[0]))
+            slowest.append(f"{FAULT_TITLES[fault].split(' (')[0]} {top.split(' ')[0]} s"
+                           if not hangs else f"{FAULT_TITLES[fault].split(' (')[0]} {top}")
+        left = sum(1 for r in mine if leftovers(r) != "nothing")
+        lines.append(f"* **{LIB_TITLES[lib]}**: in {named} of {len(mine)} cells every rank (the "
+                     f"frozen one aside) ends with a `DistError` naming the culprit; slowest "
+                     f"rank per fault: "
+                     f"{'; '.join(slowest)}; cells that left something behind: {left}.")
+    return lines
+
+
 def render(results: list[CellResult], settings: Settings, libs: list[str], command: str) -> str:
     by_key = {(r.lib, r.cell): r for r in results}
     cells = list(dict.fromkeys(r.cell for r in results))
@@ -111,12 +136,12 @@ def render(results: list[CellResult], settings: Settings, libs: list[str], comma
         "",
         "The same program (`ringtorch/testing/fault_workload.py`) runs each workload under",
         "ringtorch and under torch (`import torch.distributed as dist`: gloo for collectives,",
-        "TensorPipe for RPC) across two hosts made of two network namespaces joined by a veth",
-        "pair (`ringtorch.testing.netns`), the TCPStore on host 0 with rank 0. Once every rank",
-        "has run a few checked steps, one fault strikes:",
+        "TensorPipe for RPC) across two hosts made of two network namespaces joined through a",
+        "third one acting as a switch (`ringtorch.testing.netns`), the TCPStore on host 0 with",
+        "rank 0. Once every rank has run a few checked steps, one fault strikes:",
         "",
-        "* **partition**: every packet between the hosts is dropped, silently (a zero-length",
-        "  queue on both ends of the link); nothing tells either side;",
+        "* **partition**: the switch drops every frame between the hosts, silently (a",
+        "  zero-length queue on its ports); nothing tells either side;",
         "* **SIGKILL** or **SIGSTOP** of the last rank (on host 1); a stopped rank is resumed",
         "  with SIGCONT once the others have ended, and timed from then;",
         "* **store host killed**: SIGKILL of rank 0, whose process hosts the TCPStore server.",
@@ -137,8 +162,8 @@ def render(results: list[CellResult], settings: Settings, libs: list[str], comma
         "finds them inside a collective or between two.",
         "",
         f"Measured {datetime.date.today().isoformat()} at commit `{commit}`, "
-        f"{os.cpu_count()} cores. To measure again (root; about half an hour; `--help` lists",
-        "the options that select cells):",
+        f"{os.cpu_count()} cores. To measure again",
+        "(root; about half an hour; `--help` lists the options that select cells):",
         "",
         "```",
         command,
@@ -146,6 +171,10 @@ def render(results: list[CellResult], settings: Settings, libs: list[str], comma
         "",
         "The suite checks ringtorch's targets on a subset of these cells with short timeouts",
         "(`tests/integration/test_fault_matrix.py`, marked `netns`).",
+        "",
+        "## In short",
+        "",
+        *summary(results, libs),
         "",
         "## At a glance: the slowest rank's time to its error",
         "",
