@@ -1,6 +1,6 @@
 """Rank programs of tests/integration/test_partition.py, run inside the two-host harness.
 
-``python _partition_ranks.py all_reduce|rpc|store_client`` (RANK, WORLD_SIZE, MASTER_ADDR,
+``python _partition_ranks.py all_reduce|ping_pong|rpc|store_client`` (RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT from the environment) loops on its workload and prints one JSON line per event on
 stdout: ``{"event": "looping"}`` once the loop runs, then ``{"event": "error", ...}`` with the
 exception's class, its base classes, its message and the wall-clock time it was raised, and
@@ -51,6 +51,27 @@ def all_reduce_loop() -> None:
     _say(event="exited")
 
 
+def ping_pong_loop() -> None:
+    """Ranks 0 and 1 pass a tensor back and forth with send and recv."""
+    import ringtorch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    t = torch.ones(1000)
+
+    def step() -> None:
+        if rank == 0:
+            dist.send(t, 1)
+            dist.recv(t, 1)
+        else:
+            dist.recv(t, 0)
+            dist.send(t, 0)
+
+    _loop(step)
+    dist.destroy_process_group()
+    _say(event="exited")
+
+
 def rpc_loop() -> None:
     import ringtorch.distributed.rpc as rpc
 
@@ -89,5 +110,5 @@ def store_client() -> None:
 
 
 if __name__ == "__main__":
-    {"all_reduce": all_reduce_loop, "rpc": rpc_loop, "store_client": store_client,
-     "store_server": store_server}[sys.argv[1]]()
+    {"all_reduce": all_reduce_loop, "ping_pong": ping_pong_loop, "rpc": rpc_loop,
+     "store_client": store_client, "store_server": store_server}[sys.argv[1]]()

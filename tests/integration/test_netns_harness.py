@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from ringtorch.testing.netns import TwoHosts
+from ringtorch.testing.netns import TwoHosts, sweep_stale
 
 pytestmark = pytest.mark.netns
 
@@ -207,3 +207,22 @@ def test_a_closed_pair_refuses_to_cut_links():
         pass
     with pytest.raises(RuntimeError, match=r"^these two hosts have been closed$"):
         hosts.partition()
+
+
+_KILLED_OWNER = """
+from ringtorch.testing.netns import TwoHosts
+hosts = TwoHosts(prefix="swept").__enter__()
+print(" ".join((*hosts.netns, hosts.switch)), flush=True)
+import signal
+signal.pause()
+"""
+
+
+def test_namespaces_of_a_killed_owner_are_swept_by_the_next_run():
+    owner = subprocess.Popen([sys.executable, "-c", _KILLED_OWNER], stdout=subprocess.PIPE)
+    names = owner.stdout.readline().decode().split()  # type: ignore[union-attr]
+    assert len(names) == 3 and all(name in _netns_list() for name in names)
+    owner.kill()  # SIGKILL: no chance to clean up
+    owner.wait()
+    assert sorted(sweep_stale("swept")) == sorted(names)
+    assert not any(name in _netns_list() for name in names)

@@ -95,6 +95,21 @@ def test_a_cut_between_two_hosts_fails_both_ranks_all_reduce_naming_the_other(fa
                 rf"process may still be running\)", report["message"]), report["message"]
 
 
+def test_a_partition_fails_point_to_point_sends_and_receives_naming_the_other_rank():
+    with TwoHosts() as hosts:
+        reports = _run(hosts, "ping_pong", 2, "partition")
+        for rank, report in enumerate(reports):
+            _assert_network_error(rank, report)
+            peer = 1 - rank
+            assert report["type"] == "PeerLostError", report
+            assert re.fullmatch(
+                rf"(send to|recv from) rank {peer} \(tag 0\) on group '0' failed: the group was "
+                rf"aborted: rank {peer} on host {re.escape(hosts.addresses[peer])} is unreachable "
+                rf"from rank {rank} of group '0': {UNREACHABLE}; the network to that host failed "
+                rf"or the host is down \(the process may still be running\)", report["message"]), \
+                report["message"]
+
+
 def test_a_partition_at_world_4_fails_every_rank_naming_the_hosts_cut_off():
     with TwoHosts() as hosts:
         reports = _run(hosts, "all_reduce", 4, "partition")

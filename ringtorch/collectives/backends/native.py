@@ -12,7 +12,9 @@ Failures (see docs/design/failure-detection.md): a peer's EOF seen by a reader t
 ABORT frame, a shared-memory liveness probe, a timeout or a mismatch posts its cause to the
 group's AbortState (first cause wins), fails every blocked call (sockets shut down, the
 segment's abort flag set) and every later call raises ``DistBackendError`` with that cause at
-once. Collectives on one backend must not overlap (the ProcessGroup orders them).
+once; ``PeerLostError`` (also a ``DistNetworkError``) when the cause is a lost connection: a
+peer whose process exited, or one the network cut off. Collectives on one backend must not
+overlap (the ProcessGroup orders them).
 """
 
 from __future__ import annotations
