@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ringtorch.testing.fault_workload import WORKLOADS
 from ringtorch.testing.netns import TwoHosts
 
 WORKLOAD = str(Path(__file__).with_name("fault_workload.py"))
@@ -50,6 +51,8 @@ class Cell:
     layout: tuple[int, int]
 
     def __post_init__(self) -> None:
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"workload must be one of {WORKLOADS}, got {self.workload!r}")
         if self.fault not in FAULTS:
             raise ValueError(f"fault must be one of {FAULTS}, got {self.fault!r}")
         if min(self.layout) < 1:

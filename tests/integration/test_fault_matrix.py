@@ -23,6 +23,8 @@ writes docs/fault-matrix.md.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from ringtorch.testing.fault_matrix import Cell, CellResult, Settings, named_ranks, run_cell
@@ -114,3 +116,12 @@ def test_every_rank_ends_with_a_dist_error_naming_the_culprit_in_bounds(cell: Ce
     result = run_cell(cell, "ringtorch", SETTINGS)
     missed = missed_targets(result)
     assert not missed, f"{cell.name}:\n" + "\n".join(missed)
+
+
+def test_a_rank_that_fails_before_its_steps_stops_the_cell_with_its_stderr() -> None:
+    broken = Settings(timeout_s=6.0, env=(("RINGTORCH_TCP_USER_TIMEOUT_MS", "soon"),))
+    with pytest.raises(RuntimeError, match=r"^all_reduce-sigkill-1\+1: rank [01] exited with 1 "
+                                           r"before it ran its steps:\n") as failed:
+        run_cell(Cell("all_reduce", "sigkill", (1, 1)), "ringtorch", broken)
+    assert re.search(r"environment variable RINGTORCH_TCP_USER_TIMEOUT_MS='soon' is invalid",
+                     str(failed.value)), failed.value

@@ -39,7 +39,10 @@ def test_the_culprit_is_the_struck_rank_or_for_a_partition_the_other_host(
     assert Cell("all_reduce", fault, (2, 2)).culprits(rank) == culprits
 
 
-def test_a_cell_needs_a_known_fault_and_a_rank_on_each_host() -> None:
+def test_a_cell_needs_a_known_workload_and_fault_and_a_rank_on_each_host() -> None:
+    with pytest.raises(ValueError, match=r"^workload must be one of \('all_reduce', 'ddp', "
+                                         r"'rpc'\), got 'broadcast'$"):
+        Cell("broadcast", "sigkill", (1, 1))
     with pytest.raises(ValueError, match=r"^fault must be one of \('partition', 'sigkill', "
                                          r"'sigstop', 'store_death'\), got 'flood'$"):
         Cell("rpc", "flood", (1, 1))
