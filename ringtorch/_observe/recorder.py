@@ -201,8 +201,8 @@ class FlightRecorder:
         first = records[0].id if records else 0
         out: dict[str, Any] = {
             "format": FORMAT, "version": VERSION,
-            "rank": _env_int("RANK"), "world_size": _env_int("WORLD_SIZE"),
-            "local_rank": _env_int("LOCAL_RANK"), "pid": os.getpid(),
+            "rank": env_int("RANK"), "world_size": env_int("WORLD_SIZE"),
+            "local_rank": env_int("LOCAL_RANK"), "pid": os.getpid(),
             "host": socket.gethostname(), "capacity": self.capacity,
             "dropped": first, "dumped_at_ns": wall,
             "entries": [to_dict(r, wall - mono) for r in records],
@@ -212,7 +212,8 @@ class FlightRecorder:
         return out
 
 
-def _env_int(name: str) -> int:
+def env_int(name: str) -> int:
+    """An integer environment variable set by the launcher (RANK, ...), or -1."""
     try:
         return int(os.environ.get(name, "-1"))
     except ValueError:
@@ -260,4 +261,4 @@ def to_dict(rec: Record, offset: int) -> dict[str, Any]:
 RECORDER = FlightRecorder()
 
 __all__ = ["COLLECTIVE", "FORMAT", "P2P", "RECORDER", "RPC", "VERSION", "FlightRecorder",
-           "Record", "line_of", "to_dict", "user_frame"]
+           "Record", "env_int", "line_of", "to_dict", "user_frame"]

@@ -33,7 +33,7 @@ from threading import get_ident
 from typing import Any
 
 from ringtorch import _config
-from ringtorch._observe.recorder import RECORDER, Record
+from ringtorch._observe.recorder import RECORDER, Record, env_int
 
 FORMAT = "ringtorch-rank-summary"
 VERSION = 1
@@ -95,7 +95,7 @@ class Totals:
     def snapshot(self) -> dict[str, Any]:
         """The totals as JSON data (the ``summary-<rank>.json`` format, docs/observability.md)."""
         return {"format": FORMAT, "version": VERSION, "rank": self.rank,
-                "world_size": _env_int("WORLD_SIZE"), "local_rank": _env_int("LOCAL_RANK"),
+                "world_size": env_int("WORLD_SIZE"), "local_rank": env_int("LOCAL_RANK"),
                 "host": socket.gethostname(), "pid": os.getpid(),
                 "recording": RECORDER.on, "started_ns": self.started_ns,
                 "written_ns": time.time_ns(), "ops": self.ops()}
@@ -142,13 +142,6 @@ class Totals:
         except OSError:
             return None
         return target
-
-
-def _env_int(name: str) -> int:
-    try:
-        return int(os.environ.get(name, "-1"))
-    except ValueError:
-        return -1
 
 
 TOTALS = Totals()

@@ -33,9 +33,13 @@ pytestmark = pytest.mark.netns
 
 USER_TIMEOUT_S = 2.0
 STALL_WARNING_S = 1.0
+# The first rank to time out finishes its hang report before it exits: it waits this long for
+# the frozen rank's answer (docs/hang-report.md), well inside the exit grace.
+HANG_REPORT_WAIT_S = 1.0
 SETTINGS = Settings(timeout_s=6.0, cap_s=20.0, exit_grace_s=5.0, env=(
     ("RINGTORCH_TCP_USER_TIMEOUT_MS", str(int(USER_TIMEOUT_S * 1000))),
     ("RINGTORCH_STALL_WARNING_S", str(STALL_WARNING_S)),
+    ("RINGTORCH_HANG_REPORT_WAIT_S", str(HANG_REPORT_WAIT_S)),
 ))
 DEAD_PROCESS_S = 1.0
 STORE_DEATH_S = 2.0
