@@ -56,8 +56,8 @@ class Record:
         nbytes: bytes of the operation when the caller knows them (-1 otherwise).
         error: the error's first line if it failed ("" otherwise).
         call: the CollectiveCall the backend ran it as (None until it starts).
-        route: what the operation travelled by, resolved at dump time: a callable taking
-            the record and returning ``(transport, algorithm)``, or None.
+        route: what the operation travelled by, resolved at dump time: an object whose
+            ``route(record)`` returns ``(transport, algorithm)`` (the backend), or None.
         detail: a short free text (an RPC's function name, a p2p tag).
 
     Every field is a slot, set once here (cheaper than an instance dictionary, which the
@@ -79,7 +79,7 @@ class Record:
         self.seq = self.peer = self.nbytes = -1
         self.error = self.detail = ""
         self.call: Any = None
-        self.route: Callable[[Record], tuple[str, str]] | None = None
+        self.route: Any = None
 
     def start(self) -> None:
         """Stamp the start (the operation's thread calls it as it begins)."""
@@ -99,29 +99,6 @@ class Record:
         if self.finished:
             return "failed" if self.error else "completed"
         return "running" if self.started else "queued"
-
-
-def user_frame(hint: int) -> tuple[Any, int]:
-    """(code, instruction offset) of the caller's first frame outside ringtorch, or (None, 0) when there is
-    none (an operation issued from a thread with no Python caller, such as an autograd hook).
-
-    ``hint`` is how many frames above the caller the public entry point usually is
-    (``dist.all_reduce`` above the group's method): when that frame is ringtorch's, the user
-    is usually its caller, so the common case checks two frames instead of walking the whole
-    chain; any other shape of stack (a group's method called directly, a wrapper inside
-    ringtorch) is walked frame by frame from the bottom.
-    """
-    try:
-        frame: Any = sys._getframe(hint + 1)
-    except ValueError:
-        frame = None
-    if frame is None or not frame.f_code.co_filename.startswith(_PACKAGE):
-        frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
-        frame = frame.f_back
-    if frame is None:
-        return None, 0
-    return frame.f_code, frame.f_lasti  # the line is looked up only when dumped
 
 
 def line_of(code: Any, lasti: int) -> int:
@@ -166,10 +143,27 @@ class FlightRecorder:
         self._ids = itertools.count()
 
     def record(self, kind: str, group: str, op: str, hint: int = 3) -> Record:
-        """A new record of an operation being issued (call only when ``on``); ``hint``: how
-        many frames above this call the public entry point usually is (see user_frame)."""
-        code, lasti = user_frame(hint)
-        rec = Record(kind, group, op, code, lasti)
+        """A new record of an operation being issued (call only when ``on``).
+
+        Its call site is the caller's first frame outside ringtorch (none when no Python
+        frame issued it, e.g. an autograd hook on torch's engine thread). ``hint`` is how
+        many frames above this call the public entry point usually is (``dist.all_reduce``
+        above the group's method): when that frame is ringtorch's, the user is usually its
+        caller, so the common case checks two frames instead of walking the whole chain;
+        any other shape of stack (a group's method called directly, a wrapper inside
+        ringtorch) is walked frame by frame from the bottom. The line is looked up from
+        the instruction offset only when dumped.
+        """
+        try:
+            frame: Any = sys._getframe(hint)
+        except ValueError:
+            frame = None
+        if frame is None or not frame.f_code.co_filename.startswith(_PACKAGE):
+            frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+            frame = frame.f_back
+        rec = (Record(kind, group, op, None, 0) if frame is None
+               else Record(kind, group, op, frame.f_code, frame.f_lasti))
         rec.id = n = next(self._ids)
         ring = self._ring  # one read: a concurrent configure() swaps the whole ring
         if ring:
@@ -250,7 +244,7 @@ def to_dict(rec: Record, offset: int) -> dict[str, Any]:
             entry["nbytes"] = call.nbytes
     if rec.route is not None:
         try:
-            entry["transport"], entry["algorithm"] = rec.route(rec)
+            entry["transport"], entry["algorithm"] = rec.route.route(rec)
         except Exception:
             entry["transport"], entry["algorithm"] = None, None
     if rec.error:
@@ -261,4 +255,4 @@ def to_dict(rec: Record, offset: int) -> dict[str, Any]:
 RECORDER = FlightRecorder()
 
 __all__ = ["COLLECTIVE", "FORMAT", "P2P", "RECORDER", "RPC", "VERSION", "FlightRecorder",
-           "Record", "env_int", "line_of", "to_dict", "user_frame"]
+           "Record", "env_int", "line_of", "to_dict"]

@@ -101,14 +101,17 @@ class Totals:
                 "written_ns": time.time_ns(), "ops": self.ops()}
 
     def install(self, rank: int) -> None:
-        """Count this process's operations from now on (once), and when ringrun asked for
-        it (``RINGTORCH_OBSERVE_DIR``), write them at exit."""
+        """When ringrun asked for it (``RINGTORCH_OBSERVE_DIR``), count this process's
+        operations from now on (once) and write them at exit. Outside ringrun nobody prints
+        the summary, so nothing is counted (an operation is cheaper without a listener)."""
         self.rank = rank
+        if not _config.OBSERVE_DIR.get():
+            return
         if not self._installed:
             self._installed = True
             self.started_ns = time.time_ns()
             RECORDER.listeners.append(self.add)
-        if not self._exit_hooked and _config.OBSERVE_DIR.get():
+        if not self._exit_hooked:
             self._exit_hooked = True
             atexit.register(self.write)
             threading.Thread(target=self._flush_every, args=(FLUSH_S,), daemon=True,

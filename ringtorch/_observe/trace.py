@@ -285,7 +285,7 @@ def _args(rec: Record, sites: dict[tuple[Any, int], str]) -> dict[str, Any]:
             args["root"] = call.root
     if rec.route is not None:
         try:
-            args["transport"], args["algorithm"] = rec.route(rec)
+            args["transport"], args["algorithm"] = rec.route.route(rec)
         except Exception:  # a closed backend cannot say any more
             pass
     if rec.peer != -1:

@@ -107,10 +107,6 @@ def _user_op(MPI: Any, kind: RedOpType, dtype: torch.dtype) -> Any:
 
 
 
-def _mpi_route(record: Any) -> tuple[str, str]:
-    """What a recorded collective travelled by: MPI's own choice, which MPI does not say."""
-    return "mpi", "the MPI library's"
-
 class MpiBackend(Backend):
     """One group's operations on its own MPI communicator. See base class."""
 
@@ -236,7 +232,7 @@ class MpiBackend(Backend):
             found = self._agreements[key] = (sig, agreement_fields(sig))
         sig, (kind, red, code, root) = found
         if rec is not None and rec.seq == seq and rec.call is None:  # the flight recorder's
-            rec.call, rec.route = new_call(sig, seq, nbytes, deadline), _mpi_route
+            rec.call, rec.route = new_call(sig, seq, nbytes, deadline), self
         if not self._check:
             return
         record = AGREEMENT.pack(seq, kind, red, code, nbytes, root)  # call.agreement_record
@@ -388,6 +384,10 @@ class MpiBackend(Backend):
         return sender
 
     # -- ending ---------------------------------------------------------------------------
+
+    def route(self, record: Any) -> tuple[str, str]:
+        """See base class: MPI chooses its own algorithm and does not say which."""
+        return "mpi", "the MPI library's"
 
     def abort(self, reason: str) -> None:
         """See base class. MPI cannot cancel a call in progress nor tell the peers anything

@@ -198,7 +198,7 @@ class NativeBackend(Backend):
             self._check_usable(self._words.what(call))
         rec = self.record
         if rec is not None and rec.seq == call.seq and rec.call is None:
-            rec.call, rec.route = call, self.route
+            rec.call, rec.route = call, self
         board = self._board
         board.call = call
         board.running = True
