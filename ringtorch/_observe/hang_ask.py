@@ -257,19 +257,12 @@ class HangState:
         # unless --log-dir); a copy beside the other ranks' files when there is one
         path = save_report("(being written)\n", tempfile.gettempdir(), f"rank{self.rank}")
         store.set(path_key, path)
-        # Under ringrun, a mark the launcher waits for before it stops the workers of a
-        # failed job (the others' errors come at once; their exit must not cut this short).
-        pending = pending_mark(_config.OBSERVE_DIR.get(), os.getpid())
-        if pending:
-            with contextlib.suppress(OSError):
-                open(pending, "w").close()
-        threading.Thread(target=self._make_report,
-                         args=(store, group, reason, path, wait_s, pending),
+        threading.Thread(target=self._make_report, args=(store, group, reason, path, wait_s),
                          name="ringtorch-hang-report").start()
         return path
 
     def _make_report(self, store: Any, group: str, reason: str, path: str,
-                     wait_s: float, pending: str) -> None:
+                     wait_s: float) -> None:
         # A connection of its own: the rank's threads go on using theirs meanwhile (a store
         # client is one conversation at a time).
         clone = getattr(store, "clone", None)
@@ -290,9 +283,6 @@ class HangState:
         finally:
             with contextlib.suppress(Exception):
                 store.set(key("report", self.epoch, group), path)
-            if pending:
-                with contextlib.suppress(OSError):
-                    os.unlink(pending)
 
 
 def _alive(store: Any) -> bool:
@@ -315,34 +305,6 @@ def is_hang(message: str) -> bool:
     (the words of collectives/reports.py), possibly as the cause of an abort."""
     text = message.lower()
     return "timed out after" in text or "mismatch" in text
-
-
-PENDING_PREFIX = "hang-report-pending-"
-
-
-def pending_mark(observe_dir: str, pid: int) -> str:
-    """The file that says process ``pid`` is making a hang report ("" outside ringrun)."""
-    return os.path.join(observe_dir, f"{PENDING_PREFIX}{pid}") if observe_dir else ""
-
-
-def reports_pending(observe_dir: str) -> list[int]:
-    """The processes of this node still making a hang report (their marks, live pids)."""
-    try:
-        names = os.listdir(observe_dir)
-    except OSError:
-        return []
-    pids = []
-    for name in names:
-        if name.startswith(PENDING_PREFIX) and name[len(PENDING_PREFIX):].isdigit():
-            pid = int(name[len(PENDING_PREFIX):])
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                continue
-            except OSError:
-                pass
-            pids.append(pid)
-    return pids
 
 
 def save_report(text: str, folder: str, who: str) -> str:

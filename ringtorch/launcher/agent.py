@@ -189,8 +189,6 @@ class Agent:
         if action is Action.STOP_FOR_SIGNAL:
             return self._stopped_by_signal()
         failures = list(group.failures.values())
-        if failures:
-            hang.await_reports(group)  # a failed collective's report being finished
         running = sum(1 for code in group.exit_codes() if code is None)
         if failures:
             say(one_line(root_cause(failures))

@@ -20,18 +20,11 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from datetime import timedelta
 from typing import Any
 
 from ringtorch import _config
-from ringtorch._observe.hang_ask import (
-    ask,
-    parse_header,
-    reports_pending,
-    save_report,
-    signal_stacks,
-)
+from ringtorch._observe.hang_ask import ask, parse_header, save_report, signal_stacks
 from ringtorch._observe.hang_report import Answer, analyse, format_report
 from ringtorch.launcher.workers import LocalWorkerGroup
 from ringtorch.store import TCPStore
@@ -98,16 +91,6 @@ def report(reason: str, observe_dir: str, pids: set[int], master: tuple[str, int
     return path
 
 
-def await_reports(group: LocalWorkerGroup) -> None:
-    """Before a failed job's workers are stopped: let a worker that is making the hang report
-    of its failed collective finish it (it answered its error at once and makes the report
-    on a thread; the others' errors end the job meanwhile). At most the report's wait for
-    answers plus 2 s."""
-    limit = time.monotonic() + _config.HANG_REPORT_WAIT_S.get() + 2.0
-    while reports_pending(group.observe_dir) and time.monotonic() < limit:
-        time.sleep(0.05)  # polling marks that other processes remove
-
-
 def report_group(reason: str, group: LocalWorkerGroup, keep_files: bool) -> str | None:
     """:func:`report` for the launcher's current worker group; a report that cannot be made
     is said in one line, never raised into the launcher's loop."""
@@ -121,4 +104,4 @@ def report_group(reason: str, group: LocalWorkerGroup, keep_files: bool) -> str 
         return None
 
 
-__all__ = ["PID_FILE", "await_reports", "mark_run_dir", "registered_workers", "report", "report_group"]
+__all__ = ["PID_FILE", "mark_run_dir", "registered_workers", "report", "report_group"]
