@@ -19,7 +19,6 @@ The store is any object with ringtorch's Store methods (this layer imports no st
 
 from __future__ import annotations
 
-import contextlib
 import faulthandler
 import json
 import logging
@@ -242,47 +241,25 @@ class HangState:
             exc.args = (f"{exc.args[0]} (hang report: {path})", *exc.args[1:])
 
     def _group_report(self, store: Any, group: str, message: str) -> str:
-        """The path of the group's report: the first rank to fail names it at once and
-        makes it on a thread of its own, so that no rank's error waits for the answers
-        (a frozen rank never gives one); the thread is not a daemon, so a program that ends
-        with this error still finishes its report (within the answers' wait) before it
-        exits. The key "report" says the report is written; "path" only where it goes."""
-        path_key = key("path", self.epoch, group)
+        done = key("report", self.epoch, group)
         wait_s = _config.HANG_REPORT_WAIT_S.get()
         if store.add(key("failed", self.epoch, group), 1) != 1:  # another rank makes it
-            store.wait([path_key], timedelta(seconds=10.0))
-            return store.get(path_key).decode()
+            store.wait([done], timedelta(seconds=wait_s + 10.0))
+            return store.get(done).decode()
         reason = f"rank {self.rank}: {message.strip().splitlines()[0]}"
-        # in the temporary folder, which outlives ringrun's run directory (removed at the end
-        # unless --log-dir); a copy beside the other ranks' files when there is one
-        path = save_report("(being written)\n", tempfile.gettempdir(), f"rank{self.rank}")
-        store.set(path_key, path)
-        threading.Thread(target=self._make_report, args=(store, group, reason, path, wait_s),
-                         name="ringtorch-hang-report").start()
-        return path
-
-    def _make_report(self, store: Any, group: str, reason: str, path: str,
-                     wait_s: float) -> None:
-        # A connection of its own: the rank's threads go on using theirs meanwhile (a store
-        # client is one conversation at a time).
-        clone = getattr(store, "clone", None)
-        with contextlib.suppress(Exception):
-            store = clone() if clone is not None else store
         try:
             answers = ask(store, self.world_size, reason, wait_s)
             text = format_report(analyse(answers, self.world_size, reason))
-            tmp = f"{path}.tmp"
-            with open(tmp, "w") as f:
-                f.write(text)
-            os.replace(tmp, path)
+            # in the temporary folder, which outlives ringrun's run directory (removed at the
+            # end unless --log-dir); a copy beside the other ranks' files when there is one
+            path = save_report(text, tempfile.gettempdir(), f"rank{self.rank}")
             if _config.OBSERVE_DIR.get():
                 shutil.copy(path, _config.OBSERVE_DIR.get())
             log.error("%s(saved in %s)", text, path)
         except Exception as exc:
-            log.error("the hang report of group %s could not be made: %s", group, exc)
-        finally:
-            with contextlib.suppress(Exception):
-                store.set(key("report", self.epoch, group), path)
+            path = f"(none: {exc})"
+        store.set(done, path)
+        return path
 
 
 def _alive(store: Any) -> bool:

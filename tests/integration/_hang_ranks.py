@@ -24,18 +24,10 @@ def _report_made() -> bool:
     return HANG.store.check([key("report", HANG.epoch, "0")])
 
 
-def _wait_for_report() -> None:
-    """The report is made on a thread of the first rank to fail, after the errors are
-    raised: stay (answering) until it is written (no report when reports are off)."""
-    if HANG.store is not None:
-        HANG.store.wait([key("report", HANG.epoch, "0")], timedelta(seconds=60))
-
-
 def _others(rank: int) -> str:
     try:
         dist.all_reduce(torch.ones(64))
     except dist.DistError as exc:
-        _wait_for_report()
         return str(exc)
     return "the collective completed"
 
@@ -81,7 +73,6 @@ def calls_another_collective(rank: int, ws: int, culprit: int) -> str:
         try:
             dist.broadcast(torch.ones(64), src=0)
         except dist.DistError as exc:
-            _wait_for_report()
             return str(exc)
         return "the collective completed"
     return _others(rank)
