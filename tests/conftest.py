@@ -9,7 +9,8 @@ and the summary says how many and why.
 
 Processes without RINGTORCH_SECRET use the per-user secret file; the suite points it
 (RINGTORCH_SECRET_FILE, inherited by every process a test starts) at a file of its own, so it
-never creates or reads the user's ~/.config/ringtorch/secret.
+never creates or reads the user's ~/.config/ringtorch/secret. The processes a test starts get
+a temporary folder (TMPDIR) inside the suite's own, removed when the session ends.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ import pytest
 
 _secret_dir = tempfile.mkdtemp(prefix="ringtorch-tests-")
 os.environ.setdefault("RINGTORCH_SECRET_FILE", os.path.join(_secret_dir, "secret"))
+# What the processes a test starts leave in their temporary folder (hang reports named by a
+# failed collective's error, ...) goes in the suite's own folder, removed at the end.
+os.makedirs(os.path.join(_secret_dir, "tmp"))
+os.environ["TMPDIR"] = os.path.join(_secret_dir, "tmp")
 
 _skipped: list[str] = []
 _netns_deselected: list[str] = []

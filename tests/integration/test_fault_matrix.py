@@ -46,8 +46,10 @@ STORE_DEATH_S = 2.0
 PARTITION_S = 1.5 * USER_TIMEOUT_S + 0.5   # the promise, plus a scheduler's half second
 # a timeout is noticed at the end of a 1 s receive slice, then the late ranks are asked where
 # they are and a frozen one gets 1 s to answer (docs/design/failure-detection.md, G5): the
-# error comes up to 2 s after the timeout itself, plus half a second for the scheduler
-TIMEOUT_SLACK_S = 2.5
+# error comes up to 2 s after the timeout itself, plus half a second for the scheduler; then
+# the hang report the error names is made before any rank raises: HANG_REPORT_WAIT_S for the
+# answers, and up to 1 s more for a silent rank's stacks by signal (docs/hang-report.md)
+TIMEOUT_SLACK_S = 2.5 + HANG_REPORT_WAIT_S + 1.0
 RESUMED_S = 2.0
 
 # world sizes chosen per cell to keep the matrix within about two minutes on two cores;

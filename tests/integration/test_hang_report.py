@@ -235,3 +235,36 @@ def test_with_hang_reports_off_a_timeout_names_no_report_and_no_responder_runs(
     assert "timed out after 0:00:03" in error and "hang report" not in error, error
     for _, threads in results:
         assert "ringtorch-hang-responder" not in threads, threads
+
+
+FAILING_JOB = r"""
+import time
+from datetime import timedelta
+import torch
+import ringtorch.distributed as dist
+
+dist.init_process_group("gloo", timeout=timedelta(seconds=3))
+dist.all_reduce(torch.ones(4))
+if dist.get_rank() == 1:
+    time.sleep(600)  # the late rank
+dist.all_reduce(torch.ones(1000))
+"""
+
+
+def test_a_failed_collectives_report_is_whole_when_ringrun_has_stopped_the_job(
+        tmp_path: Path) -> None:
+    # The ranks that time out end the job with their errors; the report their errors name
+    # must be whole (it is made before any of them raises).
+    script = tmp_path / "failing.py"
+    script.write_text(FAILING_JOB)
+    done = subprocess.run(
+        [sys.executable, "-m", "ringtorch.distributed.run", "--nproc-per-node", "3",
+         str(script)], env={**os.environ, "TMPDIR": str(tmp_path)}, capture_output=True,
+        text=True, timeout=120)
+    assert done.returncode != 0, done.stderr
+    paths = set(re.findall(r"\(hang report: (\S+)\)", done.stderr))
+    assert len(paths) == 1, done.stderr
+    report = Path(paths.pop()).read_text()
+    line = FAILING_JOB.splitlines().index("    time.sleep(600)  # the late rank")
+    assert "everybody waits for: ranks [1]\n" in report, report
+    assert f'File "{script}", line {line + 1} in <module>' in report, report
