@@ -198,6 +198,15 @@ def test_left_out_entries_are_modules_torch_has_and_ringtorch_lacks() -> None:
                 _import(_ours(prefix))  # provided now: take it off the list
 
 
+@pytest.mark.parametrize("module", ["torch.distributed", *_provided()])
+def test_a_star_import_of_each_provided_module_works(module: str) -> None:
+    # ``from torch.distributed.<x> import *`` works, so ours must: __all__ holds names
+    namespace: dict[str, Any] = {}
+    exec(f"from {_ours(module)} import *", namespace)
+    ours = _import(_ours(module))
+    assert set(getattr(ours, "__all__", ())) <= set(namespace)
+
+
 def _public_names(module: types.ModuleType) -> set[str]:
     if hasattr(module, "__all__"):
         return set(module.__all__)
