@@ -93,6 +93,28 @@ class Record:
         except Exception:  # a broken __str__ must not break the operation
             self.error = type(error).__name__
 
+    def size(self) -> int:
+        """Bytes of the operation: as the caller gave them, else the call's (-1: unknown)."""
+        if self.nbytes >= 0 or self.call is None:
+            return self.nbytes
+        return int(self.call.nbytes)
+
+    def site(self) -> str | None:
+        """The user's call site as ``file:line`` (None when no Python frame issued it)."""
+        if self.code is None:
+            return None
+        return f"{self.code.co_filename}:{line_of(self.code, self.lasti)}"
+
+    def travelled(self) -> tuple[str | None, str | None] | None:
+        """(transport, algorithm), asked of the backend now; None when it was never known,
+        (None, None) when the backend cannot say any more (closed)."""
+        if self.route is None:
+            return None
+        try:
+            return self.route.route(self)
+        except Exception:  # a closed backend may not know any more
+            return None, None
+
     @property
     def state(self) -> str:
         """"queued", "running", "completed" or "failed"."""
@@ -214,6 +236,11 @@ def env_int(name: str) -> int:
         return -1
 
 
+def dtype_name(dtype: Any) -> str | None:
+    """"float32" for torch.float32 (None for None), without importing torch."""
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
 def _wall(stamp: int, offset: int) -> int | None:
     return stamp + offset if stamp else None
 
@@ -224,29 +251,23 @@ def to_dict(rec: Record, offset: int) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "id": rec.id, "kind": rec.kind, "group": rec.group, "op": rec.op, "seq": rec.seq,
         "state": rec.state,
-        "site": (f"{rec.code.co_filename}:{line_of(rec.code, rec.lasti)}"
-                 if rec.code is not None else None),
+        "site": rec.site(),
         "function": rec.code.co_name if rec.code is not None else None,
         "enqueued_ns": _wall(rec.enqueued, offset), "started_ns": _wall(rec.started, offset),
         "finished_ns": _wall(rec.finished, offset),
-        "nbytes": rec.nbytes,
+        "nbytes": rec.size(),
     }
     if rec.peer != -1:
         entry["peer"] = rec.peer
     if rec.detail:
         entry["detail"] = rec.detail
     if call is not None:
-        entry["call"] = {"op": call.op, "seq": call.seq,
-                         "dtype": None if call.dtype is None else str(call.dtype)[6:],
+        entry["call"] = {"op": call.op, "seq": call.seq, "dtype": dtype_name(call.dtype),
                          "redop": None if call.redop is None else call.redop.name,
                          "root": call.root, "nbytes": call.nbytes}
-        if entry["nbytes"] < 0:
-            entry["nbytes"] = call.nbytes
-    if rec.route is not None:
-        try:
-            entry["transport"], entry["algorithm"] = rec.route.route(rec)
-        except Exception:
-            entry["transport"], entry["algorithm"] = None, None
+    route = rec.travelled()
+    if route is not None:
+        entry["transport"], entry["algorithm"] = route
     if rec.error:
         entry["error"] = rec.error
     return entry
@@ -255,4 +276,4 @@ def to_dict(rec: Record, offset: int) -> dict[str, Any]:
 RECORDER = FlightRecorder()
 
 __all__ = ["COLLECTIVE", "FORMAT", "P2P", "RECORDER", "RPC", "VERSION", "FlightRecorder",
-           "Record", "env_int", "line_of", "to_dict"]
+           "Record", "dtype_name", "env_int", "line_of", "to_dict"]

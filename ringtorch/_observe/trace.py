@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ringtorch import _config
-from ringtorch._observe.recorder import COLLECTIVE, P2P, RECORDER, Record, line_of
+from ringtorch._observe.recorder import COLLECTIVE, P2P, RECORDER, Record, dtype_name
 
 FORMAT = "ringtorch-trace"
 VERSION = 1
@@ -273,21 +273,19 @@ def _args(rec: Record, sites: dict[tuple[Any, int], str]) -> dict[str, Any]:
     if rec.seq >= 0:
         args["seq"] = rec.seq
     call = rec.call
-    nbytes = rec.nbytes if rec.nbytes >= 0 else (call.nbytes if call is not None else -1)
+    nbytes = rec.size()
     if nbytes >= 0:
         args["nbytes"] = nbytes
     if call is not None:
         if call.dtype is not None:
-            args["dtype"] = str(call.dtype).removeprefix("torch.")
+            args["dtype"] = dtype_name(call.dtype)
         if call.redop is not None:
             args["redop"] = call.redop.name
         if call.root >= 0:
             args["root"] = call.root
-    if rec.route is not None:
-        try:
-            args["transport"], args["algorithm"] = rec.route.route(rec)
-        except Exception:  # a closed backend cannot say any more
-            pass
+    route = rec.travelled()
+    if route is not None and route != (None, None):  # a closed backend cannot say any more
+        args["transport"], args["algorithm"] = route
     if rec.peer != -1:
         args["peer"] = rec.peer
     if rec.detail:
@@ -296,7 +294,7 @@ def _args(rec: Record, sites: dict[tuple[Any, int], str]) -> dict[str, Any]:
         key = (rec.code, rec.lasti)
         site = sites.get(key)
         if site is None:
-            site = sites[key] = f"{rec.code.co_filename}:{line_of(rec.code, rec.lasti)}"
+            site = sites[key] = rec.site()
         args["site"] = site
     if rec.error:
         args["error"] = rec.error
