@@ -34,6 +34,7 @@ from datetime import timedelta
 from typing import IO, Any
 
 from ringtorch import _config
+from ringtorch._observe.files import write_json
 from ringtorch._observe.hang_report import Answer, analyse, format_report
 from ringtorch._observe.recorder import RECORDER
 
@@ -202,7 +203,7 @@ class HangState:
         stacks = self.own_stacks()
         folder = _config.OBSERVE_DIR.get()
         if folder:
-            _write_json(os.path.join(folder, f"flight-{self.rank}.json"), flight)
+            write_json(flight, os.path.join(folder, f"flight-{self.rank}.json"))
         flight["entries"] = flight["entries"][-ANSWER_ENTRIES:]
         return {"flight": flight, "stacks": stacks}
 
@@ -268,13 +269,6 @@ def _alive(store: Any) -> bool:
         return True
     except Exception:
         return False
-
-
-def _write_json(path: str, data: Any) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)
 
 
 def is_hang(message: str) -> bool:

@@ -24,7 +24,6 @@ the process's one accumulator (this subsystem's state, beside ``RECORDER``).
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import socket
 import threading
@@ -33,6 +32,7 @@ from threading import get_ident
 from typing import Any
 
 from ringtorch import _config
+from ringtorch._observe.files import write_json
 from ringtorch._observe.recorder import RECORDER, Record, env_int
 
 FORMAT = "ringtorch-rank-summary"
@@ -137,11 +137,8 @@ class Totals:
         if not folder or self.rank < 0:
             return None
         target = os.path.join(folder, f"{FILE_PREFIX}{self.rank}.json")
-        tmp = f"{target}.{os.getpid()}.{get_ident()}.tmp"  # the flusher and exit may overlap
         try:
-            with open(tmp, "w") as f:
-                json.dump(self.snapshot(), f)
-            os.replace(tmp, target)
+            write_json(self.snapshot(), target)  # the flusher and exit may overlap: it copes
         except OSError:
             return None
         return target

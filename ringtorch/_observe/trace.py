@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
 import socket
 import threading
@@ -27,6 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ringtorch import _config
+from ringtorch._observe.files import write_json
 from ringtorch._observe.recorder import COLLECTIVE, P2P, RECORDER, Record, dtype_name
 
 FORMAT = "ringtorch-trace"
@@ -299,15 +299,6 @@ def _args(rec: Record, sites: dict[tuple[Any, int], str]) -> dict[str, Any]:
     if rec.error:
         args["error"] = rec.error
     return args
-
-
-def write_json(document: dict[str, Any], path: str) -> None:
-    """Write ``document`` at ``path`` through a temporary name, so no reader sees half."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    text = json.dumps(document, separators=(",", ":"))  # json.dump would not use the C encoder
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 TRACER = Tracer()

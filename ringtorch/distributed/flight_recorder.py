@@ -21,10 +21,10 @@ Example::
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
+from ringtorch._observe.files import write_json
 from ringtorch._observe.recorder import RECORDER
 from ringtorch.distributed._world import _world
 
@@ -63,11 +63,7 @@ def dump(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
 
 def write(record: dict[str, Any], path: str | os.PathLike[str]) -> None:
     """Write ``record`` as JSON at ``path`` atomically (temporary name, then rename)."""
-    target = os.fspath(path)
-    tmp = f"{target}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(record, f)
-    os.replace(tmp, target)
+    write_json(record, path)
 
 
 def enabled() -> bool:
