@@ -250,12 +250,9 @@ class HangState:
         reason = f"rank {self.rank}: {message.strip().splitlines()[0]}"
         try:
             answers = ask(store, self.world_size, reason, wait_s)
-            text = format_report(analyse(answers, self.world_size, reason))
-            # in the temporary folder, which outlives ringrun's run directory (removed at the
-            # end unless --log-dir); a copy beside the other ranks' files when there is one
-            path = save_report(text, tempfile.gettempdir(), f"rank{self.rank}")
-            if _config.OBSERVE_DIR.get():
-                shutil.copy(path, _config.OBSERVE_DIR.get())
+            # a copy beside the other ranks' files when there is one
+            text, path = write_report(answers, self.world_size, reason, f"rank{self.rank}",
+                                      _config.OBSERVE_DIR.get() or None)
             log.error("%s(saved in %s)", text, path)
         except Exception as exc:
             path = f"(none: {exc})"
@@ -276,6 +273,18 @@ def is_hang(message: str) -> bool:
     (the words of collectives/reports.py), possibly as the cause of an abort."""
     text = message.lower()
     return "timed out after" in text or "mismatch" in text
+
+
+def write_report(answers: list[Answer], world_size: int, reason: str, who: str,
+                 copy_to: str | None = None) -> tuple[str, str]:
+    """The report made of ``answers``, saved as a new file in the temporary folder (which
+    outlives ringrun's run directory, removed at the end unless --log-dir) and copied into
+    the folder ``copy_to`` when given: (its text, its path)."""
+    text = format_report(analyse(sorted(answers, key=lambda a: a.rank), world_size, reason))
+    path = save_report(text, tempfile.gettempdir(), who)
+    if copy_to:
+        shutil.copy(path, os.path.join(copy_to, os.path.basename(path)))
+    return text, path
 
 
 def save_report(text: str, folder: str, who: str) -> str:
@@ -370,4 +379,4 @@ def signal_stacks(pid: int, path: str, wait_s: float = 1.0) -> str:
 HANG = HangState()
 
 __all__ = ["HANG", "HangState", "ask", "is_hang", "key", "parse_header", "poke", "save_report",
-           "signal_stacks", "stacks_header", "thread_id"]
+           "signal_stacks", "stacks_header", "thread_id", "write_report"]

@@ -31,8 +31,7 @@ import time
 from datetime import timedelta
 
 from ringtorch import _config
-from ringtorch._observe.hang_ask import ask, key, save_report
-from ringtorch._observe.hang_report import analyse, format_report
+from ringtorch._observe.hang_ask import ask, key, write_report
 from ringtorch.store import TCPStore
 
 PID_FILE = "ringrun.pid"  # written by the launcher into its run directory
@@ -101,8 +100,7 @@ def via_store(address: str, world_size: int | None) -> tuple[str, str]:
         answers = ask(store, world_size, reason, _config.HANG_REPORT_WAIT_S.get())
     finally:
         store.close()
-    text = format_report(analyse(answers, world_size, reason))
-    return text, save_report(text, tempfile.gettempdir(), "debug")
+    return write_report(answers, world_size, reason, "debug")
 
 
 def main(argv: list[str] | None = None) -> int:

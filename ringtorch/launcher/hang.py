@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import glob
 import os
-import shutil
 import sys
-import tempfile
 from datetime import timedelta
 from typing import Any
 
 from ringtorch import _config
-from ringtorch._observe.hang_ask import ask, parse_header, save_report, signal_stacks
-from ringtorch._observe.hang_report import Answer, analyse, format_report
+from ringtorch._observe.hang_ask import ask, parse_header, signal_stacks, write_report
+from ringtorch._observe.hang_report import Answer
 from ringtorch.launcher.workers import LocalWorkerGroup
 from ringtorch.store import TCPStore
 
@@ -83,10 +81,7 @@ def report(reason: str, observe_dir: str, pids: set[int], master: tuple[str, int
             answers.append(Answer(rank, None, stacks, header["main_thread"], header["host"],
                                   header["pid"], "no answer through the store; stacks by "
                                   "SIGUSR1"))
-    text = format_report(analyse(sorted(answers, key=lambda a: a.rank), world_size, reason))
-    path = save_report(text, tempfile.gettempdir(), "ringrun")
-    if run_dir is not None:
-        shutil.copy(path, os.path.join(run_dir, os.path.basename(path)))
+    text, path = write_report(answers, world_size, reason, "ringrun", run_dir)
     print(text + f"ringrun: hang report saved in {path}", file=sys.stderr, flush=True)
     return path
 
