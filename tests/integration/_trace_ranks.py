@@ -70,8 +70,12 @@ def ddp_step(rank: int, ws: int) -> int:
     return buckets
 
 
-def profiled(rank: int, ws: int, path: str) -> dict[str, Any]:
-    """Collectives, p2p and RPC inside torch.profiler; what its summary and trace show."""
+def profiled(rank: int, ws: int, folder: str) -> dict[str, Any]:
+    """Collectives, p2p and RPC inside torch.profiler; what its summary and trace show.
+
+    Each rank exports to its own file: two ranks exporting to one path race each other,
+    and one of them can find the file missing or half written when it reads it back.
+    """
     dist.init_process_group("gloo")
     rpc.init_rpc(f"worker{rank}", rank=rank, world_size=ws)
     dist.all_reduce(torch.ones(8))  # outside the profiler: no range
@@ -91,6 +95,7 @@ def profiled(rank: int, ws: int, path: str) -> dict[str, Any]:
         dist.barrier()
     rpc.shutdown()
     dist.destroy_process_group()
+    path = os.path.join(folder, f"trace{rank}.json")
     prof.export_chrome_trace(path)
     with open(path) as f:
         events = [e for e in json.load(f)["traceEvents"]

@@ -19,7 +19,7 @@ from tests.integration import _trace_ranks as ranks
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     base = tmp_path_factory.mktemp("profiler")
-    return run_ranks(ranks.profiled, 2, args=(str(base / "trace.json"),))
+    return run_ranks(ranks.profiled, 2, args=(str(base),))
 
 
 def _named(events: list[dict], name: str) -> list[dict]:
