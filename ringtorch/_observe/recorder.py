@@ -5,9 +5,10 @@ issues it: the group, the operation, the user's call site, and its timestamps (e
 started, finished) and outcome, filled in as it runs. The collective's identity (dtype,
 bytes, root, reduction: the ``CollectiveCall``) is attached by the backend when it starts, as
 the object itself, not copied; how it travelled (transport, algorithm) is asked of the
-backend only when the ring is dumped. So recording costs one small object, three clock reads
-and a short walk up the stack per operation (``bench/recorder.py`` measures it), and a dump,
-which is rare, does the formatting.
+backend only when the ring is dumped. So recording costs one small object, two clock reads
+of its own (a collective's start stamp is also its deadline's reference) and one look at the
+user's frame per operation (``bench/recorder.py`` measures it), and a dump, which is rare,
+does the formatting.
 
 The rule this module keeps: the recorder never blocks and never raises into the operation it
 records. Writers do not lock (a slot of the ring is one list store, atomic under the GIL); a
@@ -29,6 +30,8 @@ from ringtorch import _config
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _now = time.monotonic_ns
+# How many codes' verified call sites the recorder remembers (see FlightRecorder._walk).
+_VERIFIED_MAX = 1024
 
 # What a record is about.
 COLLECTIVE = "collective"
@@ -60,26 +63,29 @@ class Record:
             ``route(record)`` returns ``(transport, algorithm)`` (the backend), or None.
         detail: a short free text (an RPC's function name, a p2p tag).
 
-    Every field is a slot, set once here (cheaper than an instance dictionary, which the
-    fields filled in later would otherwise create).
+    Only what is known when the operation is issued is set here; the fields filled in later
+    start as the class's defaults below. That halves the cost of making a record (a store
+    per field is most of it). A record has no ``__slots__``: Python keeps the fields of
+    instances of one class inline, in the same order, so a plain instance is as compact and
+    its later stores as quick, and class defaults need no slot per field.
     """
 
-    __slots__ = ("id", "kind", "group", "op", "code", "lasti", "enqueued", "started",
-                 "finished", "seq", "peer", "nbytes", "error", "call", "route", "detail")
-    peer: int | str
+    started = finished = 0
+    seq = nbytes = -1
+    peer: int | str = -1
+    error = detail = ""
+    call: Any = None
+    route: Any = None
 
-    def __init__(self, kind: str, group: str, op: str, code: Any, lasti: int) -> None:
+    def __init__(self, kind: str, group: str, op: str, code: Any, lasti: int,
+                 ident: int = 0) -> None:
         self.kind = kind
         self.group = group
         self.op = op
         self.code = code
         self.lasti = lasti
+        self.id = ident
         self.enqueued = _now()
-        self.started = self.finished = self.id = 0
-        self.seq = self.peer = self.nbytes = -1
-        self.error = self.detail = ""
-        self.call: Any = None
-        self.route: Any = None
 
     def start(self) -> None:
         """Stamp the start (the operation's thread calls it as it begins)."""
@@ -163,6 +169,12 @@ class FlightRecorder:
         self.on = capacity > 0
         self._ring: list[Record | None] = [None] * capacity
         self._ids = itertools.count()
+        # Call sites found by a full walk (see _walk); they hold their code objects, so an
+        # id here is never one of a code object that has since been freed.
+        self._verified: dict[int, tuple[Any, set[int]]] = {}
+        # The last verified site: a loop issuing from one line finds it here, without the
+        # table's look-up.
+        self._last_site: tuple[Any, int] = (None, -1)
 
     def record(self, kind: str, group: str, op: str, hint: int = 3) -> Record:
         """A new record of an operation being issued (call only when ``on``).
@@ -170,31 +182,73 @@ class FlightRecorder:
         Its call site is the caller's first frame outside ringtorch (none when no Python
         frame issued it, e.g. an autograd hook on torch's engine thread). ``hint`` is how
         many frames above this call the public entry point usually is (``dist.all_reduce``
-        above the group's method): when that frame is ringtorch's, the user is usually its
-        caller, so the common case checks two frames instead of walking the whole chain;
-        any other shape of stack (a group's method called directly, a wrapper inside
-        ringtorch) is walked frame by frame from the bottom. The line is looked up from
-        the instruction offset only when dumped.
+        above the group's method), so the user's frame is usually the one above that. See
+        ``_walk`` for how that guess is checked without looking at the frames in between.
+        The line is looked up from the instruction offset only when dumped.
         """
-        try:
-            frame: Any = sys._getframe(hint)
-        except ValueError:
-            frame = None
-        if frame is None or not frame.f_code.co_filename.startswith(_PACKAGE):
-            frame = sys._getframe(1)
-        while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
-            frame = frame.f_back
-        rec = (Record(kind, group, op, None, 0) if frame is None
-               else Record(kind, group, op, frame.f_code, frame.f_lasti))
-        rec.id = n = next(self._ids)
+        try:  # the frame hint + 1 above the caller: the user's, if this is a known site
+            frame: Any = sys._getframe(hint + 1)
+            code, lasti = frame.f_code, frame.f_lasti
+            last = self._last_site  # one read: threads replace the pair whole
+            if last[0] is not code or last[1] != lasti:
+                known = self._verified.get(id(code))
+                if known is not None and known[0] is code and lasti in known[1]:
+                    self._last_site = (code, lasti)
+                else:
+                    code, lasti = self._walk(hint)
+        except ValueError:  # a shallower stack than the hint
+            code, lasti = self._walk(hint)
+        n = next(self._ids)
+        rec = Record(kind, group, op, code, lasti, n)
         ring = self._ring  # one read: a concurrent configure() swaps the whole ring
         if ring:
             ring[n % len(ring)] = rec
         return rec
 
+    def _walk(self, hint: int) -> tuple[Any, int]:
+        """The (code, instruction offset) of the user's frame that issued the operation,
+        found by walking the stack from the bottom (``record`` tries the cache first).
+
+        Looking at a frame makes Python build a frame object for it, which for the
+        short-lived frames of ringtorch's own entry points costs more than the rest of the
+        record. So ``record`` looks only at the frame ``hint + 1`` above its caller, where
+        the user's frame is when the call came in through a public entry point, and accepts
+        it when the same instruction of the same code was found to be the call site by this
+        walk before (``_verified``: code id -> (code, instruction offsets)). An instruction
+        that calls a public entry point calls it every time, so the cache gives the walk's
+        answer; the one exception is a call instruction whose callee changes from call to
+        call between ringtorch's entry point and a function of the user's that calls a
+        group's method directly: the site reported for the latter is then that outer call
+        instruction rather than the line inside the user's function. A site found exactly
+        at ``hint + 1`` is remembered (at most ``_VERIFIED_MAX`` codes; the table starts
+        over when full).
+        """
+        frame, depth = sys._getframe(2), 1  # depth counts from record(): its caller is 1
+        while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+            frame, depth = frame.f_back, depth + 1
+        if frame is None:
+            return None, 0
+        code, lasti = frame.f_code, frame.f_lasti
+        if depth == hint + 1:
+            known = self._verified.get(id(code))
+            if known is None or known[0] is not code:
+                if len(self._verified) >= _VERIFIED_MAX:
+                    self._verified.clear()
+                known = self._verified[id(code)] = (code, set())
+            known[1].add(lasti)
+            self._last_site = (code, lasti)
+        return code, lasti
+
     def finished(self, rec: Record, error: BaseException | None) -> None:
         """Stamp ``rec`` finished and tell the listeners; never raises."""
         rec.finished = _now()
+        if error is not None or self.listeners:
+            self.closed(rec, error)
+
+    def closed(self, rec: Record, error: BaseException | None) -> None:
+        """The rest of ``finished`` for a record already stamped: keep its error, tell the
+        listeners; never raises. A Work stamps its record itself and calls this only when
+        there is an error or a listener, which spares the common case a call."""
         if error is not None:
             rec.failed(error)
         for listener in self.listeners:

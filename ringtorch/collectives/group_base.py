@@ -170,16 +170,19 @@ class GroupBase:
                        if check else [])
 
         def run(work: Work) -> Any:
-            deadline = time.monotonic() + seconds
-            if check is not None:
-                check(self, facade_call(op_name, work.seq, self._group_name, deadline),
-                      fingerprint)
             rec = work.record
             if rec is not None:  # the backend attaches its call to the record of this seq
                 rec.seq = work.seq
                 backend = self._backend
                 if backend is not None:
                     backend.record = rec
+                # the record's start stamp, just taken (same clock): spares a clock read
+                deadline = rec.started * 1e-9 + seconds
+            else:
+                deadline = time.monotonic() + seconds
+            if check is not None:
+                check(self, facade_call(op_name, work.seq, self._group_name, deadline),
+                      fingerprint)
             return fn(work.seq, deadline)
 
         work = Work(op_name, -1, run, outputs, self._group_name)

@@ -72,8 +72,9 @@ class Work:
 
         The operation function gets this Work (for its ``seq``); an int it returns is the
         source rank of a receive."""
-        if self.record is not None:
-            self.record.started = _now()
+        rec = self.record
+        if rec is not None:
+            rec.started = _now()
         try:
             result = self._run_fn(self) if self._run_fn is not None else None
             if isinstance(result, int):
@@ -98,8 +99,11 @@ class Work:
             self._run_fn = None
             self._done = True
             event, future = self._event, self._future
-        if self.record is not None:
-            RECORDER.finished(self.record, exc)
+        rec = self.record
+        if rec is not None:
+            rec.finished = _now()
+            if exc is not None or RECORDER.listeners:
+                RECORDER.closed(rec, exc)
         if self.profile is not None:
             profiling.end(self.profile)
         if event is not None:

@@ -84,3 +84,32 @@ def recorder_off(rank: int, ws: int) -> dict[str, Any]:
     record = flight_recorder.dump()
     dist.destroy_process_group()
     return {"enabled": flight_recorder.enabled(), "entries": record["entries"]}
+
+
+def _reduce_in_a_helper(t: torch.Tensor) -> None:
+    dist.all_reduce(t)  # site: helper
+
+
+def _reduce_on_the_group(t: torch.Tensor) -> None:
+    group = dist.group.WORLD
+    group.allreduce([t]).wait()  # site: group method
+
+
+def sites_of_each_call_shape(rank: int, ws: int) -> dict[str, Any]:
+    """The same collective issued through each shape of stack, each shape several times
+    (the recorder remembers sites it has walked to: the repeats check that what it
+    remembers stays right), interleaved so that no shape follows itself."""
+    dist.init_process_group("gloo")
+    t = torch.ones(4)
+    for _ in range(3):
+        dist.all_reduce(t)  # site: direct
+        _reduce_in_a_helper(t)  # site: calls helper
+        _reduce_on_the_group(t)  # site: calls group method
+        for fn in (dist.all_reduce, _reduce_in_a_helper):
+            fn(t)  # site: through a variable
+    record = flight_recorder.dump()
+    dist.destroy_process_group()
+    return {"sites": [e["site"] for e in record["entries"] if e["op"] == "allreduce"],
+            "lines": {name: _line_of(f"# site: {name}") for name in
+                      ("direct", "helper", "group method", "through a variable")},
+            "file": __file__}

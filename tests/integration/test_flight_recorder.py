@@ -106,3 +106,14 @@ def test_a_negative_capacity_is_refused_with_the_reason() -> None:
 
     with pytest.raises(ValueError, match="capacity must be >= 0, got -1"):
         flight_recorder.reset(-1)
+
+
+def test_the_call_site_is_the_users_frame_whatever_the_shape_of_the_stack() -> None:
+    # Through the public function, inside a user's helper, a group's method called
+    # directly, and one line that calls the public function and the helper in turn: each
+    # repeated, so that sites the recorder remembers are checked as well as sites it walks.
+    for result in run_ranks(ranks.sites_of_each_call_shape, 2):
+        path, lines = result["file"], result["lines"]
+        one_round = [lines["direct"], lines["helper"], lines["group method"],
+                     lines["through a variable"], lines["helper"]]
+        assert result["sites"] == [f"{path}:{line}" for line in one_round * 3]
