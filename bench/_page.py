@@ -244,15 +244,20 @@ def render_recorder(r: dict[str, Any]) -> str:
         else:
             trace = [us(row["trace_off_us"]), us(row["trace_us"]),
                      f"{row['trace_us'] / row['trace_off_us']:.3f}"]
+        work = (f"{(row['work_us'] - off) * 1e3:,.0f}" if row.get("work_us") is not None
+                else "not measured")
         rows.append([row["transport"], us(off), us(on), f"{on / off:.3f}",
-                     f"{(on - off) * 1e3:,.0f}", *trace])
+                     f"{(on - off) * 1e3:,.0f}", work, *trace])
     text = table(["transport", "recorder off µs", "recorder on µs", "on / off",
-                  "cost per op ns", "tracing job: off µs", "tracing on µs", "tracing / off"],
-                 rows)
+                  "cost per op ns", "1 µs of CPU costs ns", "tracing job: off µs",
+                  "tracing on µs", "tracing / off"], rows)
     rec = r["per_record"]
     return (f"1 KB all_reduce at world 2, recorder switched off and on between blocks of "
             f"{r['iters']} calls, {r['blocks']} blocks each per job, median over {r['repeats']} "
-            f"job(s).\n\n{text}\n\nPer record (world 1 all_reduce in one process, CPU time of "
+            f"job(s). The yardstick column: with the recorder off, 1 µs of the caller's own "
+            f"Python work (measured by CPU time) before each call; what one microsecond of CPU "
+            f"per operation costs in this two-rank job.\n\n{text}\n\n"
+            f"Per record (world 1 all_reduce in one process, CPU time of "
             f"the calling thread): off {rec['off_ns']:,.0f} ns, ring only "
             f"+{rec['ring_ns'] - rec['off_ns']:,.0f} ns, ring and the summary's totals "
             f"(the default) +{rec['on_ns'] - rec['off_ns']:,.0f} ns"

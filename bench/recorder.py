@@ -91,9 +91,31 @@ def _switch(mode: str, capacity: int, listeners: list[Any]) -> None:
     RECORDER.listeners[:] = [] if mode == "ring" else listeners
 
 
+def _busy(rounds: int) -> int:
+    """Plain Python work (a loop of additions), the yardstick of ``_calibrated``."""
+    total = 0
+    for i in range(rounds):
+        total += i
+    return total
+
+
+def _calibrated(target_s: float) -> int:
+    """Rounds of ``_busy`` that take ``target_s`` of this thread's CPU time, measured."""
+    rounds = 1
+    while True:
+        start = time.thread_time()
+        for _ in range(2000):
+            _busy(rounds)
+        if (time.thread_time() - start) / 2000 >= target_s:
+            return rounds
+        rounds += 1
+
+
 def worker(args: argparse.Namespace) -> None:
     """One rank of a world-2 job: blocks of 1 KB all_reduces, the recorder switched off and
-    back on between blocks (both ranks follow the same schedule)."""
+    back on between blocks (both ranks follow the same schedule); and, as a yardstick, blocks
+    with the recorder off and 1 µs of the caller's own Python work before each call (what
+    any extra microsecond of CPU per operation costs in this two-rank job)."""
     import torch
 
     import ringtorch.distributed as dist
@@ -102,14 +124,21 @@ def worker(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo")
     capacity, listeners = RECORDER.capacity, list(RECORDER.listeners)
     tensor = torch.ones(ELEMENTS)
+    rounds = _calibrated(1e-6)
     for _ in range(args.warmup):
         dist.all_reduce(tensor)
-    times: dict[str, list[float]] = {"off": [], "on": []}
+
+    def with_work() -> None:
+        _busy(rounds)
+        dist.all_reduce(tensor)
+
+    calls = {"off": lambda: dist.all_reduce(tensor), "on": lambda: dist.all_reduce(tensor),
+             "work": with_work}
+    times: dict[str, list[float]] = {mode: [] for mode in calls}
     for block in range(args.blocks):
-        for mode in ("off", "on") if block % 2 == 0 else ("on", "off"):  # no order bias
-            _switch(mode, capacity, listeners)
-            times[mode] += _time_blocks(lambda: dist.all_reduce(tensor), args.iters, 1,
-                                        before=dist.barrier)
+        for mode in ("off", "on", "work")[::1 if block % 2 == 0 else -1]:  # no order bias
+            _switch("off" if mode == "work" else mode, capacity, listeners)
+            times[mode] += _time_blocks(calls[mode], args.iters, 1, before=dist.barrier)
     _switch("on", capacity, listeners)
     if dist.get_rank() == 0:
         Path(args.worker_out).write_text(json.dumps(times))
@@ -226,13 +255,14 @@ def main() -> None:
           f"calls ({args.blocks} each per job), median over {args.repeats} job(s) each; "
           f"tracing: {'RINGTORCH_TRACE' if tracing else 'not available in this ringtorch'}")
     print("| transport | off µs | default µs | default / off | cost per op ns "
-          "| tracing off µs | tracing on µs | tracing / off |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| 1 µs of CPU costs ns | tracing off µs | tracing on µs | tracing / off |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for transport in TRANSPORTS:
         med = {(job, mode): statistics.median(r[mode] for r in samples[transport][job])
-               for job in jobs for mode in ("off", "on")}
+               for job in jobs for mode in ("off", "on", "work")}
         off, on = med[("default", "off")], med[("default", "on")]
         row = {"transport": transport, "off_us": off * 1e6, "default_us": on * 1e6,
+               "work_us": med[("default", "work")] * 1e6,
                "trace_off_us": med[("trace", "off")] * 1e6 if tracing else None,
                "trace_us": med[("trace", "on")] * 1e6 if tracing else None}
         rows.append(row)
@@ -242,7 +272,8 @@ def main() -> None:
         else:
             trace_cells = "not available | not available | not available"
         print(f"| {transport} | {off * 1e6:.1f} | {on * 1e6:.1f} | {on / off:.3f} | "
-              f"{(on - off) * 1e9:.0f} | {trace_cells} |")
+              f"{(on - off) * 1e9:.0f} | {(row['work_us'] - row['off_us']) * 1e3:.0f} "
+              f"| {trace_cells} |")
     print(f"\nper record, world 1 all_reduce in one process (CPU time of the calling thread), "
           f"median of {args.repeats * 10} alternating blocks of {args.iters} calls per mode:")
     print(f"  off {record['off_ns']:.0f} ns, ring only {record['ring_ns']:.0f} ns "
@@ -251,7 +282,8 @@ def main() -> None:
           f"listeners alone (the summary's totals) {record['listeners_ns']:.0f} ns per record")
     print(f"load average at the end: {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)")
     # results: {"repeats", "iters", "blocks", "tracing": bool, "rows": [{"transport",
-    # "off_us", "default_us", "trace_off_us", "trace_us" (None: not available)}],
+    # "off_us", "default_us", "work_us" (off, plus 1 µs of the caller's own CPU per call),
+    # "trace_off_us", "trace_us" (None: not available)}],
     # "per_record": {"off_ns", "ring_ns", "on_ns", "listeners_ns"}}
     recorder.write(args.json, {"repeats": args.repeats, "iters": args.iters,
                                "blocks": args.blocks, "tracing": tracing, "rows": rows,
