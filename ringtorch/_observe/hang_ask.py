@@ -7,9 +7,11 @@ asker (the rank whose collective timed out, ringrun, ``python -m ringtorch.distr
 takes a request number, hands the request to every rank and waits a bounded time for the answers
 (``ringtorch/hang/answer/<n>/<rank>``: the flight record and the stacks of every thread). A rank
 on the asker's host that does not answer in time (its main thread holds the GIL in C code,
-say) is sent SIGUSR1: faulthandler, registered at initialisation, writes its stacks into its
-stacks file from the C signal handler, without the GIL. A rank that gives nothing is reported
-as such; nobody waits longer than ``RINGTORCH_HANG_REPORT_WAIT_S``.
+say) is sent SIGUSR1 (hang_signal.py): faulthandler, registered at initialisation, writes its
+stacks into its stacks file from the C signal handler, without the GIL. A rank that gives
+nothing is reported as such; nobody waits longer than ``RINGTORCH_HANG_REPORT_WAIT_S`` plus a
+second for signalled stacks. A collective about to time out has its report begun ahead of its
+deadline (``report_ahead``), so that the timeout is raised on time with the report complete.
 
 The rule this module keeps: asking never hangs and never breaks the job. Every wait is
 bounded, every failure to ask or answer is swallowed (and named in the report), and the
@@ -36,45 +38,37 @@ from typing import IO, Any
 from ringtorch import _config
 from ringtorch._observe.files import write_json
 from ringtorch._observe.hang_report import Answer, analyse, format_report
+from ringtorch._observe.hang_signal import (
+    SIGNAL,
+    SIGNAL_WAIT_S,
+    is_stopped,
+    parse_header,
+    signal_all,
+    signal_stacks,
+    stacks_header,
+)
 from ringtorch._observe.recorder import RECORDER
 
 log = logging.getLogger("ringtorch.hang")
 
 PREFIX = "ringtorch/hang/"
-SIGNAL = signal.SIGUSR1
 ANSWER_ENTRIES = 400  # the last records a rank puts in the store (its file has them all)
-SIGNAL_WAIT_S = 1.0  # how long an asker waits for the stacks of silent ranks signalled
 # A report begun ahead of a collective's deadline ends its asking this long before it, is
 # kept this long after it for a rank to say the collective failed (else it is dropped), and
 # the rank that says so waits this long at most for it to be written.
 AHEAD_MARGIN_S = 0.05
 AHEAD_KEEP_S = 5.0
 AHEAD_FINISH_S = 0.4
+# A store that has not answered the asker's first request within this long (while the
+# collective waited) is taken as stuck (its host, rank 0, frozen): the failing ranks then make
+# no report rather than wait out the store's timeout.
+STORE_SILENT_S = 0.5
 _POLL_S = 60.0  # the responder's wait per round (it re-checks whether it should stop)
 
 
 def key(*parts: object) -> str:
     """A store key of the protocol (``ringtorch/hang/<part>/<part>...``)."""
     return PREFIX + "/".join(str(p) for p in parts)
-
-
-def stacks_header(rank: int, info: dict[str, Any]) -> str:
-    """The first line of a stacks file: who writes there (ringrun reads it to know which
-    worker it may signal)."""
-    return (f"# ringtorch stacks: rank {rank} pid {info['pid']} host {info['host']} "
-            f"main {info['main_thread']}\n")
-
-
-def parse_header(line: str) -> dict[str, Any] | None:
-    """The header's fields, or None for a line that is not one."""
-    words = line.split()
-    if words[:3] != ["#", "ringtorch", "stacks:"] or len(words) < 11:
-        return None
-    try:
-        return {"rank": int(words[4]), "pid": int(words[6]), "host": words[8],
-                "main_thread": words[10]}
-    except ValueError:
-        return None
 
 
 def thread_id(ident: int | None) -> str:
@@ -98,6 +92,9 @@ class HangState:
         self._stop = threading.Event()
         self._listener: Any = None
         self._responder: threading.Thread | None = None
+        # per group: the collective whose report was begun ahead, when, and whether the
+        # store answered the asker's thread
+        self._ahead: dict[str, tuple[int, float, threading.Event]] = {}
 
     # -- the rank's side --------------------------------------------------------------------
 
@@ -249,15 +246,20 @@ class HangState:
         one answer. Never raises."""
         if self.store is None:
             return
+        answered = threading.Event()
+        self._ahead[group] = (seq, time.monotonic(), answered)
         threading.Thread(target=self._ask_ahead,
-                         args=(self.store, (self.epoch, group, seq), deadline),
+                         args=(self.store, (self.epoch, group, seq), deadline, answered),
                          daemon=True, name="ringtorch-hang-ahead").start()
 
-    def _ask_ahead(self, store: Any, tag: tuple[int, str, int], deadline: float) -> None:
+    def _ask_ahead(self, store: Any, tag: tuple[int, str, int], deadline: float,
+                   answered: threading.Event) -> None:
         asker = None
         try:
             asker = store.clone()  # this thread's own connection
-            if asker.add(key("ahead", *tag), 1) != 1:
+            first = asker.add(key("ahead", *tag), 1) == 1
+            answered.set()
+            if not first:
                 return  # another rank of the group asks
             left = deadline - AHEAD_MARGIN_S - time.monotonic()
             signal_s = max(0.01, min(SIGNAL_WAIT_S, left / 4))
@@ -298,6 +300,11 @@ class HangState:
             exc.args = (f"{exc.args[0]} (hang report: {path})", *exc.args[1:])
 
     def _group_report(self, store: Any, group: str, message: str, seq: int | None) -> str:
+        begun = self._ahead.get(group)
+        if begun is not None and begun[0] == seq:
+            _, since, answered = begun
+            if not answered.wait(max(0.0, since + STORE_SILENT_S - time.monotonic())):
+                return "(none: the job's store does not answer)"
         done = key("report", self.epoch, group)
         wait_s = _config.HANG_REPORT_WAIT_S.get()
         if store.add(key("failed", self.epoch, group), 1) != 1:  # another rank makes it
@@ -422,62 +429,6 @@ def poke(store: Any, epoch: int, rank: int, request: dict[str, Any]) -> None:
     was handed to the others only)."""
     k = store.add(key("asked", epoch, rank), 1)
     store.set(key("ask", epoch, rank, k), json.dumps(request))
-
-
-def is_stopped(pid: int) -> bool:
-    """Whether process ``pid`` is stopped (SIGSTOP, or a debugger's stop): it runs no
-    signal handler until it is resumed, so asking it for stacks is pointless."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state in ("T", "t")
-
-
-def signal_all(targets: dict[int, tuple[int, str]], wait_s: float = SIGNAL_WAIT_S,
-               ) -> dict[int, str | None]:
-    """Send SIGUSR1 to each of ``targets`` (rank -> (pid, stacks file registered with
-    faulthandler)) at once and return the stacks each appended there within ``wait_s``
-    ("" if none came; None for a stopped process, which is not signalled)."""
-    out: dict[int, str | None] = {}
-    sizes: dict[int, tuple[str, int]] = {}
-    for rank, (pid, path) in targets.items():
-        if is_stopped(pid):
-            out[rank] = None
-            continue
-        try:
-            start = os.path.getsize(path)
-            with open(path) as f:
-                if parse_header(f.readline()) is None:
-                    out[rank] = ""  # not a stacks file: the signal could kill the process
-                    continue
-            os.kill(pid, SIGNAL)
-        except OSError:
-            out[rank] = ""
-            continue
-        sizes[rank] = (path, start)
-    deadline, seen = time.monotonic() + wait_s, dict.fromkeys(sizes, -1)
-    waiting = set(sizes)
-    while waiting and time.monotonic() < deadline:
-        time.sleep(0.05)  # polling files other processes write from a signal handler
-        for rank in list(waiting):
-            path, start = sizes[rank]
-            now = os.path.getsize(path)
-            if now > start and now == seen[rank]:
-                waiting.discard(rank)
-            seen[rank] = now
-    for rank, (path, start) in sizes.items():
-        with open(path) as f:
-            f.seek(start)
-            out[rank] = f.read()
-    return out
-
-
-def signal_stacks(pid: int, path: str, wait_s: float = SIGNAL_WAIT_S) -> str:
-    """Send SIGUSR1 to ``pid`` (registered with faulthandler on ``path``) and return the
-    stacks it appends there; "" if nothing came within ``wait_s`` (or it is stopped)."""
-    return signal_all({0: (pid, path)}, wait_s).get(0) or ""
 
 
 HANG = HangState()

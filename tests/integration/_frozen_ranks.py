@@ -29,8 +29,8 @@ def _wait_file(path: Path) -> None:
 
 def frozen_peer(rank: int, world_size: int, victim: int, marker_dir: str,
                 hosts: str = "") -> dict[str, Any]:
-    """Live ranks return their error's type and message and how long after the call it
-    came; the victim, resumed, returns the error of its next call."""
+    """Live ranks return their error's type and message, how long after the call it came and
+    when (time.monotonic()); the victim, resumed, returns the error of its next call."""
     if hosts:  # fake hosts: the hierarchical transport (shared memory within each)
         os.environ.update({"RINGTORCH_HOST_ID": f"host-{hosts[rank]}",
                            "RINGTORCH_SOCKET_ADDR": "127.0.0.1"})
@@ -50,8 +50,9 @@ def frozen_peer(rank: int, world_size: int, victim: int, marker_dir: str,
         error: BaseException | None = None
     except Exception as exc:
         error = exc
-    elapsed = time.monotonic() - start
+    raised_at = time.monotonic()  # one clock for every process of the host
     if rank != victim:
         (markers / f"done{rank}").write_text("")
-    return {"type": type(error).__name__, "message": str(error), "elapsed": elapsed,
+    return {"type": type(error).__name__, "message": str(error), "elapsed": raised_at - start,
+            "raised_at": raised_at,
             "dist_error": isinstance(error, dist.DistError), "topology": backend.topology}

@@ -67,9 +67,11 @@ class WaitWatch:
             if self._abort.cause is not None:  # another rank's abort beat ours
                 raise PeerClosedError("the group was aborted while this rank waited")
             raise DeadlinePassed(self._words.timed_out(call, now - board.start, report))
-        due = self._ahead(call, now, True)
-        if now - board.start >= board.warn_after:  # again at twice the wait each time
+        warn = now - board.start >= board.warn_after
+        if warn:  # again at twice the wait each time
             board.warn_after = 2 * (now - board.start)
+        due = self._ahead(call, now, True)
+        if warn:  # its query waits for answers until the next thing due at most
             report = self._missing_report(call.seq, peers, min(due, deadline))
             log.warning("%s", self._words.stalled(call, now - board.start, report))
             due = self._ahead(call, time.monotonic(), True)
