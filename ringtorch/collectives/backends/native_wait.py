@@ -81,9 +81,12 @@ class WaitWatch:
         """The shared-memory waits' poll (every millisecond of a long wait): the group's
         abort cause, and the hang report begun ahead of the deadline."""
         cause = self._abort.cause
-        call = self._board.call
-        if cause is None and call is not None and self._board.running:
-            self._ahead(call, time.monotonic(), False)
+        board = self._board
+        call = board.call
+        if cause is None and call is not None and board.running:
+            now = time.monotonic()
+            if 2 * now >= board.start + call.deadline:  # nothing is due before half the timeout
+                self._ahead(call, now, False)
         return cause
 
     def _ahead(self, call: CollectiveCall, now: float, sockets: bool) -> float:
