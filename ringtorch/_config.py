@@ -180,7 +180,9 @@ HANG_REPORT = _knob(
 HANG_REPORT_WAIT_S = _knob(
     "RINGTORCH_HANG_REPORT_WAIT_S", 3.0, float,
     "how long whoever makes a hang report waits for the ranks' answers before reporting the "
-    "silent ones as such (and asking those on its host for their stacks by SIGUSR1)",
+    "silent ones as such (and asking those on its host for their stacks by SIGUSR1, up to 1 s "
+    "more); a collective still waiting this long plus 1 s before its timeout (at most half the "
+    "timeout) begins its report then, so that the timeout raises on time with the report made",
 )
 TRACE = _knob(
     "RINGTORCH_TRACE", "", str,

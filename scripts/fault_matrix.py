@@ -2,13 +2,17 @@
 
     sudo .venv/bin/python scripts/fault_matrix.py                  # everything (~30 min)
     .venv/bin/python scripts/fault_matrix.py --libs ringtorch --layouts 1+1 --no-write
+    sudo .venv/bin/python scripts/fault_matrix.py --update --libs ringtorch --faults sigstop
 
 Every cell (workload x fault x ranks per host) runs the same program
 (ringtorch/testing/fault_workload.py) under each library, across two hosts made of network
 namespaces (needs root and iproute2), through ``ringtorch.testing.fault_matrix.run_cell``.
 Both libraries get the same timeouts; ringtorch's knobs keep their defaults except the stall
-warning, brought within the timeout so that it shows. The page is rewritten whole; each
-cell's raw record goes to ``--raw`` (a scratch folder, not for committing).
+warning, brought within the timeout so that it shows. The page is rewritten whole, or with
+``--update`` only the selected cells' rows for the selected libraries (the other cells and
+libraries keep what was measured before, the summary is redone from the page's tables and a
+line says what was re-measured when); each cell's raw record goes to ``--raw`` (a scratch
+folder, not for committing).
 """
 
 from __future__ import annotations
@@ -105,18 +109,24 @@ def worst(r: CellResult) -> str:
 def summary(results: list[CellResult], libs: list[str]) -> list[str]:
     """One bullet per library: the cells where every rank ended with a DistError naming the
     culprit, and each fault's slowest rank."""
+    return summary_of([(r.lib, r.cell.fault, worst(r), leftovers(r)) for r in results], libs)
+
+
+def summary_of(rows: list[tuple[str, str, str, str]], libs: list[str]) -> list[str]:
+    """``summary`` from each cell's (library, fault, worst(), leftovers()) texts, so that a
+    page updated in part (``--update``) can be summed up from its own tables."""
     lines = []
     for lib in libs:
-        mine = [r for r in results if r.lib == lib]
-        named = sum(1 for r in mine if worst(r)[-1] == "s")
+        mine = [row for row in rows if row[0] == lib]
+        named = sum(1 for row in mine if row[2][-1] == "s")
         slowest = []
-        for fault in dict.fromkeys(r.cell.fault for r in mine):
-            of_fault = [worst(r) for r in mine if r.cell.fault == fault]
+        for fault in dict.fromkeys(row[1] for row in mine):
+            of_fault = [row[2] for row in mine if row[1] == fault]
             hangs = [w for w in of_fault if w.startswith("hang")]
             top = hangs[0] if hangs else max(of_fault, key=lambda w: float(w.split()[0]))
             slowest.append(f"{FAULT_TITLES[fault].split(' (')[0]} {top.split(' ')[0]} s"
                            if not hangs else f"{FAULT_TITLES[fault].split(' (')[0]} {top}")
-        left = sum(1 for r in mine if leftovers(r) != "nothing")
+        left = sum(1 for row in mine if row[3] != "nothing")
         lines.append(f"* **{LIB_TITLES[lib]}**: in {named} of {len(mine)} cells every rank (the "
                      f"frozen one aside) ends with a `DistError` naming the culprit; slowest "
                      f"rank per fault: "
@@ -204,6 +214,72 @@ def render(results: list[CellResult], settings: Settings, libs: list[str], comma
     return "\n".join(lines) + "\n"
 
 
+def _columns(line: str) -> list[str]:
+    """The cells of a table row (escaped bars inside cells stay: they read ``\\|``)."""
+    return [c.strip() for c in line.strip()[1:-1].split(" | ")]
+
+
+def update(page: str, results: list[CellResult], command: str) -> str:
+    """``page`` (an earlier render) with the rows of ``results``' cells re-measured for their
+    libraries, every other cell as it was, the summary redone from the page's tables and a
+    line saying what was re-measured when."""
+    lines = page.splitlines()
+    titles = {v: k for k, v in LIB_TITLES.items()}
+    faults = {v: k for k, v in FAULT_TITLES.items()}
+    by_key = {(r.lib, r.cell): r for r in results}
+    glance = next(i for i, line in enumerate(lines) if line.startswith("## At a glance"))
+    header = next(i for i in range(glance, len(lines)) if lines[i].startswith("| fault |"))
+    libs = [titles[t] for t in _columns(lines[header])[3:]]
+    rows: list[tuple[str, str, str, str]] = []
+    left: dict[tuple[str, str, str, str], str] = {}
+    for i, line in enumerate(lines):
+        cols = _columns(line) if line.startswith("| ") and "+" in line else []
+        if len(cols) < 4 or cols[0] not in faults:
+            continue
+        fault, (a, b) = faults[cols[0]], (int(n) for n in cols[1].split(" + "))
+        if i > header and len(cols) == 3 + len(libs) and cols[2] in WORKLOADS:  # at a glance
+            for k, lib in enumerate(libs):
+                r = by_key.get((lib, Cell(cols[2], fault, (a, b))))
+                if r is not None:
+                    cols[3 + k] = worst(r)
+            lines[i] = "| " + " | ".join(cols) + " |"
+            continue
+        if cols[2] in titles:  # a workload table: its heading names the workload
+            workload = next(lines[j] for j in range(i, 0, -1) if lines[j].startswith("## "))
+            workload = workload[3:].split(":")[0]
+            r = by_key.get((titles[cols[2]], Cell(workload, fault, (a, b))))
+            if r is not None:
+                lines[i] = (f"| {cols[0]} | {cols[1]} | {cols[2]} | {times(r)} | {messages(r)} "
+                            f"| {leftovers(r)} |")
+                cols = _columns(lines[i])
+            left[(titles[cols[2]], fault, cols[1], workload)] = cols[-1]
+    for line in lines[header + 2:]:
+        cols = _columns(line) if line.startswith("| ") else []
+        if len(cols) != 3 + len(libs):
+            break
+        for k, lib in enumerate(libs):
+            if cols[3 + k] != "not run":
+                rows.append((lib, faults[cols[0]], cols[3 + k],
+                             left.get((lib, faults[cols[0]], cols[1], cols[2]), "nothing")))
+    short = next(i for i, line in enumerate(lines) if line == "## In short")
+    end = next(i for i in range(short + 1, len(lines)) if lines[i].startswith("## "))
+    lines[short:end] = ["## In short", "", *summary_of(rows, libs), ""]
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    cells = sorted({f"{r.cell.fault} {r.cell.layout[0]}+{r.cell.layout[1]} {r.cell.workload}"
+                    for r in results})
+    what = (f"Re-measured {datetime.date.today().isoformat()} at commit `{commit}` "
+            f"(`{command}`): {', '.join(sorted({r.lib for r in results}))} in the cells "
+            f"{'; '.join(cells)}.")
+    tail = what.split("): ", 1)[1]
+    for i in range(len(lines) - 1, -1, -1):  # the same cells measured again: their old line goes
+        if lines[i].startswith("Re-measured ") and lines[i].endswith("): " + tail):
+            del lines[i:i + 2]
+    at = next(i for i, line in enumerate(lines) if line.startswith("The suite checks"))
+    lines[at:at] = [what, ""]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--libs", default=",".join(LIBS))
@@ -221,6 +297,9 @@ def main() -> int:
     parser.add_argument("--reuse", default="",
                         help="libraries whose cells are read from --raw (an earlier run of "
                              "the same cells) instead of being measured again")
+    parser.add_argument("--update", action="store_true",
+                        help="replace only the selected cells' rows (for the selected "
+                             "libraries) in the existing page, keeping the others as measured")
     parser.add_argument("--no-write", action="store_true", help="print the page instead")
     args = parser.parse_args()
     libs = args.libs.split(",")
@@ -244,7 +323,13 @@ def main() -> int:
             print(f"{cell.name:28} {lib:9} {worst(result):>14}  left: {leftovers(result)}  "
                   f"({time.monotonic() - t0:.0f} s)", flush=True)
     print(f"measured in {(time.monotonic() - started) / 60:.0f} min", flush=True)
-    page = render(results, settings, libs, "sudo .venv/bin/python scripts/fault_matrix.py")
+    if args.update:
+        command = "sudo .venv/bin/python scripts/fault_matrix.py --update " + " ".join(
+            f"--{name} {getattr(args, name)}" for name in ("libs", "faults")
+            if getattr(args, name) != parser.get_default(name))
+        page = update(Path(args.out).read_text(), results, command.strip())
+    else:
+        page = render(results, settings, libs, "sudo .venv/bin/python scripts/fault_matrix.py")
     if args.no_write:
         print(page)
     else:

@@ -7,9 +7,11 @@ asker (the rank whose collective timed out, ringrun, ``python -m ringtorch.distr
 takes a request number, hands the request to every rank and waits a bounded time for the answers
 (``ringtorch/hang/answer/<n>/<rank>``: the flight record and the stacks of every thread). A rank
 on the asker's host that does not answer in time (its main thread holds the GIL in C code,
-say) is sent SIGUSR1: faulthandler, registered at initialisation, writes its stacks into its
-stacks file from the C signal handler, without the GIL. A rank that gives nothing is reported
-as such; nobody waits longer than ``RINGTORCH_HANG_REPORT_WAIT_S``.
+say) is sent SIGUSR1 (hang_signal.py): faulthandler, registered at initialisation, writes its
+stacks into its stacks file from the C signal handler, without the GIL. A rank that gives
+nothing is reported as such; nobody waits longer than ``RINGTORCH_HANG_REPORT_WAIT_S`` plus a
+second for signalled stacks. A collective about to time out has its report begun ahead of its
+deadline (``report_ahead``), so that the timeout is raised on time with the report complete.
 
 The rule this module keeps: asking never hangs and never breaks the job. Every wait is
 bounded, every failure to ask or answer is swallowed (and named in the report), and the
@@ -36,38 +38,37 @@ from typing import IO, Any
 from ringtorch import _config
 from ringtorch._observe.files import write_json
 from ringtorch._observe.hang_report import Answer, analyse, format_report
+from ringtorch._observe.hang_signal import (
+    SIGNAL,
+    SIGNAL_WAIT_S,
+    is_stopped,
+    parse_header,
+    signal_all,
+    signal_stacks,
+    stacks_header,
+)
 from ringtorch._observe.recorder import RECORDER
 
 log = logging.getLogger("ringtorch.hang")
 
 PREFIX = "ringtorch/hang/"
-SIGNAL = signal.SIGUSR1
 ANSWER_ENTRIES = 400  # the last records a rank puts in the store (its file has them all)
+# A report begun ahead of a collective's deadline ends its asking this long before it, is
+# kept this long after it for a rank to say the collective failed (else it is dropped), and
+# the rank that says so waits this long at most for it to be written.
+AHEAD_MARGIN_S = 0.05
+AHEAD_KEEP_S = 5.0
+AHEAD_FINISH_S = 0.4
+# A store that has not answered the asker's first request within this long (while the
+# collective waited) is taken as stuck (its host, rank 0, frozen): the failing ranks then make
+# no report rather than wait out the store's timeout.
+STORE_SILENT_S = 0.5
 _POLL_S = 60.0  # the responder's wait per round (it re-checks whether it should stop)
 
 
 def key(*parts: object) -> str:
     """A store key of the protocol (``ringtorch/hang/<part>/<part>...``)."""
     return PREFIX + "/".join(str(p) for p in parts)
-
-
-def stacks_header(rank: int, info: dict[str, Any]) -> str:
-    """The first line of a stacks file: who writes there (ringrun reads it to know which
-    worker it may signal)."""
-    return (f"# ringtorch stacks: rank {rank} pid {info['pid']} host {info['host']} "
-            f"main {info['main_thread']}\n")
-
-
-def parse_header(line: str) -> dict[str, Any] | None:
-    """The header's fields, or None for a line that is not one."""
-    words = line.split()
-    if words[:3] != ["#", "ringtorch", "stacks:"] or len(words) < 11:
-        return None
-    try:
-        return {"rank": int(words[4]), "pid": int(words[6]), "host": words[8],
-                "main_thread": words[10]}
-    except ValueError:
-        return None
 
 
 def thread_id(ident: int | None) -> str:
@@ -91,6 +92,9 @@ class HangState:
         self._stop = threading.Event()
         self._listener: Any = None
         self._responder: threading.Thread | None = None
+        # per group: the collective whose report was begun ahead, when, and whether the
+        # store answered the asker's thread
+        self._ahead: dict[str, tuple[int, float, threading.Event]] = {}
 
     # -- the rank's side --------------------------------------------------------------------
 
@@ -223,39 +227,107 @@ class HangState:
             f.seek(start)
             return f.read()
 
-    # -- a collective failed ------------------------------------------------------------------
+    # -- a collective failed, or is about to ---------------------------------------------------
 
-    def on_collective_failure(self, group: str, exc: BaseException) -> None:
-        """A collective of ``group`` failed with ``exc``: when it timed out or mismatched,
-        make sure one hang report is made for the group (the first rank to get here makes
-        it, the others wait for it, answering meanwhile) and name the report in ``exc``'s
-        message. Costs nothing unless a collective failed; never raises."""
+    def lead_s(self) -> float | None:
+        """How long before a waiting collective's deadline its report must begin to be
+        complete at the deadline (the answers' wait, then the signalled stacks'); None when
+        this process makes no reports."""
+        if self.store is None:
+            return None
+        return _config.HANG_REPORT_WAIT_S.get() + SIGNAL_WAIT_S
+
+    def report_ahead(self, group: str, seq: int, deadline: float) -> None:
+        """Collective ``seq`` of ``group`` still waits close to its ``deadline``: begin its
+        hang report now, on a thread, so that it is complete when the collective times out.
+        One rank of the group asks (the first to get here); the answers are kept until a
+        rank says the collective failed (``on_collective_failure``), then written. A
+        collective that finishes drops them: a long but legitimate wait costs every rank
+        one answer. Never raises."""
+        if self.store is None:
+            return
+        answered = threading.Event()
+        self._ahead[group] = (seq, time.monotonic(), answered)
+        threading.Thread(target=self._ask_ahead,
+                         args=(self.store, (self.epoch, group, seq), deadline, answered),
+                         daemon=True, name="ringtorch-hang-ahead").start()
+
+    def _ask_ahead(self, store: Any, tag: tuple[int, str, int], deadline: float,
+                   answered: threading.Event) -> None:
+        asker = None
+        try:
+            asker = store.clone()  # this thread's own connection
+            first = asker.add(key("ahead", *tag), 1) == 1
+            answered.set()
+            if not first:
+                return  # another rank of the group asks
+            left = deadline - AHEAD_MARGIN_S - time.monotonic()
+            signal_s = max(0.01, min(SIGNAL_WAIT_S, left / 4))
+            wait_s = max(0.01, min(_config.HANG_REPORT_WAIT_S.get(), left - signal_s))
+            answers = ask(asker, self.world_size, f"group '{tag[1]}' #{tag[2]} is late",
+                          wait_s, signal_s)
+            keep = max(0.0, deadline - time.monotonic()) + AHEAD_KEEP_S
+            asker.wait([key("why", *tag)], timedelta(seconds=keep))
+            reason = asker.get(key("why", *tag)).decode()
+            text, path = write_report(answers, self.world_size, reason, f"rank{self.rank}",
+                                      _config.OBSERVE_DIR.get() or None)
+            log.error("%s(saved in %s)", text, path)
+            asker.set(key("ahead-report", *tag), path)
+        except Exception as exc:  # the collective finished in time, or the store is gone
+            log.debug("hang report begun for %s dropped: %s", tag, exc)
+        finally:
+            if asker is not None:
+                try:
+                    asker.close()
+                except Exception:
+                    pass
+
+    def on_collective_failure(self, group: str, exc: BaseException, seq: int | None = None) -> None:
+        """A collective of ``group`` (number ``seq``) failed with ``exc``: when it timed out
+        or mismatched, make sure one hang report is made for the group (the first rank to get
+        here takes the one begun ahead of the deadline, or makes it; the others wait for it,
+        answering meanwhile) and name the report in ``exc``'s message. Costs nothing unless
+        a collective failed; never raises."""
         store = self.store
         if store is None or not is_hang(str(exc)):
             return
         try:
-            path = self._group_report(store, group, str(exc))
+            path = self._group_report(store, group, str(exc), seq)
         except Exception as err:
             log.debug("no hang report for group %s: %s", group, err)
             return
         if path and exc.args and isinstance(exc.args[0], str) and path not in exc.args[0]:
             exc.args = (f"{exc.args[0]} (hang report: {path})", *exc.args[1:])
 
-    def _group_report(self, store: Any, group: str, message: str) -> str:
+    def _group_report(self, store: Any, group: str, message: str, seq: int | None) -> str:
+        begun = self._ahead.get(group)
+        if begun is not None and begun[0] == seq:
+            _, since, answered = begun
+            if not answered.wait(max(0.0, since + STORE_SILENT_S - time.monotonic())):
+                return "(none: the job's store does not answer)"
         done = key("report", self.epoch, group)
         wait_s = _config.HANG_REPORT_WAIT_S.get()
         if store.add(key("failed", self.epoch, group), 1) != 1:  # another rank makes it
-            store.wait([done], timedelta(seconds=wait_s + 10.0))
+            store.wait([done], timedelta(seconds=wait_s + SIGNAL_WAIT_S + 10.0))
             return store.get(done).decode()
         reason = f"rank {self.rank}: {message.strip().splitlines()[0]}"
-        try:
-            answers = ask(store, self.world_size, reason, wait_s)
-            # a copy beside the other ranks' files when there is one
-            text, path = write_report(answers, self.world_size, reason, f"rank{self.rank}",
-                                      _config.OBSERVE_DIR.get() or None)
-            log.error("%s(saved in %s)", text, path)
-        except Exception as exc:
-            path = f"(none: {exc})"
+        tag = (self.epoch, group, seq)
+        if seq is not None and store.check([key("ahead", *tag)]):
+            store.set(key("why", *tag), reason)  # the asker writes the report now
+            try:
+                store.wait([key("ahead-report", *tag)], timedelta(seconds=AHEAD_FINISH_S))
+                path = store.get(key("ahead-report", *tag)).decode()
+            except Exception:
+                path = "(none: it was not complete at the deadline)"
+        else:
+            try:
+                answers = ask(store, self.world_size, reason, wait_s)
+                # a copy beside the other ranks' files when there is one
+                text, path = write_report(answers, self.world_size, reason,
+                                          f"rank{self.rank}", _config.OBSERVE_DIR.get() or None)
+                log.error("%s(saved in %s)", text, path)
+            except Exception as exc:
+                path = f"(none: {exc})"
         store.set(done, path)
         return path
 
@@ -306,10 +378,11 @@ def save_report(text: str, folder: str, who: str) -> str:
 # -- the asker's side ---------------------------------------------------------------------------
 
 
-def ask(store: Any, world_size: int, reason: str, wait_s: float) -> list[Answer]:
+def ask(store: Any, world_size: int, reason: str, wait_s: float,
+        signal_s: float = SIGNAL_WAIT_S) -> list[Answer]:
     """Ask every rank for its flight record and stacks; returns one Answer per rank that
-    published where it runs, within about ``wait_s`` seconds (plus one for the stacks of
-    silent ranks on this host)."""
+    published where it runs, within about ``wait_s`` seconds, plus at most ``signal_s`` for
+    the stacks of the silent ranks on this host (signalled together)."""
     infos: dict[int, dict[str, Any]] = {}
     for rank in range(world_size):
         if store.check([key("info", rank)]):
@@ -326,6 +399,10 @@ def ask(store: Any, world_size: int, reason: str, wait_s: float) -> list[Answer]
             answers[rank] = json.loads(store.get(key("answer", n, rank)))
         except Exception:
             continue
+    silent = {rank: info for rank, info in infos.items() if rank not in answers}
+    here = socket.gethostname()
+    stacks = signal_all({rank: (info["pid"], info["stacks_file"])
+                         for rank, info in silent.items() if info["host"] == here}, signal_s)
     out = []
     for rank, info in sorted(infos.items()):
         got = answers.get(rank)
@@ -333,15 +410,16 @@ def ask(store: Any, world_size: int, reason: str, wait_s: float) -> list[Answer]
             out.append(Answer(rank, got["flight"], got["stacks"], info["main_thread"],
                               info["host"], info["pid"], "", info.get("name", "")))
             continue
-        note = f"did not answer within {wait_s:g} s"
-        stacks = ""
-        if info["host"] == socket.gethostname():
-            stacks = signal_stacks(info["pid"], info["stacks_file"])
-            note += "; stacks by SIGUSR1" if stacks else "; no stacks (the process is gone?)"
-        else:
+        note = f"did not answer within {wait_s:.3g} s"
+        if info["host"] != here:
             note += f" (on {info['host']}: no stacks)"
-        out.append(Answer(rank, None, stacks, info["main_thread"], info["host"], info["pid"],
-                          note, info.get("name", "")))
+        elif stacks.get(rank) is None:
+            note += "; the process is stopped (SIGSTOP or a debugger): no stacks"
+        else:
+            note += ("; stacks by SIGUSR1" if stacks[rank]
+                     else "; no stacks (the process is gone?)")
+        out.append(Answer(rank, None, stacks.get(rank) or "", info["main_thread"], info["host"],
+                          info["pid"], note, info.get("name", "")))
     return out
 
 
@@ -353,30 +431,8 @@ def poke(store: Any, epoch: int, rank: int, request: dict[str, Any]) -> None:
     store.set(key("ask", epoch, rank, k), json.dumps(request))
 
 
-def signal_stacks(pid: int, path: str, wait_s: float = 1.0) -> str:
-    """Send SIGUSR1 to ``pid`` (registered with faulthandler on ``path``) and return the
-    stacks it appends there; "" if nothing came within ``wait_s``."""
-    try:
-        start = os.path.getsize(path)
-        with open(path) as f:
-            if parse_header(f.readline()) is None:
-                return ""  # not a stacks file: the signal could kill the process
-        os.kill(pid, SIGNAL)
-    except OSError:
-        return ""
-    deadline, size = time.monotonic() + wait_s, start
-    while time.monotonic() < deadline:
-        time.sleep(0.05)  # polling a file another process writes from a signal handler
-        now = os.path.getsize(path)
-        if now > start and now == size:
-            break
-        size = now
-    with open(path) as f:
-        f.seek(start)
-        return f.read()
-
-
 HANG = HangState()
 
-__all__ = ["HANG", "HangState", "ask", "is_hang", "key", "parse_header", "poke", "save_report",
-           "signal_stacks", "stacks_header", "thread_id", "write_report"]
+__all__ = ["HANG", "HangState", "ask", "is_hang", "is_stopped", "key", "parse_header", "poke",
+           "save_report", "signal_all", "signal_stacks", "stacks_header", "thread_id",
+           "write_report"]

@@ -34,7 +34,8 @@ BytesLike = bytes | bytearray | memoryview
 # let a whole small-to-medium message sit in the kernel, so a send rarely waits for the peer.
 SOCKET_BUFFER_NBYTES = 4 * 1024 * 1024
 # A blocked receive returns to its caller this often (SO_RCVTIMEO), so that a long wait can
-# report itself and notice its deadline without polling on the fast path.
+# report itself and notice its deadline without polling on the fast path. A wait that has
+# already lasted a slice ends its last slice at its deadline (wait_readable), not after it.
 WAIT_SLICE_S = 1.0
 _MAX_IOV = 64
 _WOULD_BLOCK = (BlockingIOError, InterruptedError)
@@ -121,6 +122,17 @@ def wait_fd(fd: int, events: int, deadline: float | None, peer: str) -> None:
             timeout_ms = max(1, int(remaining * 1000) + 1)
         if poller.poll(timeout_ms):
             return
+
+
+def wait_readable(fd: int, seconds: float) -> bool:
+    """Block at most ``seconds`` until ``fd`` polls readable (or hung up); whether it did.
+
+    The slow path's short slice: a wait that must hand control back before a whole
+    ``WAIT_SLICE_S`` (its deadline is nearer) polls for that long instead of blocking in a
+    receive, so the deadline is met to the millisecond."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(1, int(seconds * 1000) + 1)))
 
 
 class SocketChannel:
@@ -312,4 +324,5 @@ __all__ = [
     "TcpChannel",
     "UnixChannel",
     "wait_fd",
+    "wait_readable",
 ]

@@ -31,7 +31,7 @@ from typing import Any
 
 from ringtorch import _config
 from ringtorch._errors import DistNetworkError
-from ringtorch._wire.channel import WAIT_SLICE_S, Channel
+from ringtorch._wire.channel import WAIT_SLICE_S, Channel, wait_readable
 from ringtorch._wire.errors import PeerClosedError, PeerUnreachableError
 
 COLL_HEADER = struct.Struct("<BBBBIQQQ")
@@ -44,6 +44,10 @@ _HEAD = COLL_HEADER.size
 _HANDOFF_NBYTES = 128 * 1024
 # The adaptive spin never drops below this (a few polls), so it can grow back.
 _SPIN_FLOOR_S = 4e-6
+# Called while a wait lasts, with the peers waited for and the seconds waited; returns how
+# long the wait may go on before it must be called again (None: a whole slice). It may raise
+# to end the wait (a deadline passed, the group was aborted).
+SlowWaitHook = Callable[[list[int], float], "float | None"]
 KIND_COLL = "coll"
 KIND_P2P = "p2p"
 
@@ -129,7 +133,7 @@ class PeerMesh:
         self.p2p = p2p
         self.same_host = same_host
         self.hosts = hosts or [""] * size
-        self.on_slow_wait: Callable[[list[int], float], None] | None = None
+        self.on_slow_wait: SlowWaitHook | None = None
         self.spin_s = spin_seconds(sum(same_host))
         self._spin_now = self.spin_s
         self._duplex_thread = core_per_rank(sum(same_host))
@@ -158,8 +162,10 @@ class PeerMesh:
 
         First every send is offered without waiting; if the kernel took them all, the
         receives block one by one (one system call each when data is there). Otherwise one
-        poll loop drives every stream. While a wait lasts more than a second,
-        ``on_slow_wait(peers, waited_s)`` is called each second (it may raise to give up).
+        poll loop drives every stream. While a wait lasts more than a slice
+        (``WAIT_SLICE_S``), ``on_slow_wait(peers, waited_s)`` is called at the end of each
+        slice, or sooner when it asked to be (its return value: a deadline, a stall warning or
+        a query due before the slice ends); it may raise to give up.
         """
         try:
             self._exchange(sends, recvs)
@@ -226,9 +232,8 @@ class PeerMesh:
             # (MSG_WAITALL): no return to Python per arriving packet
             n = ch.recv_some(views, True, checked)  # type: ignore[union-attr]
             if n == 0:
-                now = time.monotonic()
-                start = start or now - WAIT_SLICE_S
-                self._slow_hook([peer], now - start)
+                start = start or time.monotonic() - WAIT_SLICE_S
+                self._slow_slices(ch.fileno(), [peer], start)  # type: ignore[union-attr]
             got += n
 
     def _spin(self, ch: Channel, head: memoryview, body: memoryview) -> int:
@@ -247,15 +252,30 @@ class PeerMesh:
             self._spin_now = max(_SPIN_FLOOR_S, budget / 2)
         return got
 
-    def _slow_hook(self, peers: list[int], waited: float) -> None:
-        if self.on_slow_wait is not None:
-            self.on_slow_wait(peers, waited)
+    def _slow_hook(self, peers: list[int], waited: float) -> float:
+        """Tell the hook; the seconds until it wants to be told again (at most a slice)."""
+        if self.on_slow_wait is None:
+            return WAIT_SLICE_S
+        left = self.on_slow_wait(peers, waited)
+        return WAIT_SLICE_S if left is None else min(WAIT_SLICE_S, left)
+
+    def _slow_slices(self, fd: int, peers: list[int], start: float) -> None:
+        """A blocking receive found nothing for a whole slice: tell the hook, and while it
+        wants control back sooner than a slice, wait for data that long in poll (the last
+        slice before a deadline ends at the deadline). Returns when the stream has data
+        (or ended: the next receive says so) or the next slice may block in the kernel."""
+        left = self._slow_hook(peers, time.monotonic() - start)
+        while left < WAIT_SLICE_S:
+            if wait_readable(fd, left):
+                return
+            left = self._slow_hook(peers, time.monotonic() - start)
 
     def _drive(self, outgoing: list[_Outgoing], incoming: list[_Incoming]) -> None:
         self._poll_loop(select.poll(), time.monotonic(), outgoing, incoming)
 
     def _poll_loop(self, poller: Any, start: float, outgoing: list[_Outgoing],
                    incoming: list[_Incoming]) -> None:
+        wake = 0.0  # once a slice passed in silence: when the hook wants control back
         while outgoing or incoming:
             masks: dict[int, int] = {}
             for out in outgoing:
@@ -264,13 +284,16 @@ class PeerMesh:
                 masks[inc.fd] = masks.get(inc.fd, 0) | select.POLLIN
             for fd, mask in masks.items():
                 poller.register(fd, mask)
-            ready = poller.poll(WAIT_SLICE_S * 1000)
+            slice_s = WAIT_SLICE_S if not wake else max(0.0, wake - time.monotonic())
+            ready = poller.poll(max(1, int(slice_s * 1000) + 1))
             for fd in masks:
                 poller.unregister(fd)
-            if not ready:
-                waited = time.monotonic() - start
-                self._slow_hook(sorted({i.peer for i in incoming}), waited)
-                continue
+            if not ready or (wake and time.monotonic() >= wake):
+                now = time.monotonic()
+                peers = sorted({i.peer for i in incoming} or {o.peer for o in outgoing})
+                wake = now + self._slow_hook(peers, now - start)
+                if not ready:
+                    continue
             outgoing = [out for out in outgoing if not out.progress()]
             incoming = [inc for inc in incoming if not inc.progress()]
 
@@ -317,10 +340,11 @@ class _Sender:
             self._job = (ch, peer, views)
             self._cond.notify()
 
-    def wait(self, peer: int, slow_hook: Callable[[list[int], float], None]) -> None:
+    def wait(self, peer: int, slow_hook: Callable[[list[int], float], float]) -> None:
         start = time.monotonic()
-        while not self._done.wait(WAIT_SLICE_S):
-            slow_hook([peer], time.monotonic() - start)
+        slice_s = WAIT_SLICE_S
+        while not self._done.wait(slice_s):
+            slice_s = slow_hook([peer], time.monotonic() - start)
         if self._error is not None:
             raise self._error
 
@@ -428,6 +452,7 @@ __all__ = [
     "FrameMismatch",
     "PeerLost",
     "PeerMesh",
+    "SlowWaitHook",
     "host_identity",
     "core_per_rank",
     "spin_seconds",

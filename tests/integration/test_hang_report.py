@@ -114,7 +114,8 @@ def test_a_rank_holding_the_gil_in_c_gives_its_stacks_by_signal(tmp_path: Path) 
     report = _report_of([r for r in results[:2]])  # type: ignore[misc]
     assert copy.read_text() == report
     copy.unlink()
-    assert "rank 2: did not answer within 3 s; stacks by SIGUSR1\n" in report, report
+    # the report was begun ahead of the 3 s timeout: it waited what was left before it
+    assert re.search(r"rank 2: did not answer within [\d.]+ s; stacks by SIGUSR1\n", report), report
     assert "everybody waits for: ranks [2]\n" in report, report
     assert _frame(ranks.holds_the_gil_in_c, "ctypes.PyDLL(None).read") in report, report
 

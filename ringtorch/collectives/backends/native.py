@@ -19,7 +19,6 @@ overlap (the ProcessGroup orders them).
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from typing import Any
@@ -46,6 +45,7 @@ from ringtorch.collectives.backends.native_status import (
     check_sizes,
     check_splits,
 )
+from ringtorch.collectives.backends.native_wait import DeadlinePassed, WaitWatch
 from ringtorch.collectives.call import CallMaker, CollectiveCall, Signature
 from ringtorch.collectives.lowering import (
     Lowering,
@@ -59,12 +59,7 @@ from ringtorch.collectives.reports import Words
 from ringtorch.collectives.transports.base import Transport
 from ringtorch.collectives.transports.setup import open_transport
 
-log = logging.getLogger(__name__)
 _new_call = tuple.__new__  # CollectiveCall from (*signature, seq, nbytes, deadline): call.new_call
-
-class _Timeout(Exception):
-    """Raised inside a wait when the collective's deadline passed; carries the message."""
-
 
 class NativeBackend(Backend):
     """See the module docstring and base.Backend.
@@ -92,18 +87,24 @@ class NativeBackend(Backend):
         self._fp_token: Any = None
         self._mesh: PeerMesh | None = None
         self._mailbox: mb.Mailbox | None = None
+        self._watch = WaitWatch(self._board, self._words, self.abort_state, ctx.rank, ctx.size)
         if ctx.size > 1:
             deadline = time.monotonic() + ctx.timeout.total_seconds()
             self._mesh = connect_mesh(ctx.store, ctx.rank, ctx.size, ctx.group_name, deadline)
-            self._mesh.on_slow_wait = self._slow_wait
+            self._mesh.on_slow_wait = self._watch.slow_wait
             self._words.hosts = self._mesh.hosts
             self._mailbox = mb.Mailbox(ctx.rank, self._mesh.p2p, self._on_event,
                                        name=ctx.group_name)
             self._mailbox.start()
+            self._watch.mailbox = self._mailbox
         self.transport: Transport
         self.transport, self.shm_reason = open_transport(
             ctx, self._mesh, parse_overrides(_config.ALGORITHMS.get()), self.abort_state,
             self._abort_local)
+        self._watch.transport = self.transport
+        space = getattr(self.transport, "space", None)
+        if space is not None:  # shared-memory waits begin the hang report ahead, too
+            space.domain.poll_failure = self._watch.shm_poll
         self.uses_shm = self.transport.uses_shm
         self.topology = self.transport.description
 
@@ -214,7 +215,10 @@ class NativeBackend(Backend):
         self._board.running = False
         if exc is not None:
             error = self._collective_failed(exc)
-            HANG.on_collective_failure(self._words.group, error or exc)  # names its hang report
+            # names its hang report (begun ahead of the deadline, or made now)
+            call = self._board.call
+            HANG.on_collective_failure(self._words.group, error or exc,
+                                       None if call is None else call.seq)
             if error is not None:
                 raise error from None
 
@@ -227,7 +231,7 @@ class NativeBackend(Backend):
                                                    exc.got)
             self._abort_local(message, tell_peers=True)
             return DistBackendError(message)
-        if isinstance(exc, _Timeout):
+        if isinstance(exc, DeadlinePassed):
             self._abort_local(str(exc), tell_peers=True)
             return DistBackendError(str(exc))
         if isinstance(exc, PeerClosedError):
@@ -253,33 +257,6 @@ class NativeBackend(Backend):
                                                     unreachable),
                               tell_peers=True, lost=peer not in self._bye or bool(unreachable))
         return f"the group was aborted: {self.abort_state.cause}"
-
-    # -- waiting: stall warning and timeout --------------------------------------------------
-
-    def _slow_wait(self, peers: list[int], waited: float) -> None:
-        board = self._board
-        call = board.call
-        if call is None or not board.running:
-            return
-        now = time.monotonic()
-        if self.abort_state.cause is not None:  # aborted meanwhile (another rank timed out)
-            raise PeerClosedError("the group was aborted while this rank waited")
-        if now >= self.transport.socket_deadline(call):
-            report = self._missing_report(call.seq, peers)
-            if self.abort_state.cause is not None:  # another rank's abort beat ours
-                raise PeerClosedError("the group was aborted while this rank waited")
-            raise _Timeout(self._words.timed_out(call, now - board.start, report))
-        if now - board.start >= board.warn_after:  # again at twice the wait each time
-            board.warn_after = 2 * (now - board.start)
-            log.warning("%s", self._words.stalled(call, now - board.start,
-                                                  self._missing_report(call.seq, peers)))
-
-    def _missing_report(self, seq: int, waiting_on: list[int]) -> str:
-        """Ask every peer where it is (status frames answered by its reader thread)."""
-        assert self._mailbox is not None
-        peers = [p for p in range(self.size) if p != self.rank]
-        statuses = self._board.query(self._mailbox, peers)
-        return self._words.missing(seq, statuses, peers, waiting_on)
 
     # -- plumbing ----------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -18,10 +19,22 @@ import torch
 from ringtorch._wire import mailbox as mb
 from ringtorch.collectives.call import CollectiveCall, status_record
 
+# How long before its deadline a waiting collective asks the others where they are, so that
+# at the deadline the late rank is already known (a frozen rank never answers): the answers
+# of live ranks come within milliseconds, and a query never holds a wait past its next event.
 STATUS_WAIT_S = 1.0
+# At the deadline, answers still missing from a query sent late (a timeout shorter than two
+# slices) are waited for this long at most.
+LATE_ANSWERS_S = 0.1
+
 
 class StatusBoard:
-    """This rank's progress, and the answers peers gave to our status queries."""
+    """This rank's progress, and the answers peers gave to our status queries.
+
+    Ahead of a waiting collective's deadline (``ahead``, called from the slow path of waits
+    only, so a collective that finishes in time pays nothing): at ``deadline - STATUS_WAIT_S``
+    the peers are asked where they are, and at ``deadline - report lead`` the hang report is
+    begun (``on_report``), both at most half the timeout ahead."""
 
     def __init__(self) -> None:
         self.call: CollectiveCall | None = None  # the current or last collective
@@ -30,6 +43,8 @@ class StatusBoard:
         self.warn_after = 0.0  # its next stall warning, in seconds since start
         self._cond = threading.Condition()
         self._answers: dict[int, dict[str, Any]] = {}
+        self._ahead_of: CollectiveCall | None = None  # the call the times below are for
+        self._status_at = self._report_at = self._asked_at = 0.0  # 0: done or never
 
     def answer(self, mailbox: mb.Mailbox, peer: int) -> None:
         """Reply to ``peer``'s query off the reader thread (readers never send)."""
@@ -42,18 +57,57 @@ class StatusBoard:
             self._answers[peer] = json.loads(payload)
             self._cond.notify_all()
 
+    def ask(self, mailbox: mb.Mailbox, peers: list[int]) -> None:
+        """Ask ``peers`` where they are, without waiting (the answers are kept)."""
+        with self._cond:
+            self._answers.clear()
+        self._asked_at = time.monotonic()
+        for peer in peers:
+            mailbox.send_control(peer, mb.STATUS_REQ, b"", 0.2)
+
+    def collect(self, peers: list[int], until: float) -> dict[int, dict[str, Any]]:
+        """The answers to the last ``ask``, waiting for the missing ones until ``until``."""
+        with self._cond:
+            while len(self._answers) < len(peers) and time.monotonic() < until:
+                self._cond.wait(max(0.0, until - time.monotonic()))
+            return dict(self._answers)
+
     def query(self, mailbox: mb.Mailbox, peers: list[int],
               wait_s: float = STATUS_WAIT_S) -> dict[int, dict[str, Any]]:
         """Ask ``peers`` where they are; returns the answers that came within ``wait_s``."""
-        with self._cond:
-            self._answers.clear()
-        for peer in peers:
-            mailbox.send_control(peer, mb.STATUS_REQ, b"", 0.2)
-        end = time.monotonic() + wait_s
-        with self._cond:
-            while len(self._answers) < len(peers) and time.monotonic() < end:
-                self._cond.wait(max(0.0, end - time.monotonic()))
-            return dict(self._answers)
+        self.ask(mailbox, peers)
+        return self.collect(peers, time.monotonic() + wait_s)
+
+    def at_deadline(self, mailbox: mb.Mailbox, peers: list[int],
+                    now: float) -> dict[int, dict[str, Any]]:
+        """Where the peers are, at the current collective's deadline: the answers to the
+        query made ahead of it (asked now, and awaited ``LATE_ANSWERS_S``, if none was)."""
+        if self._ahead_of is not self.call or not self._asked_at:
+            self.ask(mailbox, peers)
+        return self.collect(peers, min(self._asked_at + STATUS_WAIT_S, now + LATE_ANSWERS_S))
+
+    def ahead(self, call: CollectiveCall, now: float, report_lead_s: float | None,
+              mailbox: mb.Mailbox | None, peers: list[int],
+              on_report: Callable[[], None]) -> float:
+        """Do what is due ahead of ``call``'s deadline (the status query, when ``mailbox``
+        is given; the hang report's start, when ``report_lead_s`` is); returns the next
+        moment one of them or the next stall warning is due."""
+        if self._ahead_of is not call:
+            self._ahead_of = call
+            half = (call.deadline - self.start) / 2
+            self._asked_at = 0.0
+            self._status_at = call.deadline - min(STATUS_WAIT_S, half) if mailbox else 0.0
+            self._report_at = (call.deadline - min(report_lead_s, half)
+                               if report_lead_s is not None else 0.0)
+        if self._report_at and now >= self._report_at:
+            self._report_at = 0.0
+            on_report()
+        if self._status_at and now >= self._status_at:
+            self._status_at = 0.0
+            assert mailbox is not None
+            self.ask(mailbox, peers)
+        due = [t for t in (self._status_at, self._report_at) if t]
+        return min([self.start + self.warn_after, *due])
 
 
 # -- input checks (before anything is sent) -----------------------------------------------
@@ -105,4 +159,5 @@ def check_peer(rank: int, size: int, peer: int, what: str) -> None:
         raise ValueError(f"{what}: a rank cannot send to or receive from itself")
 
 
-__all__ = ["StatusBoard", "check_peer", "check_rooted", "check_sizes", "check_splits"]
+__all__ = ["LATE_ANSWERS_S", "STATUS_WAIT_S", "StatusBoard", "check_peer", "check_rooted",
+           "check_sizes", "check_splits"]

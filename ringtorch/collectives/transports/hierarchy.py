@@ -30,7 +30,8 @@ the composed SocketTransport's links, so frames keep the call's header and every
 Failures: the host domain is wired to the group's AbortState as the flat one is. Waits that
 can only end after the cross-host step (the leaders' socket waits, the local phases after it)
 run CROSS_GRACE_S, resp. AFTER_GRACE_S, past the caller's deadline, so a late rank is reported
-by the rank that waits for it directly, and its abort reaches the others first.
+by the rank that waits for it directly, and its abort reaches the others first; the graces
+are a few tenths of a second, so no rank raises later than that past its deadline.
 """
 
 from __future__ import annotations
@@ -57,9 +58,11 @@ from ringtorch.collectives.transports.sockets import ScratchPool, SocketTranspor
 
 # how long past the caller's deadline the leaders' socket waits (CROSS_GRACE_S) and the host
 # phases after the cross-host step (AFTER_GRACE_S) run: the rank that waits for a late rank
-# directly must time out, name it and abort the group first; a socket wait checks its
-# deadline once a second and then asks the peers where they are (up to 1 s)
-CROSS_GRACE_S = 0.5
+# directly must time out, name it and abort the group first. It raises at its deadline (a
+# wait's last slice ends there and the late ranks were asked where they are ahead of it), and
+# its abort reaches the others within milliseconds: the graces cover the ranks' deadlines
+# differing by when each started the collective.
+CROSS_GRACE_S = 0.2
 # all_reduce from this size, when every host has as many ranks, runs sliced (every rank talks
 # across) instead of through the leaders
 SLICED_FROM_NBYTES = 1 << 62
@@ -67,7 +70,7 @@ SLICED_FROM_NBYTES = 1 << 62
 # path: there the leaders' serial work (one rank per host reduces or sends everything) made
 # them slower than every rank working at once (BENCHMARKS.md, "Hierarchical collectives")
 SOCKETS_FROM_NBYTES = 256 * 1024
-AFTER_GRACE_S = CROSS_GRACE_S + 3.0
+AFTER_GRACE_S = CROSS_GRACE_S + 0.2
 _SETUP = "setting up hierarchical shared memory"
 
 

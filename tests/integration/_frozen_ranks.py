@@ -1,0 +1,58 @@
+"""Rank-side code of tests/integration/test_frozen_rank.py: every rank runs one all_reduce,
+then the test freezes rank ``victim`` with SIGSTOP and the others run the next all_reduce,
+which must time out at the group's timeout naming the frozen rank. The test resumes the
+victim once the others have raised (marker files order every step; nothing sleeps for a
+fixed time)."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import ringtorch.distributed as dist
+
+TIMEOUT_S = 4.0
+
+
+def _wait_file(path: Path) -> None:
+    deadline = time.monotonic() + 60
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.01)
+
+
+def frozen_peer(rank: int, world_size: int, victim: int, marker_dir: str,
+                hosts: str = "") -> dict[str, Any]:
+    """Live ranks return their error's type and message, how long after the call it came and
+    when (time.monotonic()); the victim, resumed, returns the error of its next call."""
+    if hosts:  # fake hosts: the hierarchical transport (shared memory within each)
+        os.environ.update({"RINGTORCH_HOST_ID": f"host-{hosts[rank]}",
+                           "RINGTORCH_SOCKET_ADDR": "127.0.0.1"})
+    torch.set_num_threads(1)
+    markers = Path(marker_dir)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=TIMEOUT_S))
+    backend = dist.group.WORLD._get_backend()
+    dist.all_reduce(torch.ones(1000))
+    if rank == victim:
+        (markers / "victim.pid").write_text(str(os.getpid()))
+        _wait_file(markers / "released")  # stopped in here, resumed after the others raised
+    else:
+        _wait_file(markers / "stopped")
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(1000))
+        error: BaseException | None = None
+    except Exception as exc:
+        error = exc
+    raised_at = time.monotonic()  # one clock for every process of the host
+    if rank != victim:
+        (markers / f"done{rank}").write_text("")
+    return {"type": type(error).__name__, "message": str(error), "elapsed": raised_at - start,
+            "raised_at": raised_at,
+            "dist_error": isinstance(error, dist.DistError), "topology": backend.topology}
