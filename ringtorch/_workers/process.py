@@ -160,8 +160,11 @@ def stop_processes(procs: Sequence[Stoppable], sig: int = signal.SIGTERM, grace_
     """Stop every process in ``procs`` and the groups they lead; return when all are gone.
 
     ``sig`` goes to every process (group) at once, even to exited leaders whose group may
-    still hold their children; after ``grace_s`` seconds, or as soon as ``force()`` is true
-    (a second Ctrl-C), SIGKILL goes to whatever is left. Every child is reaped.
+    still hold their children, and SIGCONT after it, as a shell does for a stopped job: a
+    process stopped by SIGSTOP (or a debugger's detach gone wrong) acts on ``sig`` only once
+    it runs again, and would otherwise hold the job for the whole grace. After ``grace_s``
+    seconds, or as soon as ``force()`` is true (a second Ctrl-C), SIGKILL goes to whatever
+    is left. Every child is reaped.
 
     Returns:
         The pids that had to be killed with SIGKILL.
@@ -169,6 +172,7 @@ def stop_processes(procs: Sequence[Stoppable], sig: int = signal.SIGTERM, grace_
     if sig != signal.SIGKILL:
         for proc in procs:
             proc.send(sig)
+            proc.send(signal.SIGCONT)
         stubborn = wait_gone(procs, time.monotonic() + grace_s, force)
     else:
         stubborn = _survivors(procs)

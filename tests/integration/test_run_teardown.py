@@ -155,3 +155,35 @@ def test_a_segment_left_by_a_dying_worker_is_gone_when_the_job_ends(tmp_path: Pa
     assert result.returncode == 1 and "exit code 3" in result.stderr, result.stderr
     name = (tmp_path / "segment").read_text()
     assert not os.path.exists(os.path.join("/dev/shm", name))  # at once: no age to wait for
+
+
+STOPPED_WORKER = r"""
+import os, signal, sys, time
+marker = os.path.join(os.environ["OUT_DIR"], "stopping")
+if os.environ["RANK"] == "1":
+    open(marker, "w").close()
+    os.kill(os.getpid(), signal.SIGSTOP)  # frozen: acts on no signal until continued
+    time.sleep(600)
+while not os.path.exists(marker):
+    time.sleep(0.01)
+sys.exit(3)  # rank 0 fails: ringrun stops the job, the frozen rank 1 included
+"""
+
+
+def test_a_worker_frozen_by_sigstop_is_stopped_without_waiting_out_the_grace(
+        tmp_path: Path) -> None:
+    # A stopped process acts on SIGTERM only once it runs again: ringrun continues it
+    # (SIGCONT after SIGTERM, as a shell does), so the job ends at once, not after the
+    # 60 s shutdown timeout and a SIGKILL.
+    script = tmp_path / "worker.py"
+    script.write_text(STOPPED_WORKER)
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "ringtorch.launcher", "--nproc-per-node", "2",
+         "--shutdown-timeout", "60", str(script)],
+        env={**os.environ, "OUT_DIR": str(tmp_path)}, capture_output=True, text=True,
+        timeout=120)
+    elapsed = time.monotonic() - start
+    assert done.returncode != 0
+    assert "exit code 3" in done.stderr, done.stderr
+    assert elapsed < 30, (elapsed, done.stderr)
