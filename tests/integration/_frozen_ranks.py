@@ -30,7 +30,8 @@ def _wait_file(path: Path) -> None:
 def frozen_peer(rank: int, world_size: int, victim: int, marker_dir: str,
                 hosts: str = "") -> dict[str, Any]:
     """Live ranks return their error's type and message, how long after the call it came and
-    when (time.monotonic()); the victim, resumed, returns the error of its next call."""
+    when (time.monotonic()); the victim, resumed, returns the error of its next call (or of
+    the one after: see below)."""
     if hosts:  # fake hosts: the hierarchical transport (shared memory within each)
         os.environ.update({"RINGTORCH_HOST_ID": f"host-{hosts[rank]}",
                            "RINGTORCH_SOCKET_ADDR": "127.0.0.1"})
@@ -40,7 +41,9 @@ def frozen_peer(rank: int, world_size: int, victim: int, marker_dir: str,
     backend = dist.group.WORLD._get_backend()
     dist.all_reduce(torch.ones(1000))
     if rank == victim:
-        (markers / "victim.pid").write_text(str(os.getpid()))
+        # written whole, then renamed: the test reads it as soon as the name appears
+        (markers / "victim.pid.tmp").write_text(str(os.getpid()))
+        os.rename(markers / "victim.pid.tmp", markers / "victim.pid")
         _wait_file(markers / "released")  # stopped in here, resumed after the others raised
     else:
         _wait_file(markers / "stopped")
@@ -51,6 +54,14 @@ def frozen_peer(rank: int, world_size: int, victim: int, marker_dir: str,
     except Exception as exc:
         error = exc
     raised_at = time.monotonic()  # one clock for every process of the host
+    if rank == victim and error is None:
+        # Resumed, the victim may find its call's data already sent by the others before
+        # they gave up (a socket exchange between two hosts' leaders) and complete it before
+        # its reader thread has read their abort; its next call fails in any case.
+        try:
+            dist.all_reduce(torch.ones(1000))
+        except Exception as exc:
+            error = exc
     if rank != victim:
         (markers / f"done{rank}").write_text("")
     return {"type": type(error).__name__, "message": str(error), "elapsed": raised_at - start,

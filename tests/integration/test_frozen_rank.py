@@ -95,7 +95,7 @@ def test_a_frozen_rank_fails_every_live_rank_at_the_timeout_naming_it(
     results = _freeze(VICTIM, env, hosts, tmp_path)
     for res in results:
         assert re.search(topology, res["topology"]), res["topology"]
-    assert results[VICTIM]["dist_error"], results[VICTIM]  # resumed: its next call fails
+    assert results[VICTIM]["dist_error"], results[VICTIM]  # resumed: its next calls fail
     reports = set()
     for first_line in _check_live_ranks(results, VICTIM):
         found = re.search(r"\(hang report: (/\S+)\)$", first_line)
