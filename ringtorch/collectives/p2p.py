@@ -142,7 +142,8 @@ class P2POps(GroupBase):
                 self._p2p_lanes[key] = lane
         work = Work(op_name, -1, run, outputs, self._group_name)
         if RECORDER.on:
-            rec = work.record = RECORDER.record(P2P, self._group_name, op_name)
+            # the public entry point (dist.send, ...) is four frames up: it calls a helper
+            rec = work.record = RECORDER.record(P2P, self._group_name, op_name, hint=4)
             rec.peer = -1 if key[1] is None else key[1]
             rec.nbytes = outputs[0].numel() * outputs[0].element_size()
             rec.detail = f"tag {key[2]}"

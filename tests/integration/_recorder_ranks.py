@@ -107,9 +107,15 @@ def sites_of_each_call_shape(rank: int, ws: int) -> dict[str, Any]:
         _reduce_on_the_group(t)  # site: calls group method
         for fn in (dist.all_reduce, _reduce_in_a_helper):
             fn(t)  # site: through a variable
+        if rank == 0:
+            dist.send(t, 1)  # site: sends
+        else:
+            dist.recv(t, 0)  # site: receives
     record = flight_recorder.dump()
     dist.destroy_process_group()
     return {"sites": [e["site"] for e in record["entries"] if e["op"] == "allreduce"],
+            "p2p": [e["site"] for e in record["entries"] if e["kind"] == "p2p"],
             "lines": {name: _line_of(f"# site: {name}") for name in
                       ("direct", "helper", "group method", "through a variable")},
+            "p2p_lines": [_line_of("# site: sends"), _line_of("# site: receives")],
             "file": __file__}

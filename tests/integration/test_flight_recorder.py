@@ -112,8 +112,11 @@ def test_the_call_site_is_the_users_frame_whatever_the_shape_of_the_stack() -> N
     # Through the public function, inside a user's helper, a group's method called
     # directly, and one line that calls the public function and the helper in turn: each
     # repeated, so that sites the recorder remembers are checked as well as sites it walks.
-    for result in run_ranks(ranks.sites_of_each_call_shape, 2):
+    # A point-to-point call in the same loop has its own line on each rank.
+    for rank, result in enumerate(run_ranks(ranks.sites_of_each_call_shape, 2)):
         path, lines = result["file"], result["lines"]
         one_round = [lines["direct"], lines["helper"], lines["group method"],
                      lines["through a variable"], lines["helper"]]
         assert result["sites"] == [f"{path}:{line}" for line in one_round * 3]
+        send_line, recv_line = result["p2p_lines"]
+        assert result["p2p"] == [f"{path}:{(send_line, recv_line)[rank]}"] * 3
