@@ -38,15 +38,7 @@ from typing import IO, Any
 from ringtorch import _config
 from ringtorch._observe.files import write_json
 from ringtorch._observe.hang_report import Answer, analyse, format_report
-from ringtorch._observe.hang_signal import (
-    SIGNAL,
-    SIGNAL_WAIT_S,
-    is_stopped,
-    parse_header,
-    signal_all,
-    signal_stacks,
-    stacks_header,
-)
+from ringtorch._observe.hang_signal import SIGNAL, SIGNAL_WAIT_S, signal_all, stacks_header
 from ringtorch._observe.recorder import RECORDER
 
 log = logging.getLogger("ringtorch.hang")
@@ -433,6 +425,5 @@ def poke(store: Any, epoch: int, rank: int, request: dict[str, Any]) -> None:
 
 HANG = HangState()
 
-__all__ = ["HANG", "HangState", "ask", "is_hang", "is_stopped", "key", "parse_header", "poke",
-           "save_report", "signal_all", "signal_stacks", "stacks_header", "thread_id",
+__all__ = ["HANG", "HangState", "ask", "is_hang", "key", "poke", "save_report", "thread_id",
            "write_report"]

@@ -22,8 +22,9 @@ from datetime import timedelta
 from typing import Any
 
 from ringtorch import _config
-from ringtorch._observe.hang_ask import ask, parse_header, signal_stacks, write_report
+from ringtorch._observe.hang_ask import ask, write_report
 from ringtorch._observe.hang_report import Answer
+from ringtorch._observe.hang_signal import parse_header, signal_stacks
 from ringtorch.launcher.workers import LocalWorkerGroup
 from ringtorch.store import TCPStore
 

@@ -8,13 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ringtorch._observe.hang_ask import (
-    is_hang,
-    parse_header,
-    save_report,
-    stacks_header,
-    thread_id,
-)
+from ringtorch._observe.hang_ask import is_hang, save_report, thread_id
 from ringtorch._observe.hang_report import (
     Answer,
     analyse,
@@ -22,6 +16,7 @@ from ringtorch._observe.hang_report import (
     parse_stacks,
     useful_frames,
 )
+from ringtorch._observe.hang_signal import parse_header, stacks_header
 
 MAIN = "0x00007f0000000001"
 READER = "0x00007f0000000002"
