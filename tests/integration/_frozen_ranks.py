@@ -15,16 +15,9 @@ from typing import Any
 import torch
 
 import ringtorch.distributed as dist
+from ringtorch.testing import wait_for
 
 TIMEOUT_S = 4.0
-
-
-def _wait_file(path: Path) -> None:
-    deadline = time.monotonic() + 60
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} never appeared")
-        time.sleep(0.01)
 
 
 def frozen_peer(rank: int, world_size: int, victim: int, marker_dir: str,
@@ -44,9 +37,10 @@ def frozen_peer(rank: int, world_size: int, victim: int, marker_dir: str,
         # written whole, then renamed: the test reads it as soon as the name appears
         (markers / "victim.pid.tmp").write_text(str(os.getpid()))
         os.rename(markers / "victim.pid.tmp", markers / "victim.pid")
-        _wait_file(markers / "released")  # stopped in here, resumed after the others raised
+        # stopped in here, resumed after the others raised
+        wait_for((markers / "released").exists, 60, "the test to resume this rank")
     else:
-        _wait_file(markers / "stopped")
+        wait_for((markers / "stopped").exists, 60, "the victim to be stopped")
     start = time.monotonic()
     try:
         dist.all_reduce(torch.ones(1000))

@@ -16,6 +16,7 @@ import torch
 import ringtorch.distributed as dist
 import ringtorch.distributed.rpc as rpc
 from ringtorch._observe.hang_ask import HANG, key
+from ringtorch.testing import wait_for
 
 TIMEOUT = timedelta(seconds=3)
 
@@ -118,8 +119,7 @@ def with_reports_off(rank: int, ws: int, marker: str) -> tuple[str, list[str]]:
     dist.all_reduce(torch.ones(64))
     threads = sorted(t.name for t in threading.enumerate())
     if rank == 1:
-        while not os.path.exists(marker):
-            time.sleep(0.05)  # waits for rank 0's error, not for a fixed time
+        wait_for(lambda: os.path.exists(marker), 60, "rank 0's error")
         return "skipped", threads
     error = _others(rank)
     open(marker, "w").close()

@@ -18,6 +18,7 @@ import time
 import torch
 
 import ringtorch.distributed as dist
+from ringtorch.testing import wait_for
 
 SLEEP_S = float(os.environ.get("SLEEP_S", "0.1"))
 
@@ -45,8 +46,8 @@ def fails() -> None:
     if rank == 1:
         # Fail once the others' running totals show their three calls (their summary files,
         # rewritten as the totals change), so what they leave is known.
-        while not all(_calls_written(other, "allreduce") >= 3 for other in (0, 2)):
-            time.sleep(0.01)
+        wait_for(lambda: all(_calls_written(other, "allreduce") >= 3 for other in (0, 2)),
+                 60, "ranks 0 and 2's totals")
         raise ValueError("rank 1 cannot go on")
     time.sleep(600)  # the launcher stops the others when rank 1 fails
 

@@ -17,12 +17,11 @@ import os
 import re
 import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from ringtorch.testing import run_ranks
+from ringtorch.testing import run_ranks, wait_for
 from tests.integration import _frozen_ranks as ranks
 
 BOUND_S = 0.5
@@ -35,26 +34,19 @@ CASES = {
 }
 
 
-def _wait_file(path: Path, seconds: float = 60.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} did not appear within {seconds} s"
-        time.sleep(0.01)
-
-
 def _freeze(victim: int, env: dict[str, str], hosts: str, markers: Path) -> list[dict]:
     """Run the ranks, freezing ``victim`` between its two all_reduces and resuming it once
     the others have raised; every rank's result."""
 
     def freeze_then_resume() -> None:
-        _wait_file(markers / "victim.pid")
+        wait_for((markers / "victim.pid").exists, 60, "the victim's pid file")
         pid = int((markers / "victim.pid").read_text())
         os.kill(pid, signal.SIGSTOP)
         try:
             (markers / "stopped").write_text("")
             for rank in range(3):
                 if rank != victim:
-                    _wait_file(markers / f"done{rank}")
+                    wait_for((markers / f"done{rank}").exists, 60, f"rank {rank}'s error")
         finally:
             os.kill(pid, signal.SIGCONT)
             (markers / "released").write_text("")

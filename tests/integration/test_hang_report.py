@@ -18,12 +18,11 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from ringtorch.testing import run_ranks
+from ringtorch.testing import run_ranks, wait_for
 from ringtorch.testing.harness import job_port
 from tests.integration import _hang_ranks as ranks
 
@@ -101,10 +100,7 @@ def test_a_rank_holding_the_gil_in_c_gives_its_stacks_by_signal(tmp_path: Path) 
         env={"RINGTORCH_OBSERVE_DIR": str(tmp_path)})))
     job.start()
     try:
-        deadline = time.monotonic() + 40
-        while not list(tmp_path.glob("hang-report-*.txt")):
-            assert time.monotonic() < deadline, "no hang report"
-            time.sleep(0.05)
+        wait_for(lambda: list(tmp_path.glob("hang-report-*.txt")), 40, "a hang report")
     finally:
         with open(fifo, "wb") as f:
             f.write(b"x")
@@ -132,13 +128,6 @@ def test_a_rank_that_calls_another_collective_is_reported_as_a_mismatch(world_si
     assert f"MISMATCH on group '0' at #1: {others}; {mine}\n" in report, report
 
 
-def _wait_for(path: Path, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} did not appear within {seconds} s"
-        time.sleep(0.05)
-
-
 def test_the_debug_command_names_the_callee_a_rank_waits_for_over_rpc(tmp_path: Path) -> None:
     port = job_port()
     ready, done = tmp_path / "ready", tmp_path / "done"
@@ -148,7 +137,7 @@ def test_the_debug_command_names_the_callee_a_rank_waits_for_over_rpc(tmp_path: 
         timeout=60)))
     job.start()
     try:
-        _wait_for(ready, 30)
+        wait_for(ready.exists, 30, str(ready))
         out = subprocess.run([sys.executable, "-m", "ringtorch.distributed.debug",
                               f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=60)
     finally:
@@ -202,7 +191,7 @@ def test_ringrun_reports_on_sigusr1_from_the_debug_command_and_again_on_sigterm(
         env={**os.environ, "OUT_DIR": str(tmp_path)}, stderr=subprocess.PIPE, text=True)
     try:
         for rank in range(3):
-            _wait_for(tmp_path / f"ready{rank}", 60)
+            wait_for((tmp_path / f"ready{rank}").exists, 60, f"rank {rank}'s ready marker")
         (run_dir,) = logs.iterdir()
         asked = subprocess.run([sys.executable, "-m", "ringtorch.distributed.debug",
                                 str(run_dir)], capture_output=True, text=True, timeout=60)
