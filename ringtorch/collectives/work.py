@@ -37,6 +37,9 @@ class Work:
     # Its torch.profiler range, open while it runs: set only while a profiler is active, so
     # the class default spares every other Work a store.
     profile: Any = None
+    # Its flight-recorder record, set by the group when the recorder is on (the class
+    # default, None, when it is off: the group's store is then the only one).
+    record: Record | None = None
 
     def __init__(self, op_name: str, seq: int, run: Callable[[Work], Any] | None,
                  outputs: list[torch.Tensor] | None = None, group_name: str = "") -> None:
@@ -56,8 +59,6 @@ class Work:
         self._on_finish: list[Callable[[], None]] | None = None
         # The lane it is queued on (set by Lane.submit), whose help_until a wait calls first.
         self.lane: Any = None
-        # Its flight-recorder record (None when the recorder is off).
-        self.record: Record | None = None
 
     # -- run by the group ---------------------------------------------------------------------
 
