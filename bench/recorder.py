@@ -206,11 +206,11 @@ def per_record(args: argparse.Namespace) -> dict[str, float]:
 def _listeners_alone(listeners: list[Any], args: argparse.Namespace) -> float:
     """CPU seconds the listeners add to finishing one record (a completed all_reduce's record
     finished again and again, with and without them, alternating)."""
-    from ringtorch._observe.recorder import COLLECTIVE, FlightRecorder
+    from ringtorch._observe.recorder import COLLECTIVE, STARTED, FlightRecorder
 
     recorder = FlightRecorder(16)
     rec = recorder.record(COLLECTIVE, "0", "allreduce")
-    rec.started = time.monotonic_ns()
+    rec[STARTED] = time.monotonic_ns()
     samples: dict[bool, list[float]] = {False: [], True: []}
     for block in range(args.repeats * 10):
         for on in (False, True) if block % 2 == 0 else (True, False):

@@ -5,10 +5,10 @@ issues it: the group, the operation, the user's call site, and its timestamps (e
 started, finished) and outcome, filled in as it runs. The collective's identity (dtype,
 bytes, root, reduction: the ``CollectiveCall``) is attached by the backend when it starts, as
 the object itself, not copied; how it travelled (transport, algorithm) is asked of the
-backend only when the ring is dumped. So recording costs one small object, two clock reads
-of its own (a collective's start stamp is also its deadline's reference) and one look at the
-user's frame per operation (``bench/recorder.py`` measures it), and a dump, which is rare,
-does the formatting.
+backend only when the ring is dumped. So recording costs one small list (see ``Record``),
+two clock reads of its own (a collective's start stamp is also its deadline's reference) and
+one look at the user's frame per operation (``bench/recorder.py`` measures it), and a dump,
+which is rare, does the formatting.
 
 The rule this module keeps: the recorder never blocks and never raises into the operation it
 records. Writers do not lock (a slot of the ring is one list store, atomic under the GIL); a
@@ -24,6 +24,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from operator import itemgetter
 from typing import Any
 
 from ringtorch import _config
@@ -42,10 +43,22 @@ FORMAT = "ringtorch-flight-record"
 VERSION = 1
 
 
-class Record:
-    """One operation as the recorder saw it (see the module docstring).
+# A record is a plain list, its fields at these positions. Writers on the operation's path
+# store by position (``entry[STARTED] = now``); readers take a ``Record``, which names them.
+(KIND, GROUP, OP, CODE, LASTI, ID, ENQUEUED, STARTED, FINISHED, SEQ, CALL, ROUTE, ERROR,
+ NBYTES, PEER, DETAIL) = range(16)
 
-    Attributes:
+
+class Record(list):  # type: ignore[type-arg]
+    """A copy of one record (a list, see the positions above) that names its fields.
+
+    Why a record is a list and not an object with attributes: one is made for every
+    operation, on the operation's path, and Python builds a list display in a third of the
+    time it takes to construct an instance (``bench/recorder.py`` measures the recorder's
+    cost per operation). ``Record(entry)`` copies the list, so later writes to the live
+    record do not show in it: dumps and the timeline read a record once.
+
+    Fields:
         id: the recorder's running number of the record (gaps: older ones were dropped).
         kind: COLLECTIVE, P2P or RPC.
         group: the process group's name (the RPC agent's worker name for RPC).
@@ -62,48 +75,29 @@ class Record:
         route: what the operation travelled by, resolved at dump time: an object whose
             ``route(record)`` returns ``(transport, algorithm)`` (the backend), or None.
         detail: a short free text (an RPC's function name, a p2p tag).
-
-    Only what is known when the operation is issued is set here; the fields filled in later
-    start as the class's defaults below. That halves the cost of making a record (a store
-    per field is most of it). A record has no ``__slots__``: Python keeps the fields of
-    instances of one class inline, in the same order, so a plain instance is as compact and
-    its later stores as quick, and class defaults need no slot per field.
     """
 
-    started = finished = 0
-    seq = nbytes = -1
-    peer: int | str = -1
-    error = detail = ""
-    call: Any = None
-    route: Any = None
-
-    def __init__(self, kind: str, group: str, op: str, code: Any, lasti: int,
-                 ident: int = 0) -> None:
-        self.kind = kind
-        self.group = group
-        self.op = op
-        self.code = code
-        self.lasti = lasti
-        self.id = ident
-        self.enqueued = _now()
-
-    def start(self) -> None:
-        """Stamp the start (the operation's thread calls it as it begins)."""
-        self.started = _now()
-
-    def failed(self, error: BaseException) -> None:
-        """Keep the first line of the error it ended with; never raises."""
-        try:
-            text = str(error).strip().splitlines()
-            self.error = f"{type(error).__name__}: {text[0] if text else ''}"
-        except Exception:  # a broken __str__ must not break the operation
-            self.error = type(error).__name__
+    __slots__ = ()
+    kind = property(itemgetter(KIND))
+    group = property(itemgetter(GROUP))
+    op = property(itemgetter(OP))
+    code = property(itemgetter(CODE))
+    lasti = property(itemgetter(LASTI))
+    id = property(itemgetter(ID))
+    enqueued = property(itemgetter(ENQUEUED))
+    started = property(itemgetter(STARTED))
+    finished = property(itemgetter(FINISHED))
+    seq = property(itemgetter(SEQ))
+    call = property(itemgetter(CALL))
+    route = property(itemgetter(ROUTE))
+    error = property(itemgetter(ERROR))
+    nbytes = property(itemgetter(NBYTES))
+    peer = property(itemgetter(PEER))
+    detail = property(itemgetter(DETAIL))
 
     def size(self) -> int:
         """Bytes of the operation: as the caller gave them, else the call's (-1: unknown)."""
-        if self.nbytes >= 0 or self.call is None:
-            return self.nbytes
-        return int(self.call.nbytes)
+        return size_of(self)
 
     def site(self) -> str | None:
         """The user's call site as ``file:line`` (None when no Python frame issued it)."""
@@ -129,6 +123,24 @@ class Record:
         return "running" if self.started else "queued"
 
 
+def size_of(entry: list[Any]) -> int:
+    """Bytes of a record's operation: as the caller gave them, else its call's (-1: unknown)."""
+    nbytes = entry[NBYTES]
+    call = entry[CALL]
+    if nbytes >= 0 or call is None:
+        return int(nbytes)
+    return int(call.nbytes)
+
+
+def failed(entry: list[Any], error: BaseException) -> None:
+    """Keep the first line of the error a record's operation ended with; never raises."""
+    try:
+        text = str(error).strip().splitlines()
+        entry[ERROR] = f"{type(error).__name__}: {text[0] if text else ''}"
+    except Exception:  # a broken __str__ must not break the operation
+        entry[ERROR] = type(error).__name__
+
+
 def line_of(code: Any, lasti: int) -> int:
     """The source line of the instruction at byte offset ``lasti`` of ``code``."""
     for start, end, line in code.co_lines():
@@ -148,7 +160,7 @@ class FlightRecorder:
         self._settled = capacity is not None
         self.configure(_config.FLIGHT_RECORDER.get() if capacity is None else capacity)
         self._settled = capacity is not None
-        self.listeners: list[Callable[[Record], None]] = []
+        self.listeners: list[Callable[[list[Any]], None]] = []
 
     def settle(self) -> None:
         """Read the capacity knob again, once: a process may have been made (forked from a
@@ -167,7 +179,7 @@ class FlightRecorder:
         self._settled = True
         self.capacity = capacity
         self.on = capacity > 0
-        self._ring: list[Record | None] = [None] * capacity
+        self._ring: list[list[Any] | None] = [None] * capacity
         self._ids = itertools.count()
         # Call sites found by a full walk (see _walk); they hold their code objects, so an
         # id here is never one of a code object that has since been freed.
@@ -176,8 +188,10 @@ class FlightRecorder:
         # table's look-up.
         self._last_site: tuple[Any, int] = (None, -1)
 
-    def record(self, kind: str, group: str, op: str, hint: int = 3) -> Record:
-        """A new record of an operation being issued (call only when ``on``).
+    def record(self, kind: str, group: str, op: str, hint: int = 3, peer: int | str = -1,
+               nbytes: int = -1, detail: str = "") -> list[Any]:
+        """A new record of an operation being issued (call only when ``on``): the live
+        list, whose fields its operation's path stores by position (see ``Record``).
 
         Its call site is the caller's first frame outside ringtorch (none when no Python
         frame issued it, e.g. an autograd hook on torch's engine thread). ``hint`` is how
@@ -199,11 +213,12 @@ class FlightRecorder:
         except ValueError:  # a shallower stack than the hint
             code, lasti = self._walk(hint)
         n = next(self._ids)
-        rec = Record(kind, group, op, code, lasti, n)
+        entry = [kind, group, op, code, lasti, n, _now(), 0, 0, -1, None, None, "", nbytes, peer,
+                 detail]
         ring = self._ring  # one read: a concurrent configure() swaps the whole ring
         if ring:
-            ring[n % len(ring)] = rec
-        return rec
+            ring[n % len(ring)] = entry
+        return entry
 
     def _walk(self, hint: int) -> tuple[Any, int]:
         """The (code, instruction offset) of the user's frame that issued the operation,
@@ -239,29 +254,28 @@ class FlightRecorder:
             self._last_site = (code, lasti)
         return code, lasti
 
-    def finished(self, rec: Record, error: BaseException | None) -> None:
-        """Stamp ``rec`` finished and tell the listeners; never raises."""
-        rec.finished = _now()
-        if error is not None or self.listeners:
-            self.closed(rec, error)
-
-    def closed(self, rec: Record, error: BaseException | None) -> None:
-        """The rest of ``finished`` for a record already stamped: keep its error, tell the
-        listeners; never raises. A Work stamps its record itself and calls this only when
-        there is an error or a listener, which spares the common case a call."""
+    def finished(self, entry: list[Any], error: BaseException | None) -> None:
+        """Keep ``error`` (if any), stamp the record finished and tell the listeners; never
+        raises. The error is kept before the stamp: whoever sees the stamp sees the error."""
         if error is not None:
-            rec.failed(error)
+            failed(entry, error)
+        entry[FINISHED] = _now()
+        if self.listeners:
+            self.tell(entry)
+
+    def tell(self, entry: list[Any]) -> None:
+        """Call the listeners with a record just finished; never raises. A Work stamps its
+        record itself and calls this only when there are listeners."""
         for listener in self.listeners:
             try:
-                listener(rec)
+                listener(entry)
             except Exception:  # observing must never break the operation
                 pass
 
     def records(self) -> list[Record]:
-        """The records in the ring, oldest first (a copy: later writes do not show)."""
-        ring = list(self._ring)
-        present = [r for r in ring if r is not None]
-        present.sort(key=lambda r: r.id)
+        """The records in the ring, oldest first (copies: later writes do not show)."""
+        present = [Record(entry) for entry in list(self._ring) if entry is not None]
+        present.sort(key=itemgetter(ID))
         return present
 
     def dump(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -302,7 +316,7 @@ def _wall(stamp: int, offset: int) -> int | None:
 def to_dict(rec: Record, offset: int) -> dict[str, Any]:
     """One record as the dump writes it (``offset`` turns monotonic stamps into Unix ns)."""
     call = rec.call
-    entry: dict[str, Any] = {
+    out: dict[str, Any] = {
         "id": rec.id, "kind": rec.kind, "group": rec.group, "op": rec.op, "seq": rec.seq,
         "state": rec.state,
         "site": rec.site(),
@@ -312,22 +326,24 @@ def to_dict(rec: Record, offset: int) -> dict[str, Any]:
         "nbytes": rec.size(),
     }
     if rec.peer != -1:
-        entry["peer"] = rec.peer
+        out["peer"] = rec.peer
     if rec.detail:
-        entry["detail"] = rec.detail
+        out["detail"] = rec.detail
     if call is not None:
-        entry["call"] = {"op": call.op, "seq": call.seq, "dtype": dtype_name(call.dtype),
-                         "redop": None if call.redop is None else call.redop.name,
-                         "root": call.root, "nbytes": call.nbytes}
+        out["call"] = {"op": call.op, "seq": call.seq, "dtype": dtype_name(call.dtype),
+                       "redop": None if call.redop is None else call.redop.name,
+                       "root": call.root, "nbytes": call.nbytes}
     route = rec.travelled()
     if route is not None:
-        entry["transport"], entry["algorithm"] = route
+        out["transport"], out["algorithm"] = route
     if rec.error:
-        entry["error"] = rec.error
-    return entry
+        out["error"] = rec.error
+    return out
 
 
 RECORDER = FlightRecorder()
 
-__all__ = ["COLLECTIVE", "FORMAT", "P2P", "RECORDER", "RPC", "VERSION", "FlightRecorder",
-           "Record", "dtype_name", "env_int", "line_of", "to_dict"]
+__all__ = ["CALL", "CODE", "COLLECTIVE", "DETAIL", "ENQUEUED", "ERROR", "FINISHED", "FORMAT",
+           "GROUP", "ID", "KIND", "LASTI", "NBYTES", "OP", "P2P", "PEER", "RECORDER", "ROUTE",
+           "RPC", "SEQ", "STARTED", "VERSION", "FlightRecorder", "Record", "dtype_name",
+           "env_int", "failed", "line_of", "size_of", "to_dict"]

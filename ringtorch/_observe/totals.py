@@ -33,7 +33,17 @@ from typing import Any
 
 from ringtorch import _config
 from ringtorch._observe.files import write_json
-from ringtorch._observe.recorder import RECORDER, Record, env_int
+from ringtorch._observe.recorder import (
+    CALL,
+    ERROR,
+    FINISHED,
+    KIND,
+    NBYTES,
+    OP,
+    RECORDER,
+    STARTED,
+    env_int,
+)
 
 FORMAT = "ringtorch-rank-summary"
 VERSION = 1
@@ -57,24 +67,24 @@ class Totals:
         self._exit_hooked = False
         self.started_ns = time.time_ns()
 
-    def add(self, rec: Record) -> None:
+    def add(self, rec: list[Any]) -> None:
         """Count one finished record (a recorder listener: quick, never raises)."""
         ident = get_ident()
         mine = self._by_thread.get(ident)
         if mine is None:
             mine = self._by_thread[ident] = {}
-        acc = mine.get(rec.op)
+        acc = mine.get(rec[OP])
         if acc is None:
-            acc = mine[rec.op] = [rec.kind, 0, 0, 0, 0]
-        nbytes = rec.nbytes
+            acc = mine[rec[OP]] = [rec[KIND], 0, 0, 0, 0]
+        nbytes = rec[NBYTES]
         if nbytes < 0:
-            call = rec.call
+            call = rec[CALL]
             nbytes = call.nbytes if call is not None and call.nbytes > 0 else 0
         acc[1] += 1
         acc[3] += nbytes
-        if rec.started:
-            acc[4] += rec.finished - rec.started
-        if rec.error:
+        if rec[STARTED]:
+            acc[4] += rec[FINISHED] - rec[STARTED]
+        if rec[ERROR]:
             acc[2] += 1
 
     def ops(self) -> dict[str, dict[str, Any]]:

@@ -122,7 +122,7 @@ class Tracer:
             self.first_drop_ns = _now()
         self.dropped += 1
 
-    def _on_record(self, rec: Record) -> None:
+    def _on_record(self, rec: list[Any]) -> None:
         """The recorder's listener (on only while tracing): keep the finished record, with
         the thread that ran it. The hot path of tracing, hence written out flat."""
         items = self._items
@@ -192,7 +192,7 @@ class Tracer:
         for item in items:
             tid, kind = item[0], item[1]
             if kind == _RECORD:
-                out.extend(record_events(item[2], pid, tid, clock, sites))
+                out.extend(record_events(Record(item[2]), pid, tid, clock, sites))
                 continue
             _, _, cat, name, start, end, args = item
             event: dict[str, Any] = {"name": name, "cat": cat, "pid": pid, "tid": tid,

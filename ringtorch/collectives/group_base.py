@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ringtorch._errors import DistBackendError
-from ringtorch._observe.recorder import COLLECTIVE, RECORDER
+from ringtorch._observe.recorder import COLLECTIVE, RECORDER, SEQ, STARTED
 from ringtorch.collectives import profiling
 from ringtorch.collectives.backends.base import Backend
 from ringtorch.collectives.call import CollectiveCall, facade_call
@@ -172,12 +172,12 @@ class GroupBase:
         def run(work: Work) -> Any:
             rec = work.record
             if rec is not None:  # the backend attaches its call to the record of this seq
-                rec.seq = work.seq
+                rec[SEQ] = work.seq
                 backend = self._backend
                 if backend is not None:
                     backend.record = rec
                 # the record's start stamp, just taken (same clock): spares a clock read
-                deadline = rec.started * 1e-9 + seconds
+                deadline = rec[STARTED] * 1e-9 + seconds
             else:
                 deadline = time.monotonic() + seconds
             if check is not None:

@@ -143,10 +143,10 @@ class P2POps(GroupBase):
         work = Work(op_name, -1, run, outputs, self._group_name)
         if RECORDER.on:
             # the public entry point (dist.send, ...) is four frames up: it calls a helper
-            rec = work.record = RECORDER.record(P2P, self._group_name, op_name, hint=4)
-            rec.peer = -1 if key[1] is None else key[1]
-            rec.nbytes = outputs[0].numel() * outputs[0].element_size()
-            rec.detail = f"tag {key[2]}"
+            work.record = RECORDER.record(P2P, self._group_name, op_name, 4,
+                                          -1 if key[1] is None else key[1],
+                                          outputs[0].numel() * outputs[0].element_size(),
+                                          f"tag {key[2]}")
         if profiling.profiler_on():
             work.profile = profiling.begin(self._backend_name, op_name, self._profile_id(),
                                            outputs, outputs, peer=-1 if key[1] is None else key[1])

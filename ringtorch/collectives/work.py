@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ringtorch._errors import DistBackendError
-from ringtorch._observe.recorder import RECORDER, Record
+from ringtorch._observe.recorder import FINISHED, RECORDER, STARTED, failed
 from ringtorch.collectives import profiling
 
 _now = time.monotonic_ns
@@ -39,7 +39,7 @@ class Work:
     profile: Any = None
     # Its flight-recorder record, set by the group when the recorder is on (the class
     # default, None, when it is off: the group's store is then the only one).
-    record: Record | None = None
+    record: list[Any] | None = None
 
     def __init__(self, op_name: str, seq: int, run: Callable[[Work], Any] | None,
                  outputs: list[torch.Tensor] | None = None, group_name: str = "") -> None:
@@ -75,7 +75,7 @@ class Work:
         source rank of a receive."""
         rec = self.record
         if rec is not None:
-            rec.started = _now()
+            rec[STARTED] = _now()
         try:
             result = self._run_fn(self) if self._run_fn is not None else None
             if isinstance(result, int):
@@ -101,10 +101,12 @@ class Work:
             self._done = True
             event, future = self._event, self._future
         rec = self.record
-        if rec is not None:
-            rec.finished = _now()
-            if exc is not None or RECORDER.listeners:
-                RECORDER.closed(rec, exc)
+        if rec is not None:  # the recorder's finished(), written out: one call fewer
+            if exc is not None:
+                failed(rec, exc)
+            rec[FINISHED] = _now()
+            if RECORDER.listeners:
+                RECORDER.tell(rec)
         if self.profile is not None:
             profiling.end(self.profile)
         if event is not None:

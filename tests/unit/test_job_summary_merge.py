@@ -12,19 +12,19 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from ringtorch import _config
-from ringtorch._observe.recorder import Record
+from ringtorch._observe.recorder import CALL, ERROR, FINISHED, NBYTES, STARTED, FlightRecorder
 from ringtorch._observe.summary import format_summary, read_summaries, stragglers
 from ringtorch._observe.totals import Totals
 
 
 def _record(kind: str, op: str, started: int, finished: int, nbytes: int = -1,
-            call_bytes: int | None = None, error: str = "") -> Record:
-    rec = Record(kind, "0", op, None, 0)
-    rec.started, rec.finished, rec.nbytes = started, finished, nbytes
+            call_bytes: int | None = None, error: str = "") -> list:
+    rec = FlightRecorder(4).record(kind, "0", op)
+    rec[STARTED], rec[FINISHED], rec[NBYTES] = started, finished, nbytes
     if call_bytes is not None:
-        rec.call = SimpleNamespace(nbytes=call_bytes)
+        rec[CALL] = SimpleNamespace(nbytes=call_bytes)
     if error:
-        rec.error = error
+        rec[ERROR] = error
     return rec
 
 

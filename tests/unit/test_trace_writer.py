@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 
 from ringtorch import _config
 from ringtorch._observe import clock, trace_merge
-from ringtorch._observe.recorder import COLLECTIVE, RECORDER
+from ringtorch._observe.recorder import COLLECTIVE, RECORDER, STARTED
 from ringtorch._observe.trace import TRACER, Clock, Tracer
 from ringtorch.launcher import trace_merge as launcher_trace
 from ringtorch.launcher.config import LaunchConfig
@@ -31,7 +32,7 @@ def tracer(tmp_path: Path) -> Iterator[Tracer]:
 
 def _finish_one(op: str) -> None:
     rec = RECORDER.record(COLLECTIVE, "0", op)
-    rec.start()
+    rec[STARTED] = time.monotonic_ns()
     RECORDER.finished(rec, None)
 
 

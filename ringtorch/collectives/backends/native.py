@@ -30,6 +30,7 @@ from ringtorch import _config
 from ringtorch._buffers import as_bytes, typed_view
 from ringtorch._errors import DistBackendError, PeerLostError
 from ringtorch._observe.hang_ask import HANG
+from ringtorch._observe.recorder import CALL, ROUTE, SEQ, STARTED
 from ringtorch._wire import mailbox as mb
 from ringtorch._wire.errors import DeadlineExceeded, PeerClosedError, PeerUnreachableError
 from ringtorch._wire.mesh import FrameMismatch, PeerMesh
@@ -197,13 +198,16 @@ class NativeBackend(Backend):
         object per call."""
         if self._closed or self.abort_state.cause is not None:
             self._check_usable(self._words.what(call))
-        rec = self.record
-        if rec is not None and rec.seq == call.seq and rec.call is None:
-            rec.call, rec.route = call, self
         board = self._board
+        rec = self.record
+        if rec is not None and rec[SEQ] == call.seq and rec[CALL] is None:
+            rec[CALL] = call
+            rec[ROUTE] = self
+            board.start = rec[STARTED] * 1e-9  # its start stamp, just taken (same clock)
+        else:
+            board.start = time.monotonic()
         board.call = call
         board.running = True
-        board.start = time.monotonic()
         board.warn_after = _config.STALL_WARNING_S.get()
         return self
 

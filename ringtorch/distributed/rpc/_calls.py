@@ -16,7 +16,7 @@ import torch
 from torch._C._autograd import _profiler_enabled as profiler_on
 from torch._C._profiler import _RecordFunctionFast
 
-from ringtorch._observe.recorder import RECORDER, RPC, Record
+from ringtorch._observe.recorder import ENQUEUED, RECORDER, RPC, STARTED
 from ringtorch.distributed.rpc import messages
 from ringtorch.distributed.rpc._interfaces import Agent, RunningAgent
 from ringtorch.distributed.rpc._state import STATE, current_agent
@@ -71,7 +71,7 @@ def prepare(to: Any, func: Any, timeout: float) -> tuple[RunningAgent, WorkerInf
 
 
 def record(agent: RunningAgent, op: str, dst: WorkerInfo, func: Any,
-           hint: int = 3) -> Record | None:
+           hint: int = 3) -> list[Any] | None:
     """The flight recorder's record of a call the user is making (None when it is off).
 
     ``hint``: FlightRecorder.record's, counting this function as 1 and the public entry
@@ -79,10 +79,9 @@ def record(agent: RunningAgent, op: str, dst: WorkerInfo, func: Any,
     without walking the stack."""
     if not RECORDER.on:
         return None
-    rec = RECORDER.record(RPC, agent.get_worker_info().name, op, hint)
-    rec.peer = dst.name
-    rec.detail = function_name(func)
-    rec.start()
+    rec = RECORDER.record(RPC, agent.get_worker_info().name, op, hint, dst.name, -1,
+                          function_name(func))
+    rec[STARTED] = rec[ENQUEUED]  # a call is under way as soon as it is issued
     return rec
 
 
@@ -93,7 +92,7 @@ def function_name(func: Any) -> str:
     return f"{module}.{name}" if module else name
 
 
-def finish_on(future: Future[Any], rec: Record | None) -> None:
+def finish_on(future: Future[Any], rec: list[Any] | None) -> None:
     """Stamp ``rec`` finished when ``future`` completes.
 
     The stamp is registered as torch's plain callback, not through Future.add_done_callback,
