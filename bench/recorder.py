@@ -10,8 +10,9 @@ change of load on a shared machine hits them alike, each reported as the median 
 repeats:
 
 1. The 1 KB all_reduce at world 2, over shared memory and over sockets (RINGTORCH_SHM=0):
-   with the recorder off (as RINGTORCH_FLIGHT_RECORDER=0 leaves it) and on by default as
-   under ringrun (the recorder and the summary's running totals, which count only where
+   with the recorder off (as RINGTORCH_FLIGHT_RECORDER=0 leaves it), with its ring only
+   (the flight recorder alone: what a job outside ringrun gets), and on by default as
+   under ringrun (the ring and the summary's running totals, which count only where
    ringrun's RINGTORCH_OBSERVE_DIR is set), and in a job started with tracing on
    (RINGTORCH_TRACE=<a temporary folder>) when this ringtorch has that knob ("not available"
    otherwise). Each job is a fresh pair of processes that switch the recorder off and on in
@@ -19,11 +20,11 @@ repeats:
    before each block); rank 0 keeps the median block's wall time per call of each mode.
 2. The cost per record, in one process: the world-1 all_reduce (no peer to wait for, so the
    recorder's share is as large as it can be; it runs on the calling thread) with the
-   recorder off, with its ring only, and by default (the ring and the listeners the process
-   installed: the summary's totals), switched in place between blocks, timed by the calling
+   recorder off, with its ring only, and by default (the ring and the summary's totals, as
+   the process set them up), switched in place between blocks, timed by the calling
    thread's CPU clock (``time.thread_time``), which other processes on the same cores do not
-   advance: the per-record cost stays measurable on a loaded machine. Then the listeners
-   alone (what finishing a record costs with and without them, in a tight loop).
+   advance: the per-record cost stays measurable on a loaded machine. Then the summary's
+   totals alone (records issued and finished in a tight loop, counted and not).
 
 The goals: under 1 µs per operation, and under 5% of a 1 KB all_reduce.
 """
@@ -81,14 +82,24 @@ def _time_blocks(fn: Any, iters: int, blocks: int, before: Any = None,
     return times
 
 
-def _switch(mode: str, capacity: int, listeners: list[Any]) -> None:
-    """Recorder off (what RINGTORCH_FLIGHT_RECORDER=0 does at start-up: nothing is recorded,
-    no listener runs), its ring only, or as the process started (``on``: the ring and the
-    listeners it installed: the summary's totals, and the trace writer when tracing)."""
+def _installed() -> tuple[int, list[Any], Any]:
+    """What the process set the recorder up with: (capacity, listeners, counter)."""
     from ringtorch._observe.recorder import RECORDER
 
+    return RECORDER.capacity or 2000, list(RECORDER.listeners), RECORDER.counter
+
+
+def _switch(mode: str, installed: tuple[int, list[Any], Any]) -> None:
+    """Recorder off (what RINGTORCH_FLIGHT_RECORDER=0 does at start-up: nothing is recorded,
+    nothing listens or counts), its ring only, or as the process started (``on``: the ring,
+    and the counter and listeners it installed: the summary's totals, and the trace writer
+    when tracing)."""
+    from ringtorch._observe.recorder import RECORDER
+
+    capacity, listeners, counter = installed
     RECORDER.configure(0 if mode == "off" else capacity)
     RECORDER.listeners[:] = [] if mode == "ring" else listeners
+    RECORDER.count_with(None if mode == "ring" else counter)
 
 
 def _busy(rounds: int) -> int:
@@ -119,10 +130,9 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     import ringtorch.distributed as dist
-    from ringtorch._observe.recorder import RECORDER
 
     dist.init_process_group("gloo")
-    capacity, listeners = RECORDER.capacity, list(RECORDER.listeners)
+    installed = _installed()
     tensor = torch.ones(ELEMENTS)
     rounds = _calibrated(1e-6)
     for _ in range(args.warmup):
@@ -132,21 +142,23 @@ def worker(args: argparse.Namespace) -> None:
         _busy(rounds)
         dist.all_reduce(tensor)
 
-    calls = {"off": lambda: dist.all_reduce(tensor), "on": lambda: dist.all_reduce(tensor),
-             "work": with_work}
+    def plain() -> None:
+        dist.all_reduce(tensor)
+
+    calls = {"off": plain, "ring": plain, "on": plain, "work": with_work}
     times: dict[str, list[float]] = {mode: [] for mode in calls}
     for block in range(args.blocks):
-        for mode in ("off", "on", "work")[::1 if block % 2 == 0 else -1]:  # no order bias
-            _switch("off" if mode == "work" else mode, capacity, listeners)
+        for mode in list(calls)[::1 if block % 2 == 0 else -1]:  # no order bias
+            _switch("off" if mode == "work" else mode, installed)
             times[mode] += _time_blocks(calls[mode], args.iters, 1, before=dist.barrier)
-    _switch("on", capacity, listeners)
+    _switch("on", installed)
     if dist.get_rank() == 0:
         Path(args.worker_out).write_text(json.dumps(times))
     dist.destroy_process_group()
 
 
 def run_job(env_extra: dict[str, str], args: argparse.Namespace) -> dict[str, float]:
-    """Median seconds per 1 KB all_reduce of one fresh world-2 job, recorder off and on."""
+    """Median seconds per 1 KB all_reduce of one fresh world-2 job in each mode."""
     with tempfile.TemporaryDirectory(prefix="bench_recorder_") as tmp:
         out = os.path.join(tmp, "times.json")
         port = _free_port()
@@ -172,11 +184,10 @@ def run_job(env_extra: dict[str, str], args: argparse.Namespace) -> dict[str, fl
 
 
 def per_record(args: argparse.Namespace) -> dict[str, float]:
-    """Nanoseconds per world-1 all_reduce: recorder off, ring only, default (ring + listeners)."""
+    """Nanoseconds per world-1 all_reduce: recorder off, ring only, default (ring + counter)."""
     import torch
 
     import ringtorch.distributed as dist
-    from ringtorch._observe.recorder import RECORDER
 
     os.environ.pop("RINGTORCH_FLIGHT_RECORDER", None)
     os.environ.pop("RINGTORCH_TRACE", None)
@@ -185,38 +196,41 @@ def per_record(args: argparse.Namespace) -> dict[str, float]:
     atexit.register(shutil.rmtree, observe, True)
     os.environ["RINGTORCH_OBSERVE_DIR"] = observe
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    capacity = RECORDER.capacity or 2000
-    listeners = list(RECORDER.listeners)  # what init_process_group installed
+    installed = _installed()  # what init_process_group set up
     tensor = torch.ones(ELEMENTS)
     samples: dict[str, list[float]] = {"off": [], "ring": [], "on": []}
     for _ in range(args.warmup):
         dist.all_reduce(tensor)
     for block in range(args.repeats * 10):
         for mode in ("off", "ring", "on")[::1 if block % 2 == 0 else -1]:
-            _switch(mode, capacity, listeners)
+            _switch(mode, installed)
             samples[mode] += _time_blocks(lambda: dist.all_reduce(tensor), args.iters, 1,
                                           clock=time.thread_time)
-    _switch("on", capacity, listeners)
+    _switch("on", installed)
     dist.destroy_process_group()
     found = {f"{mode}_ns": statistics.median(v) * 1e9 for mode, v in samples.items()}
-    found["listeners_ns"] = _listeners_alone(listeners, args) * 1e9
+    found["counting_ns"] = _counting_alone(args) * 1e9
     return found
 
 
-def _listeners_alone(listeners: list[Any], args: argparse.Namespace) -> float:
-    """CPU seconds the listeners add to finishing one record (a completed all_reduce's record
-    finished again and again, with and without them, alternating)."""
-    from ringtorch._observe.recorder import COLLECTIVE, STARTED, FlightRecorder
+def _counting_alone(args: argparse.Namespace) -> float:
+    """CPU seconds the summary's totals add to one record: records issued and finished in a
+    tight loop, with and without a Totals counting them, alternating."""
+    from ringtorch._observe.recorder import COLLECTIVE, FINISHED, STARTED, FlightRecorder
+    from ringtorch._observe.totals import Totals
 
-    recorder = FlightRecorder(16)
-    rec = recorder.record(COLLECTIVE, "0", "allreduce")
-    rec[STARTED] = time.monotonic_ns()
+    recorder = FlightRecorder(2000)
+    totals = Totals(recorder)
+
+    def one() -> None:
+        rec = recorder.record(COLLECTIVE, "0", "allreduce", 0, -1, 1024)
+        rec[STARTED] = rec[FINISHED] = 1
+
     samples: dict[bool, list[float]] = {False: [], True: []}
     for block in range(args.repeats * 10):
         for on in (False, True) if block % 2 == 0 else (True, False):
-            recorder.listeners[:] = listeners if on else []
-            samples[on] += _time_blocks(lambda: recorder.finished(rec, None), args.iters * 10,
-                                        1, clock=time.thread_time)
+            recorder.count_with(totals.add_all if on else None)
+            samples[on] += _time_blocks(one, args.iters * 10, 1, clock=time.thread_time)
     return statistics.median(samples[True]) - statistics.median(samples[False])
 
 
@@ -254,15 +268,16 @@ def main() -> None:
     print(f"1 KB all_reduce at world 2, recorder off and on in alternate blocks of {args.iters} "
           f"calls ({args.blocks} each per job), median over {args.repeats} job(s) each; "
           f"tracing: {'RINGTORCH_TRACE' if tracing else 'not available in this ringtorch'}")
-    print("| transport | off µs | default µs | default / off | cost per op ns "
-          "| 1 µs of CPU costs ns | tracing off µs | tracing on µs | tracing / off |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| transport | off µs | ring only µs | ring / off | default µs | default / off "
+          "| cost per op ns | 1 µs of CPU costs ns | tracing off µs | tracing on µs "
+          "| tracing / off |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for transport in TRANSPORTS:
         med = {(job, mode): statistics.median(r[mode] for r in samples[transport][job])
-               for job in jobs for mode in ("off", "on", "work")}
-        off, on = med[("default", "off")], med[("default", "on")]
-        row = {"transport": transport, "off_us": off * 1e6, "default_us": on * 1e6,
-               "work_us": med[("default", "work")] * 1e6,
+               for job in jobs for mode in ("off", "ring", "on", "work")}
+        off, ring, on = (med[("default", mode)] for mode in ("off", "ring", "on"))
+        row = {"transport": transport, "off_us": off * 1e6, "ring_us": ring * 1e6,
+               "default_us": on * 1e6, "work_us": med[("default", "work")] * 1e6,
                "trace_off_us": med[("trace", "off")] * 1e6 if tracing else None,
                "trace_us": med[("trace", "on")] * 1e6 if tracing else None}
         rows.append(row)
@@ -271,7 +286,8 @@ def main() -> None:
                            f"{row['trace_us'] / row['trace_off_us']:.3f}")
         else:
             trace_cells = "not available | not available | not available"
-        print(f"| {transport} | {off * 1e6:.1f} | {on * 1e6:.1f} | {on / off:.3f} | "
+        print(f"| {transport} | {off * 1e6:.1f} | {ring * 1e6:.1f} | {ring / off:.3f} "
+              f"| {on * 1e6:.1f} | {on / off:.3f} | "
               f"{(on - off) * 1e9:.0f} | {(row['work_us'] - row['off_us']) * 1e3:.0f} "
               f"| {trace_cells} |")
     print(f"\nper record, world 1 all_reduce in one process (CPU time of the calling thread), "
@@ -279,12 +295,13 @@ def main() -> None:
     print(f"  off {record['off_ns']:.0f} ns, ring only {record['ring_ns']:.0f} ns "
           f"(+{record['ring_ns'] - record['off_ns']:.0f} ns), default (ring + summary totals) "
           f"{record['on_ns']:.0f} ns (+{record['on_ns'] - record['off_ns']:.0f} ns); the "
-          f"listeners alone (the summary's totals) {record['listeners_ns']:.0f} ns per record")
+          f"summary's totals alone {record['counting_ns']:.0f} ns per record")
     print(f"load average at the end: {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)")
     # results: {"repeats", "iters", "blocks", "tracing": bool, "rows": [{"transport",
-    # "off_us", "default_us", "work_us" (off, plus 1 µs of the caller's own CPU per call),
+    # "off_us", "ring_us", "default_us", "work_us" (off, plus 1 µs of the caller's own CPU
+    # per call),
     # "trace_off_us", "trace_us" (None: not available)}],
-    # "per_record": {"off_ns", "ring_ns", "on_ns", "listeners_ns"}}
+    # "per_record": {"off_ns", "ring_ns", "on_ns", "counting_ns"}}
     recorder.write(args.json, {"repeats": args.repeats, "iters": args.iters,
                                "blocks": args.blocks, "tracing": tracing, "rows": rows,
                                "per_record": record})

@@ -22,7 +22,9 @@ import itertools
 import os
 import socket
 import sys
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from operator import itemgetter
 from typing import Any
@@ -33,6 +35,9 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _now = time.monotonic_ns
 # How many codes' verified call sites the recorder remembers (see FlightRecorder._walk).
 _VERIFIED_MAX = 1024
+# How many records issued between two hand-overs to the counter (see FlightRecorder.count_with):
+# few enough that the records handed over are still in the processor's caches.
+FOLD_EVERY = 64
 
 # What a record is about.
 COLLECTIVE = "collective"
@@ -153,14 +158,23 @@ class FlightRecorder:
     """The ring of the last ``capacity`` records (0: recording is off).
 
     ``listeners`` are called with each record as it finishes (the timeline's writer is one);
-    they run on the operation's thread, so they must be quick and must not raise.
+    they run on the operation's thread, so they must be quick and must not raise. A counter
+    (``count_with``: the summary's totals) gets the finished records in batches instead.
     """
 
     def __init__(self, capacity: int | None = None) -> None:
         self._settled = capacity is not None
+        self.listeners: list[Callable[[list[Any]], None]] = []
+        self._count: Callable[[list[list[Any]]], None] | None = None
+        # Held while records are handed over; a snapshot of the counts holds it too.
+        self.count_lock = threading.RLock()
+        # The records issued since the last hand-over (None: nothing counts). A deque: its
+        # appends and pops are atomic, so records issued on several threads are all kept.
+        self._issued: deque[list[Any]] | None = None
+        self._late: list[list[Any]] = []  # handed over unfinished: counted when finished
+        self._count_at = 0  # the id whose issue hands the ones before it over
         self.configure(_config.FLIGHT_RECORDER.get() if capacity is None else capacity)
         self._settled = capacity is not None
-        self.listeners: list[Callable[[list[Any]], None]] = []
 
     def settle(self) -> None:
         """Read the capacity knob again, once: a process may have been made (forked from a
@@ -177,10 +191,12 @@ class FlightRecorder:
         if capacity < 0:
             raise ValueError(f"the flight recorder's capacity must be >= 0, got {capacity}")
         self._settled = True
-        self.capacity = capacity
-        self.on = capacity > 0
-        self._ring: list[list[Any] | None] = [None] * capacity
-        self._ids = itertools.count()
+        with self.count_lock:
+            self._count_at = FOLD_EVERY
+            self.capacity = capacity
+            self.on = capacity > 0
+            self._ring: list[list[Any] | None] = [None] * capacity
+            self._ids = itertools.count()
         # Call sites found by a full walk (see _walk); they hold their code objects, so an
         # id here is never one of a code object that has since been freed.
         self._verified: dict[int, tuple[Any, set[int]]] = {}
@@ -218,6 +234,11 @@ class FlightRecorder:
         ring = self._ring  # one read: a concurrent configure() swaps the whole ring
         if ring:
             ring[n % len(ring)] = entry
+        issued = self._issued
+        if issued is not None:  # counted (the summary's totals): see count_with
+            issued.append(entry)
+            if n >= self._count_at:
+                self._count_due(n)
         return entry
 
     def _walk(self, hint: int) -> tuple[Any, int]:
@@ -253,6 +274,65 @@ class FlightRecorder:
             known[1].add(lasti)
             self._last_site = (code, lasti)
         return code, lasti
+
+    def count_with(self, count: Callable[[list[list[Any]]], None] | None) -> None:
+        """Hand every finished record, once, to ``count`` (None: stop): the summary's totals.
+
+        Why batches and not a listener: a call per record on the operation's path costs
+        more than the counting itself. So each record is also appended to a queue as it is
+        issued, and every ``FOLD_EVERY`` records the thread that issued the last of them
+        hands the queue over, in one call, while its records are still in the caches. One
+        still running is kept aside and handed over once finished (a record has finished
+        when it has its finish stamp, stamped after its error). ``uncounted`` gives what
+        has finished since, for a snapshot. ``count`` is called holding ``count_lock``,
+        never on two threads at once.
+        """
+        with self.count_lock:
+            if self._issued is not None:
+                self._hand_over()
+            self._count = count
+            self._late = []
+            self._issued = deque() if count is not None else None
+
+    @property
+    def counter(self) -> Callable[[list[list[Any]]], None] | None:
+        """What ``count_with`` installed (None: nothing counts)."""
+        return self._count
+
+    def _count_due(self, n: int) -> None:
+        """Hand the records issued so far over to the counter (``record`` calls it every
+        ``FOLD_EVERY`` records)."""
+        with self.count_lock:
+            if n >= self._count_at:  # not done meanwhile by another thread
+                self._count_at = n + FOLD_EVERY
+                self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Give the counter the finished records issued so far and not yet given (the count
+        lock held); keep the unfinished ones aside."""
+        count, issued = self._count, self._issued
+        if count is None or issued is None:
+            return
+        done, late = [], []
+        for entry in self._late:
+            (done if entry[FINISHED] else late).append(entry)
+        take = issued.popleft  # only here, under the lock: the queue holds len() or more
+        for _ in range(len(issued)):
+            entry = take()
+            (done if entry[FINISHED] else late).append(entry)
+        self._late = late
+        if done:
+            try:
+                count(done)
+            except Exception:  # counting must never break the operation
+                pass
+
+    def uncounted(self) -> list[list[Any]]:
+        """The finished records not yet handed to the counter (for a snapshot: the totals
+        are what was handed over plus these)."""
+        with self.count_lock:
+            waiting = list(self._issued or ())  # a copy made in one step: appends may go on
+            return [entry for entry in self._late + waiting if entry[FINISHED]]
 
     def finished(self, entry: list[Any], error: BaseException | None) -> None:
         """Keep ``error`` (if any), stamp the record finished and tell the listeners; never

@@ -4,9 +4,10 @@ The flight recorder's ring forgets: a long job overwrites it many times. The sum
 the whole job, so each rank keeps, beside the ring, one small accumulator per operation
 ("allreduce", "send", "rpc_sync", ...): how many calls, how many failed, the bytes they
 carried and the nanoseconds spent inside them (from the start stamp to the finish stamp).
-:meth:`Totals.add` is a listener of the recorder, run as each record finishes; it costs two
-dictionary look-ups and a few additions (``bench/recorder.py`` measures it), so it does not
-depend on the ring's capacity and stays cheap for any length of job.
+:meth:`Totals.add_all` gets the finished records from the recorder in batches (see
+``FlightRecorder.count_with``), a dictionary look-up and a few additions each
+(``bench/recorder.py`` measures it), so it does not depend on the ring's capacity and stays
+cheap for any length of job.
 
 Time inside a collective is the rank's wait for its last peer plus the transfer itself; the
 transfer is about the same on every rank, so the rank that spends the least time inside a
@@ -28,7 +29,6 @@ import os
 import socket
 import threading
 import time
-from threading import get_ident
 from typing import Any
 
 from ringtorch import _config
@@ -42,6 +42,7 @@ from ringtorch._observe.recorder import (
     OP,
     RECORDER,
     STARTED,
+    FlightRecorder,
     env_int,
 )
 
@@ -57,70 +58,74 @@ class Totals:
     """Per-operation totals of this process: for each op, its kind, calls, failed calls,
     bytes and nanoseconds inside."""
 
-    def __init__(self) -> None:
-        # Records finish on several threads (the caller's, a group's lane, p2p lanes, RPC
-        # callbacks). Each thread adds only to its own table ({op: [kind, calls, failed,
-        # bytes, ns]}), so no count is lost and no lock is taken; a snapshot sums them.
-        self._by_thread: dict[int, dict[str, list[Any]]] = {}
+    def __init__(self, recorder: FlightRecorder = RECORDER) -> None:
+        self._recorder = recorder
+        # {op: [kind, calls, failed, bytes, ns]}: added to only by add_all, which the
+        # recorder calls under its lock (never on two threads at once).
+        self._table: dict[str, list[Any]] = {}
         self.rank = -1
+        self._counting = False
         self._installed = False
         self._exit_hooked = False
         self.started_ns = time.time_ns()
 
-    def add(self, rec: list[Any]) -> None:
-        """Count one finished record (a recorder listener: quick, never raises)."""
-        ident = get_ident()
-        mine = self._by_thread.get(ident)
-        if mine is None:
-            mine = self._by_thread[ident] = {}
-        acc = mine.get(rec[OP])
-        if acc is None:
-            acc = mine[rec[OP]] = [rec[KIND], 0, 0, 0, 0]
-        nbytes = rec[NBYTES]
-        if nbytes < 0:
-            call = rec[CALL]
-            nbytes = call.nbytes if call is not None and call.nbytes > 0 else 0
-        acc[1] += 1
-        acc[3] += nbytes
-        if rec[STARTED]:
-            acc[4] += rec[FINISHED] - rec[STARTED]
-        if rec[ERROR]:
-            acc[2] += 1
+    def add_all(self, records: list[list[Any]]) -> None:
+        """Count finished records (the recorder hands them over in batches: see
+        ``FlightRecorder.count_with``; quick, never raises)."""
+        self._add_to(self._table, records)
+
+    @staticmethod
+    def _add_to(table: dict[str, list[Any]], records: list[list[Any]]) -> None:
+        for rec in records:
+            acc = table.get(rec[OP])
+            if acc is None:
+                acc = table[rec[OP]] = [rec[KIND], 0, 0, 0, 0]
+            nbytes = rec[NBYTES]
+            if nbytes < 0:
+                call = rec[CALL]
+                nbytes = call.nbytes if call is not None and call.nbytes > 0 else 0
+            acc[1] += 1
+            acc[3] += nbytes
+            if rec[STARTED]:
+                acc[4] += rec[FINISHED] - rec[STARTED]
+            if rec[ERROR]:
+                acc[2] += 1
 
     def ops(self) -> dict[str, dict[str, Any]]:
-        """The totals so far, summed over threads: ``{op: {kind, calls, failed, bytes,
-        time_ns}}`` (a table being added to while read is read as it stands)."""
-        out: dict[str, dict[str, Any]] = {}
-        for table in list(self._by_thread.values()):
-            for op, acc in list(table.items()):
-                kind, calls, failed, nbytes, spent = acc
-                entry = out.setdefault(op, {"kind": kind, "calls": 0, "failed": 0,
-                                            "bytes": 0, "time_ns": 0})
-                entry["calls"] += calls
-                entry["failed"] += failed
-                entry["bytes"] += nbytes
-                entry["time_ns"] += spent
-        return out
+        """The totals so far: ``{op: {kind, calls, failed, bytes, time_ns}}``: those handed
+        over, and the records finished since (asked of the recorder)."""
+        with self._recorder.count_lock:  # no hand-over meanwhile: each record counts once
+            table = {op: list(acc) for op, acc in self._table.items()}
+            if self._counting:
+                self._add_to(table, self._recorder.uncounted())
+        return {op: {"kind": kind, "calls": calls, "failed": failed, "bytes": nbytes,
+                     "time_ns": spent}
+                for op, (kind, calls, failed, nbytes, spent) in table.items()}
 
     def snapshot(self) -> dict[str, Any]:
         """The totals as JSON data (the ``summary-<rank>.json`` format, docs/observability.md)."""
         return {"format": FORMAT, "version": VERSION, "rank": self.rank,
                 "world_size": env_int("WORLD_SIZE"), "local_rank": env_int("LOCAL_RANK"),
                 "host": socket.gethostname(), "pid": os.getpid(),
-                "recording": RECORDER.on, "started_ns": self.started_ns,
+                "recording": self._recorder.on, "started_ns": self.started_ns,
                 "written_ns": time.time_ns(), "ops": self.ops()}
+
+    def start_counting(self) -> None:
+        """Count every operation the recorder records from now on."""
+        self._counting = True
+        self._recorder.count_with(self.add_all)
 
     def install(self, rank: int) -> None:
         """When ringrun asked for it (``RINGTORCH_OBSERVE_DIR``), count this process's
         operations from now on (once) and write them at exit. Outside ringrun nobody prints
-        the summary, so nothing is counted (an operation is cheaper without a listener)."""
+        the summary, so nothing is counted (an operation is cheaper without a counter)."""
         self.rank = rank
         if not _config.OBSERVE_DIR.get():
             return
         if not self._installed:
             self._installed = True
             self.started_ns = time.time_ns()
-            RECORDER.listeners.append(self.add)
+            self.start_counting()
         if not self._exit_hooked:
             self._exit_hooked = True
             atexit.register(self.write)
@@ -133,8 +138,7 @@ class Totals:
         last flush is what the summary shows of it."""
         written = -1
         while True:
-            calls = sum(acc[1] for table in list(self._by_thread.values())
-                        for acc in list(table.values()))
+            calls = sum(entry["calls"] for entry in self.ops().values())
             if calls != written:
                 written = calls
                 self.write()

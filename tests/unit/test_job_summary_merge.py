@@ -7,12 +7,21 @@ here the inputs are written out so that each expected number can be checked by h
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
 
 from ringtorch import _config
-from ringtorch._observe.recorder import CALL, ERROR, FINISHED, NBYTES, STARTED, FlightRecorder
+from ringtorch._observe.recorder import (
+    CALL,
+    ERROR,
+    FINISHED,
+    FOLD_EVERY,
+    NBYTES,
+    STARTED,
+    FlightRecorder,
+)
 from ringtorch._observe.summary import format_summary, read_summaries, stragglers
 from ringtorch._observe.totals import Totals
 
@@ -38,11 +47,11 @@ def _summary(rank: int, ops: dict[str, tuple[str, int, int, int]]) -> dict:
 
 def test_totals_count_calls_bytes_time_and_failures_per_operation() -> None:
     totals = Totals()
-    totals.add(_record("collective", "allreduce", 100, 400, call_bytes=1024))
-    totals.add(_record("collective", "allreduce", 1000, 1100, call_bytes=1024,
-                       error="DistBackendError: peer gone"))
-    totals.add(_record("p2p", "send", 10, 30, nbytes=800))
-    totals.add(_record("rpc", "rpc_sync", 5, 50))  # no size known: counts 0 bytes
+    totals.add_all([_record("collective", "allreduce", 100, 400, call_bytes=1024),
+                    _record("collective", "allreduce", 1000, 1100, call_bytes=1024,
+                            error="DistBackendError: peer gone"),
+                    _record("p2p", "send", 10, 30, nbytes=800),
+                    _record("rpc", "rpc_sync", 5, 50)])  # no size known: counts 0 bytes
     assert totals.ops() == {
         "allreduce": {"kind": "collective", "calls": 2, "failed": 1, "bytes": 2048,
                       "time_ns": 300 + 100},
@@ -50,29 +59,103 @@ def test_totals_count_calls_bytes_time_and_failures_per_operation() -> None:
         "rpc_sync": {"kind": "rpc", "calls": 1, "failed": 0, "bytes": 0, "time_ns": 45}}
 
 
-def test_totals_lose_no_count_when_threads_finish_operations_together() -> None:
-    totals = Totals()
-    rec = _record("collective", "allreduce", 1, 3, call_bytes=4)
-    start = threading.Barrier(4)
+def _issue(recorder: FlightRecorder, op: str = "send") -> list:
+    rec = recorder.record("p2p", "0", op, nbytes=8)
+    rec[STARTED] = 10
+    return rec
 
-    def hammer() -> None:
-        start.wait()
-        for _ in range(20_000):
-            totals.add(rec)
 
-    threads = [threading.Thread(target=hammer) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert totals.ops()["allreduce"] == {"kind": "collective", "calls": 80_000, "failed": 0,
-                                         "bytes": 4 * 80_000, "time_ns": 2 * 80_000}
+def _finish(rec: list, error: str = "") -> None:
+    """As an operation's path finishes its record: the error first, then the stamp."""
+    rec[ERROR] = error
+    rec[FINISHED] = 13
+
+
+def _calls(totals: Totals, op: str = "send") -> int:
+    return totals.ops().get(op, {}).get("calls", 0)
+
+
+def test_a_snapshot_counts_every_finished_record_once_before_and_after_its_hand_over() -> None:
+    recorder = FlightRecorder(256)
+    totals = Totals(recorder)
+    totals.start_counting()
+    first = [_issue(recorder) for _ in range(10)]  # fewer than one hand-over's worth
+    for rec in first[:7]:
+        _finish(rec)
+    assert _calls(totals) == 7
+    for rec in first[7:]:
+        _finish(rec)
+    assert _calls(totals) == 10
+    for _ in range(FOLD_EVERY * 3 + 5):  # several hand-overs
+        _finish(_issue(recorder))
+    assert totals.ops()["send"] == {"kind": "p2p", "calls": 10 + FOLD_EVERY * 3 + 5,
+                                    "failed": 0, "bytes": 8 * (10 + FOLD_EVERY * 3 + 5),
+                                    "time_ns": 3 * (10 + FOLD_EVERY * 3 + 5)}
+
+
+def test_a_record_still_running_at_its_hand_over_is_counted_when_it_finishes() -> None:
+    recorder = FlightRecorder(256)
+    totals = Totals(recorder)
+    totals.start_counting()
+    slow = _issue(recorder, "irecv")
+    for _ in range(FOLD_EVERY * 2):  # handed over twice while it runs
+        _finish(_issue(recorder))
+    assert _calls(totals, "irecv") == 0
+    _finish(slow, error="DistBackendError: peer gone")
+    assert totals.ops()["irecv"]["failed"] == 1
+    for _ in range(FOLD_EVERY * 2):
+        _finish(_issue(recorder))
+    assert _calls(totals, "irecv") == 1
+    assert _calls(totals) == FOLD_EVERY * 4
+
+
+def test_counts_survive_the_ring_being_reset() -> None:
+    recorder = FlightRecorder(256)
+    totals = Totals(recorder)
+    totals.start_counting()
+    for _ in range(10):
+        _finish(_issue(recorder))
+    recorder.configure(128)
+    for _ in range(FOLD_EVERY + 1):
+        _finish(_issue(recorder))
+    assert _calls(totals) == 10 + FOLD_EVERY + 1
+
+
+def test_totals_lose_no_count_when_threads_issue_and_finish_operations_together() -> None:
+    for _ in range(3):  # each round: the threads interleave differently
+        recorder = FlightRecorder(512)
+        totals = Totals(recorder)
+        totals.start_counting()
+        start = threading.Barrier(4)
+
+        def hammer(recorder: FlightRecorder = recorder, start: threading.Barrier = start) -> None:
+            start.wait()
+            running: list[list] = []
+            for _ in range(5_000):
+                running.append(_issue(recorder))
+                if len(running) > 20:  # some finish after their hand-over
+                    _finish(running.pop(0))
+            for rec in running:
+                _finish(rec)
+
+        threads = [threading.Thread(target=hammer) for _ in range(4)]
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)  # threads change often: some mid-way through a record
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            sys.setswitchinterval(switch)
+        assert totals.ops()["send"] == {"kind": "p2p", "calls": 20_000, "failed": 0,
+                                        "bytes": 8 * 20_000, "time_ns": 3 * 20_000}
 
 
 def test_totals_are_written_only_where_ringrun_asked(tmp_path: Path) -> None:
     totals = Totals()
     totals.rank = 3
-    totals.add(_record("collective", "barrier", 1, 8, call_bytes=0))
+    totals.add_all([_record("collective", "barrier", 1, 8, call_bytes=0)])
     with _config.override(OBSERVE_DIR=""):
         assert totals.write() is None
     with _config.override(OBSERVE_DIR=str(tmp_path)):
