@@ -33,6 +33,7 @@ from ringtorch import _config
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _now = time.monotonic_ns
+_getframe = sys._getframe
 # How many codes' verified call sites the recorder remembers (see FlightRecorder._walk).
 _VERIFIED_MAX = 1024
 # How many records issued between two hand-overs to the counter (see FlightRecorder.count_with):
@@ -217,7 +218,7 @@ class FlightRecorder:
         The line is looked up from the instruction offset only when dumped.
         """
         try:  # the frame hint + 1 above the caller: the user's, if this is a known site
-            frame: Any = sys._getframe(hint + 1)
+            frame: Any = _getframe(hint + 1)
             code, lasti = frame.f_code, frame.f_lasti
             last = self._last_site  # one read: threads replace the pair whole
             if last[0] is not code or last[1] != lasti:

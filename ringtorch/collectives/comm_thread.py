@@ -152,7 +152,7 @@ class Lane:
                 self._start_locked()
         if run_here:
             try:
-                work.run()
+                work.run(True)
             finally:
                 with self._lock:
                     self._busy = False
