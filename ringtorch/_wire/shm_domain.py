@@ -209,7 +209,10 @@ class ShmDomain:
         self.on_failure: Callable[[str], None] | None = None
         self._failure: str | None = None
         self._op_start = 0.0
-        self._warn_after = 0.0  # the next stall warning, in seconds since _op_start
+        # The next stall warning, in seconds since _op_start; < 0: RINGTORCH_STALL_WARNING_S
+        # not read yet (it is read on first need: reading the environment on every
+        # collective would cost more than its whole bookkeeping).
+        self._warn_after = -1.0
         self._stats = {"collectives": 0, "entered": 0, "finished": 0, "slept": 0}
         self._current: Desc | None = None
         self._waiting_on: int | None = None
@@ -239,7 +242,7 @@ class ShmDomain:
         """
         t = self.round + 1
         self._op_start = time.monotonic()
-        self._warn_after = _config.STALL_WARNING_S.get()
+        self._warn_after = -1.0
         self._current = desc
         self._stats["collectives"] += 1
         self._write_desc(W_ROUND_DESC[t & 1], desc)
@@ -367,6 +370,8 @@ class ShmDomain:
                 self._explained_by_sockets(desc)
                 self._fail(self.reports.peer_died(desc, me, name, self.words[j][W_PID]), [name])
         waited = now - self._op_start
+        if late and self._warn_after < 0:
+            self._warn_after = _config.STALL_WARNING_S.get()
         if late and (now > deadline or waited >= self._warn_after):
             where = [self.reports.where(self._name(j), self._read_desc(j, W_NOW)) for j in late]
             names = [self._name(j) for j in late]

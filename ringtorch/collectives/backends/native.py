@@ -208,7 +208,7 @@ class NativeBackend(Backend):
             board.start = time.monotonic()
         board.call = call
         board.running = True
-        board.warn_after = _config.STALL_WARNING_S.get()
+        board.warn_after = -1.0  # read on first need (StatusBoard.warning_after)
         return self
 
     def __enter__(self) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ringtorch import _config
 from ringtorch._wire import mailbox as mb
 from ringtorch.collectives.call import CollectiveCall, status_record
 
@@ -40,11 +41,21 @@ class StatusBoard:
         self.call: CollectiveCall | None = None  # the current or last collective
         self.running = False
         self.start = 0.0  # time.monotonic() when the current one started
-        self.warn_after = 0.0  # its next stall warning, in seconds since start
+        # Its next stall warning, in seconds since start (see warning_after; < 0: not read).
+        self.warn_after = -1.0
         self._cond = threading.Condition()
         self._answers: dict[int, dict[str, Any]] = {}
         self._ahead_of: CollectiveCall | None = None  # the call the times below are for
         self._status_at = self._report_at = self._asked_at = 0.0  # 0: done or never
+
+    def warning_after(self) -> float:
+        """Seconds after its start at which the current collective's next stall warning is
+        due. RINGTORCH_STALL_WARNING_S is read here, on first need, and not as each
+        collective starts: reading the environment costs more than a short collective's
+        whole bookkeeping, and most collectives never wait long enough to ask."""
+        if self.warn_after < 0:
+            self.warn_after = _config.STALL_WARNING_S.get()
+        return self.warn_after
 
     def answer(self, mailbox: mb.Mailbox, peer: int) -> None:
         """Reply to ``peer``'s query off the reader thread (readers never send)."""
@@ -107,7 +118,7 @@ class StatusBoard:
             assert mailbox is not None
             self.ask(mailbox, peers)
         due = [t for t in (self._status_at, self._report_at) if t]
-        return min([self.start + self.warn_after, *due])
+        return min([self.start + self.warning_after(), *due])
 
 
 # -- input checks (before anything is sent) -----------------------------------------------

@@ -67,7 +67,7 @@ class WaitWatch:
             if self._abort.cause is not None:  # another rank's abort beat ours
                 raise PeerClosedError("the group was aborted while this rank waited")
             raise DeadlinePassed(self._words.timed_out(call, now - board.start, report))
-        warn = now - board.start >= board.warn_after
+        warn = now - board.start >= board.warning_after()
         if warn:  # again at twice the wait each time
             board.warn_after = 2 * (now - board.start)
         due = self._ahead(call, now, True)
