@@ -10,10 +10,13 @@ two clock reads of its own (a collective's start stamp is also its deadline's re
 one look at the user's frame per operation (``bench/recorder.py`` measures it), and a dump,
 which is rare, does the formatting.
 
-The rule this module keeps: the recorder never blocks and never raises into the operation it
-records. Writers do not lock (a slot of the ring is one list store, atomic under the GIL); a
-dump copies the ring first and may see an operation half updated, which it reports as it
-finds it. ``RECORDER`` is the process's one recorder (this subsystem's one state object).
+The rule this module keeps: the recorder never blocks on anything slow and never raises into
+the operation it records. Writers do not lock (a slot of the ring is one list store, atomic
+under the GIL), except the thread that hands a batch of records to the summary's counter,
+once every ``FOLD_EVERY`` operations, which may wait for a snapshot of the counts in progress
+(tens of microseconds, every few seconds). A dump copies the ring first and may see an
+operation half updated, which it reports as it finds it. ``RECORDER`` is the process's one
+recorder (this subsystem's one state object).
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ Each rank writes its totals as ``summary-<rank>.json`` into ``RINGTORCH_OBSERVE_
 by ringrun) when it starts counting, every ``FLUSH_S`` seconds while they change (from a
 daemon thread: a rank killed by a signal runs no exit hook), when its default group is
 destroyed and at exit; the launcher merges what it finds. The rule this module keeps, as the
-recorder's: it never blocks an operation on anything, and never raises into it. ``TOTALS`` is
+recorder's: it never blocks an operation on anything slow (a snapshot holds the recorder's
+count lock for tens of microseconds), and never raises into it. ``TOTALS`` is
 the process's one accumulator (this subsystem's state, beside ``RECORDER``).
 """
 

@@ -209,9 +209,8 @@ class ShmDomain:
         self.on_failure: Callable[[str], None] | None = None
         self._failure: str | None = None
         self._op_start = 0.0
-        # The next stall warning, in seconds since _op_start; < 0: RINGTORCH_STALL_WARNING_S
-        # not read yet (it is read on first need: reading the environment on every
-        # collective would cost more than its whole bookkeeping).
+        # The next stall warning, in seconds since _op_start (< 0: the knob is read on first
+        # need, as reading the environment per collective costs more than its bookkeeping).
         self._warn_after = -1.0
         self._stats = {"collectives": 0, "entered": 0, "finished": 0, "slept": 0}
         self._current: Desc | None = None
