@@ -9,8 +9,9 @@ from ringtorch._wire.sockets import free_port
 from ringtorch.testing._backend_cases import CaseReport, run_backend_cases
 from ringtorch.testing.backend_check import BackendConformanceError, assert_conforms, check_backend
 from ringtorch.testing.harness import RankFailed, RanksTimedOut, rank_env, run_ranks
-from ringtorch.testing.waiting import wait_for, wait_for_thread_in
+from ringtorch.testing.waiting import frozen, wait_for, wait_for_thread_in
 
 __all__ = ["BackendConformanceError", "CaseReport", "RankFailed", "RanksTimedOut",
-           "assert_conforms", "check_backend", "free_port", "rank_env", "run_backend_cases",
+           "assert_conforms", "check_backend", "free_port", "frozen", "rank_env",
+           "run_backend_cases",
            "run_ranks", "wait_for", "wait_for_thread_in"]

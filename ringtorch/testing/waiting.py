@@ -8,10 +8,14 @@ never does, the failure says what was awaited.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -56,4 +60,23 @@ def wait_for_thread_in(thread: threading.Thread, *functions: str, timeout: float
     wait_for(inside, timeout, f"thread {thread.name} to be inside {list(functions)}")
 
 
-__all__ = ["wait_for", "wait_for_thread_in"]
+@contextmanager
+def frozen(pid_file: Path, what: str, timeout: float = 60.0) -> Iterator[int]:
+    """Stop (SIGSTOP) the process whose pid ``pid_file`` holds for the body of the block,
+    and continue it (SIGCONT) when the block ends, however it ends: a rank frozen as a
+    debugger or a stuck C call would leave it. The file is waited for (``what`` names it in
+    the timeout's message); it must be written whole at once (write, then rename).
+
+    Yields:
+        The frozen process's pid.
+    """
+    wait_for(pid_file.exists, timeout, what)
+    pid = int(pid_file.read_text())
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield pid
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+__all__ = ["frozen", "wait_for", "wait_for_thread_in"]

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import threading
 from pathlib import Path
 
 import pytest
 
-from ringtorch.testing import run_ranks, wait_for
+from ringtorch.testing import frozen, run_ranks, wait_for
 from tests.integration import _frozen_ranks as ranks
 
 BOUND_S = 0.5
@@ -39,16 +38,13 @@ def _freeze(victim: int, env: dict[str, str], hosts: str, markers: Path) -> list
     the others have raised; every rank's result."""
 
     def freeze_then_resume() -> None:
-        wait_for((markers / "victim.pid").exists, 60, "the victim's pid file")
-        pid = int((markers / "victim.pid").read_text())
-        os.kill(pid, signal.SIGSTOP)
         try:
-            (markers / "stopped").write_text("")
-            for rank in range(3):
-                if rank != victim:
-                    wait_for((markers / f"done{rank}").exists, 60, f"rank {rank}'s error")
+            with frozen(markers / "victim.pid", "the victim's pid file"):
+                (markers / "stopped").write_text("")
+                for rank in range(3):
+                    if rank != victim:
+                        wait_for((markers / f"done{rank}").exists, 60, f"rank {rank}'s error")
         finally:
-            os.kill(pid, signal.SIGCONT)
             (markers / "released").write_text("")
 
     freezer = threading.Thread(target=freeze_then_resume)

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import threading
 
 import pytest
 
-from ringtorch.testing import RankFailed, run_ranks, wait_for
+from ringtorch.testing import RankFailed, frozen, run_ranks, wait_for
 from tests.integration import _shm_leave_ranks as leave_ranks
 from tests.integration import _shm_ranks as ranks
 
@@ -169,13 +168,11 @@ def test_a_frozen_rank_is_named_by_repeated_stall_warnings_on_shared_memory(tmp_
     ranks_done: list = []
 
     def stop_then_release() -> None:
-        wait_for(pid_file.exists, timeout=60, what="rank 1's pid")
-        pid = int(pid_file.read_text())
-        os.kill(pid, signal.SIGSTOP)  # frozen: it runs no Python, answers nothing
         try:
-            wait_for(lambda: warned.exists() or ranks_done, timeout=60, what="two warnings")
+            with frozen(pid_file, "rank 1's pid"):  # it runs no Python, answers nothing
+                wait_for(lambda: warned.exists() or ranks_done, timeout=60,
+                         what="two warnings")
         finally:
-            os.kill(pid, signal.SIGCONT)
             (tmp_path / "go").write_text("")
 
     releaser = threading.Thread(target=stop_then_release)
