@@ -544,8 +544,10 @@ def frozen_peer(rank: int, world_size: int, folder: str) -> dict[str, Any]:
     b.broadcast(torch.zeros(4), 0, 1, time.monotonic() + 20)
     warnings: list[str] = []
     if rank == 1:
-        with open(os.path.join(folder, "pid1"), "w") as f:
+        # written whole, then renamed: the test reads it as soon as the name appears
+        with open(os.path.join(folder, "pid1.tmp"), "w") as f:
             f.write(str(os.getpid()))
+        os.rename(os.path.join(folder, "pid1.tmp"), os.path.join(folder, "pid1"))
         wait_for(lambda: os.path.exists(os.path.join(folder, "go")), timeout=60,
                  what="the test's go")
     else:

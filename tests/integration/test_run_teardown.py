@@ -159,13 +159,13 @@ def test_a_segment_left_by_a_dying_worker_is_gone_when_the_job_ends(tmp_path: Pa
 
 STOPPED_WORKER = r"""
 import os, signal, sys, time
+from ringtorch.testing import wait_for
 marker = os.path.join(os.environ["OUT_DIR"], "stopping")
 if os.environ["RANK"] == "1":
     open(marker, "w").close()
     os.kill(os.getpid(), signal.SIGSTOP)  # frozen: acts on no signal until continued
-    time.sleep(600)
-while not os.path.exists(marker):
-    time.sleep(0.01)
+    time.sleep(600)  # held here on purpose: only ringrun's stop may end it
+wait_for(lambda: os.path.exists(marker), 60, "rank 1 about to stop itself")
 sys.exit(3)  # rank 0 fails: ringrun stops the job, the frozen rank 1 included
 """
 
