@@ -106,7 +106,9 @@ class Record(list):  # type: ignore[type-arg]
 
     def size(self) -> int:
         """Bytes of the operation: as the caller gave them, else the call's (-1: unknown)."""
-        return size_of(self)
+        if self.nbytes >= 0 or self.call is None:
+            return int(self.nbytes)
+        return int(self.call.nbytes)
 
     def site(self) -> str | None:
         """The user's call site as ``file:line`` (None when no Python frame issued it)."""
@@ -130,15 +132,6 @@ class Record(list):  # type: ignore[type-arg]
         if self.finished:
             return "failed" if self.error else "completed"
         return "running" if self.started else "queued"
-
-
-def size_of(entry: list[Any]) -> int:
-    """Bytes of a record's operation: as the caller gave them, else its call's (-1: unknown)."""
-    nbytes = entry[NBYTES]
-    call = entry[CALL]
-    if nbytes >= 0 or call is None:
-        return int(nbytes)
-    return int(call.nbytes)
 
 
 def failed(entry: list[Any], error: BaseException) -> None:
@@ -430,4 +423,4 @@ RECORDER = FlightRecorder()
 __all__ = ["CALL", "CODE", "COLLECTIVE", "DETAIL", "ENQUEUED", "ERROR", "FINISHED", "FORMAT",
            "GROUP", "ID", "KIND", "LASTI", "NBYTES", "OP", "P2P", "PEER", "RECORDER", "ROUTE",
            "RPC", "SEQ", "STARTED", "VERSION", "FlightRecorder", "Record", "dtype_name",
-           "env_int", "failed", "line_of", "size_of", "to_dict"]
+           "env_int", "failed", "line_of", "to_dict"]

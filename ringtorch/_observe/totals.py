@@ -65,7 +65,6 @@ class Totals:
         # recorder calls under its lock (never on two threads at once).
         self._table: dict[str, list[Any]] = {}
         self.rank = -1
-        self._counting = False
         self._installed = False
         self._exit_hooked = False
         self.started_ns = time.time_ns()
@@ -97,7 +96,7 @@ class Totals:
         over, and the records finished since (asked of the recorder)."""
         with self._recorder.count_lock:  # no hand-over meanwhile: each record counts once
             table = {op: list(acc) for op, acc in self._table.items()}
-            if self._counting:
+            if self._recorder.counter == self.add_all:  # it counts for this one
                 self._add_to(table, self._recorder.uncounted())
         return {op: {"kind": kind, "calls": calls, "failed": failed, "bytes": nbytes,
                      "time_ns": spent}
@@ -113,7 +112,6 @@ class Totals:
 
     def start_counting(self) -> None:
         """Count every operation the recorder records from now on."""
-        self._counting = True
         self._recorder.count_with(self.add_all)
 
     def install(self, rank: int) -> None:
