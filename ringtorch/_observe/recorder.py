@@ -5,29 +5,39 @@ issues it: the group, the operation, the user's call site, and its timestamps (e
 started, finished) and outcome, filled in as it runs. The collective's identity (dtype,
 bytes, root, reduction: the ``CollectiveCall``) is attached by the backend when it starts, as
 the object itself, not copied; how it travelled (transport, algorithm) is asked of the
-backend only when the ring is dumped. So recording costs one small list (see ``Record``),
-two clock reads of its own (a collective's start stamp is also its deadline's reference) and
-one look at the user's frame per operation (``bench/recorder.py`` measures it), and a dump,
-which is rare, does the formatting.
+backend only when the ring is dumped. So recording costs one small list (see ``Record``)
+appended to the ring, two clock reads of its own (a collective's start stamp is also its
+deadline's reference) and one look at the user's frame per operation (``bench/recorder.py``
+measures it), and a dump, which is rare, does the formatting and the numbering.
+
+Why the ring is a list that is trimmed rather than a circular array: an append is the
+cheapest store Python has, and it needs no running number or index arithmetic per
+operation. The list grows to ``capacity + TRIM_EVERY`` records, then its oldest
+``TRIM_EVERY`` go in one step; a record's running number is its position plus the number
+trimmed before it, worked out when the ring is read. The records trimmed are what the
+summary's counter counts (``count_with``): each record is counted once, when it leaves.
+
+Why stamps are float seconds of ``time.monotonic()``: the deadline and the backend's
+progress board are float seconds of that clock, so they take a record's start stamp as it
+is; an integer stamp would need a conversion on the operation's path. Readers get
+nanoseconds (``Record.enqueued``, ...), as the dump and the timeline write them.
 
 The rule this module keeps: the recorder never blocks on anything slow and never raises into
-the operation it records. Writers do not lock (a slot of the ring is one list store, atomic
-under the GIL), except the thread that hands a batch of records to the summary's counter,
-once every ``FOLD_EVERY`` operations, which may wait for a snapshot of the counts in progress
-(tens of microseconds, every few seconds). A dump copies the ring first and may see an
-operation half updated, which it reports as it finds it. ``RECORDER`` is the process's one
+the operation it records. Writers do not lock (an append is atomic under the GIL), except the
+thread whose append fills the ring, once every ``TRIM_EVERY`` operations, which trims it and
+hands the trimmed records to the counter, and may wait for a snapshot of the counts in
+progress (tens of microseconds, every few seconds). A dump copies the ring first and may see
+an operation half updated, which it reports as it finds it. ``RECORDER`` is the process's one
 recorder (this subsystem's one state object).
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import socket
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from operator import itemgetter
 from typing import Any
@@ -35,13 +45,13 @@ from typing import Any
 from ringtorch import _config
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_now = time.monotonic_ns
+_now = time.monotonic
 _getframe = sys._getframe
 # How many codes' verified call sites the recorder remembers (see FlightRecorder._walk).
 _VERIFIED_MAX = 1024
-# How many records issued between two hand-overs to the counter (see FlightRecorder.count_with):
-# few enough that the records handed over are still in the processor's caches.
-FOLD_EVERY = 64
+# How many records leave the ring at once (fewer when the capacity is smaller): the ring
+# holds at most capacity + TRIM_EVERY, and the trim moves the others' references down.
+TRIM_EVERY = 256
 
 # What a record is about.
 COLLECTIVE = "collective"
@@ -54,8 +64,16 @@ VERSION = 1
 
 # A record is a plain list, its fields at these positions. Writers on the operation's path
 # store by position (``entry[STARTED] = now``); readers take a ``Record``, which names them.
-(KIND, GROUP, OP, CODE, LASTI, ID, ENQUEUED, STARTED, FINISHED, SEQ, CALL, ROUTE, ERROR,
- NBYTES, PEER, DETAIL) = range(16)
+# ID is only in the copies ``records()`` makes: a live record has no running number.
+(KIND, GROUP, OP, CODE, LASTI, ENQUEUED, STARTED, FINISHED, SEQ, CALL, ROUTE, ERROR, NBYTES,
+ PEER, DETAIL, ID) = range(16)
+
+
+def _ns(position: int) -> property:
+    """A stamp field read as integer nanoseconds (0: not yet)."""
+    def read(rec: list[Any]) -> int:
+        return round(rec[position] * 1e9)
+    return property(read)
 
 
 class Record(list):  # type: ignore[type-arg]
@@ -64,8 +82,8 @@ class Record(list):  # type: ignore[type-arg]
     Why a record is a list and not an object with attributes: one is made for every
     operation, on the operation's path, and Python builds a list display in a third of the
     time it takes to construct an instance (``bench/recorder.py`` measures the recorder's
-    cost per operation). ``Record(entry)`` copies the list, so later writes to the live
-    record do not show in it: dumps and the timeline read a record once.
+    cost per operation). ``Record.of(entry, id)`` copies the list, so later writes to the
+    live record do not show in it: dumps and the timeline read a record once.
 
     Fields:
         id: the recorder's running number of the record (gaps: older ones were dropped).
@@ -75,7 +93,8 @@ class Record(list):  # type: ignore[type-arg]
         code, lasti: the user's frame that issued it: its code and the offset of the calling
             instruction (the line is looked up from it when dumped); code is None when no
             Python frame issued it (e.g. an autograd hook on torch's engine thread).
-        enqueued, started, finished: ``time.monotonic_ns()`` stamps (0: not yet).
+        enqueued, started, finished: ``time.monotonic_ns()`` stamps (0: not yet); the live
+            record keeps them as ``time.monotonic()`` seconds (0.0: not yet).
         seq: the group's sequence number of a collective (-1 until it is known, and for p2p).
         peer: the other rank of a p2p operation, the callee of an RPC (-1 otherwise).
         nbytes: bytes of the operation when the caller knows them (-1 otherwise).
@@ -93,9 +112,9 @@ class Record(list):  # type: ignore[type-arg]
     code = property(itemgetter(CODE))
     lasti = property(itemgetter(LASTI))
     id = property(itemgetter(ID))
-    enqueued = property(itemgetter(ENQUEUED))
-    started = property(itemgetter(STARTED))
-    finished = property(itemgetter(FINISHED))
+    enqueued = _ns(ENQUEUED)
+    started = _ns(STARTED)
+    finished = _ns(FINISHED)
     seq = property(itemgetter(SEQ))
     call = property(itemgetter(CALL))
     route = property(itemgetter(ROUTE))
@@ -103,6 +122,11 @@ class Record(list):  # type: ignore[type-arg]
     nbytes = property(itemgetter(NBYTES))
     peer = property(itemgetter(PEER))
     detail = property(itemgetter(DETAIL))
+
+    @classmethod
+    def of(cls, entry: list[Any], number: int) -> Record:
+        """A copy of the live record ``entry``, numbered ``number``."""
+        return cls([*entry[:ID], number])
 
     def size(self) -> int:
         """Bytes of the operation: as the caller gave them, else the call's (-1: unknown)."""
@@ -156,20 +180,18 @@ class FlightRecorder:
 
     ``listeners`` are called with each record as it finishes (the timeline's writer is one);
     they run on the operation's thread, so they must be quick and must not raise. A counter
-    (``count_with``: the summary's totals) gets the finished records in batches instead.
+    (``count_with``: the summary's totals) gets the records in batches as they leave the ring.
     """
 
     def __init__(self, capacity: int | None = None) -> None:
         self._settled = capacity is not None
         self.listeners: list[Callable[[list[Any]], None]] = []
         self._count: Callable[[list[list[Any]]], None] | None = None
-        # Held while records are handed over; a snapshot of the counts holds it too.
+        # Held while the ring is trimmed or replaced and its records handed over; a dump and
+        # a snapshot of the counts hold it too.
         self.count_lock = threading.RLock()
-        # The records issued since the last hand-over (None: nothing counts). A deque: its
-        # appends and pops are atomic, so records issued on several threads are all kept.
-        self._issued: deque[list[Any]] | None = None
-        self._late: list[list[Any]] = []  # handed over unfinished: counted when finished
-        self._count_at = 0  # the id whose issue hands the ones before it over
+        self._late: list[list[Any]] = []  # left the ring unfinished: counted once finished
+        self._ring: list[list[Any]] = []
         self.configure(_config.FLIGHT_RECORDER.get() if capacity is None else capacity)
         self._settled = capacity is not None
 
@@ -184,16 +206,20 @@ class FlightRecorder:
                 self.configure(capacity)
 
     def configure(self, capacity: int) -> None:
-        """Start over with room for ``capacity`` records (0 turns recording off)."""
+        """Start over with room for ``capacity`` records (0 turns recording off). The
+        counter, if any, gets the records of the old ring."""
         if capacity < 0:
             raise ValueError(f"the flight recorder's capacity must be >= 0, got {capacity}")
         self._settled = True
         with self.count_lock:
-            self._count_at = FOLD_EVERY
+            old = self._ring
             self.capacity = capacity
             self.on = capacity > 0
-            self._ring: list[list[Any] | None] = [None] * capacity
-            self._ids = itertools.count()
+            self._ring = []  # see the module docstring: oldest first, trimmed by _trim
+            self._trim_by = max(1, min(capacity, TRIM_EVERY))
+            self._trim_at = capacity + self._trim_by
+            self._dropped = 0  # records trimmed from this ring so far
+            self._hand_over(old)
         # Call sites found by a full walk (see _walk); they hold their code objects, so an
         # id here is never one of a code object that has since been freed.
         self._verified: dict[int, tuple[Any, set[int]]] = {}
@@ -225,17 +251,12 @@ class FlightRecorder:
                     code, lasti = self._walk(hint)
         except ValueError:  # a shallower stack than the hint
             code, lasti = self._walk(hint)
-        n = next(self._ids)
-        entry = [kind, group, op, code, lasti, n, _now(), 0, 0, -1, None, None, "", nbytes, peer,
-                 detail]
+        entry = [kind, group, op, code, lasti, _now(), 0.0, 0.0, -1, None, None, "", nbytes,
+                 peer, detail]
         ring = self._ring  # one read: a concurrent configure() swaps the whole ring
-        if ring:
-            ring[n % len(ring)] = entry
-        issued = self._issued
-        if issued is not None:  # counted (the summary's totals): see count_with
-            issued.append(entry)
-            if n >= self._count_at:
-                self._count_due(n)
+        ring.append(entry)
+        if len(ring) >= self._trim_at:
+            self._trim(ring)
         return entry
 
     def _walk(self, hint: int) -> tuple[Any, int]:
@@ -272,50 +293,48 @@ class FlightRecorder:
             self._last_site = (code, lasti)
         return code, lasti
 
+    def _trim(self, ring: list[list[Any]]) -> None:
+        """Let the oldest records leave a full ring, handing them to the counter (``record``
+        calls it once every ``TRIM_EVERY`` records)."""
+        with self.count_lock:
+            if ring is not self._ring or len(ring) < self._trim_at:
+                return  # replaced, or trimmed meanwhile by another thread
+            leaving = ring[:self._trim_by]
+            del ring[:self._trim_by]  # only here, under the lock; appends go on at the end
+            self._dropped += self._trim_by
+            self._hand_over(leaving)
+
     def count_with(self, count: Callable[[list[list[Any]]], None] | None) -> None:
         """Hand every finished record, once, to ``count`` (None: stop): the summary's totals.
 
-        Why batches and not a listener: a call per record on the operation's path costs
-        more than the counting itself. So each record is also appended to a queue as it is
-        issued, and every ``FOLD_EVERY`` records the thread that issued the last of them
-        hands the queue over, in one call, while its records are still in the caches. One
-        still running is kept aside and handed over once finished (a record has finished
-        when it has its finish stamp, stamped after its error). ``uncounted`` gives what
-        has finished since, for a snapshot. ``count`` is called holding ``count_lock``,
-        never on two threads at once.
+        Why as they leave the ring and not by a listener: a call per record on the
+        operation's path costs more than the counting itself. So the thread whose append
+        fills the ring hands the records that leave it over in one call. One still running
+        then is kept aside and handed over once finished (a record has finished when it has
+        its finish stamp, stamped after its error). ``uncounted`` gives what has finished
+        in the ring and aside, for a snapshot. ``count`` is called holding ``count_lock``,
+        never on two threads at once. The records in the ring when this is called are
+        counted by the new counter.
         """
         with self.count_lock:
-            if self._issued is not None:
-                self._hand_over()
             self._count = count
             self._late = []
-            self._issued = deque() if count is not None else None
 
     @property
     def counter(self) -> Callable[[list[list[Any]]], None] | None:
         """What ``count_with`` installed (None: nothing counts)."""
         return self._count
 
-    def _count_due(self, n: int) -> None:
-        """Hand the records issued so far over to the counter (``record`` calls it every
-        ``FOLD_EVERY`` records)."""
-        with self.count_lock:
-            if n >= self._count_at:  # not done meanwhile by another thread
-                self._count_at = n + FOLD_EVERY
-                self._hand_over()
-
-    def _hand_over(self) -> None:
-        """Give the counter the finished records issued so far and not yet given (the count
-        lock held); keep the unfinished ones aside."""
-        count, issued = self._count, self._issued
-        if count is None or issued is None:
+    def _hand_over(self, leaving: list[list[Any]]) -> None:
+        """Give the counter the finished records of ``leaving`` and the finished ones kept
+        aside (the count lock held); keep the unfinished ones aside."""
+        count = self._count
+        if count is None:
             return
         done, late = [], []
         for entry in self._late:
             (done if entry[FINISHED] else late).append(entry)
-        take = issued.popleft  # only here, under the lock: the queue holds len() or more
-        for _ in range(len(issued)):
-            entry = take()
+        for entry in leaving:
             (done if entry[FINISHED] else late).append(entry)
         self._late = late
         if done:
@@ -328,8 +347,8 @@ class FlightRecorder:
         """The finished records not yet handed to the counter (for a snapshot: the totals
         are what was handed over plus these)."""
         with self.count_lock:
-            waiting = list(self._issued or ())  # a copy made in one step: appends may go on
-            return [entry for entry in self._late + waiting if entry[FINISHED]]
+            present = self._late + self._ring  # one copy: appends may go on
+            return [entry for entry in present if entry[FINISHED]]
 
     def finished(self, entry: list[Any], error: BaseException | None) -> None:
         """Keep ``error`` (if any), stamp the record finished and tell the listeners; never
@@ -350,14 +369,16 @@ class FlightRecorder:
                 pass
 
     def records(self) -> list[Record]:
-        """The records in the ring, oldest first (copies: later writes do not show)."""
-        present = [Record(entry) for entry in list(self._ring) if entry is not None]
-        present.sort(key=itemgetter(ID))
-        return present
+        """The last ``capacity`` records, oldest first, numbered (copies: later writes do
+        not show)."""
+        with self.count_lock:  # the numbering needs the ring and its trimmed count together
+            present, first = list(self._ring), self._dropped
+        skip = max(0, len(present) - self.capacity)
+        return [Record.of(entry, first + skip + i) for i, entry in enumerate(present[skip:])]
 
     def dump(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """The ring as a JSON-serialisable dict (format: docs/observability.md)."""
-        wall, mono = time.time_ns(), _now()
+        wall, mono = time.time_ns(), time.monotonic_ns()
         records = self.records()
         first = records[0].id if records else 0
         out: dict[str, Any] = {
@@ -422,5 +443,5 @@ RECORDER = FlightRecorder()
 
 __all__ = ["CALL", "CODE", "COLLECTIVE", "DETAIL", "ENQUEUED", "ERROR", "FINISHED", "FORMAT",
            "GROUP", "ID", "KIND", "LASTI", "NBYTES", "OP", "P2P", "PEER", "RECORDER", "ROUTE",
-           "RPC", "SEQ", "STARTED", "VERSION", "FlightRecorder", "Record", "dtype_name",
-           "env_int", "failed", "line_of", "to_dict"]
+           "RPC", "SEQ", "STARTED", "TRIM_EVERY", "VERSION", "FlightRecorder", "Record",
+           "dtype_name", "env_int", "failed", "line_of", "to_dict"]

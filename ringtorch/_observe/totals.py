@@ -3,11 +3,10 @@
 The flight recorder's ring forgets: a long job overwrites it many times. The summary needs
 the whole job, so each rank keeps, beside the ring, one small accumulator per operation
 ("allreduce", "send", "rpc_sync", ...): how many calls, how many failed, the bytes they
-carried and the nanoseconds spent inside them (from the start stamp to the finish stamp).
-:meth:`Totals.add_all` gets the finished records from the recorder in batches (see
-``FlightRecorder.count_with``), a dictionary look-up and a few additions each
-(``bench/recorder.py`` measures it), so it does not depend on the ring's capacity and stays
-cheap for any length of job.
+carried and the time spent inside them (from the start stamp to the finish stamp).
+:meth:`Totals.add_all` gets the finished records from the recorder in batches as they leave
+its ring (see ``FlightRecorder.count_with``), a dictionary look-up and a few additions each
+(``bench/recorder.py`` measures it), so it stays cheap for any length of job.
 
 Time inside a collective is the rank's wait for its last peer plus the transfer itself; the
 transfer is about the same on every rank, so the rank that spends the least time inside a
@@ -61,7 +60,7 @@ class Totals:
 
     def __init__(self, recorder: FlightRecorder = RECORDER) -> None:
         self._recorder = recorder
-        # {op: [kind, calls, failed, bytes, ns]}: added to only by add_all, which the
+        # {op: [kind, calls, failed, bytes, seconds]}: added to only by add_all, which the
         # recorder calls under its lock (never on two threads at once).
         self._table: dict[str, list[Any]] = {}
         self.rank = -1
@@ -99,7 +98,7 @@ class Totals:
             if self._recorder.counter == self.add_all:  # it counts for this one
                 self._add_to(table, self._recorder.uncounted())
         return {op: {"kind": kind, "calls": calls, "failed": failed, "bytes": nbytes,
-                     "time_ns": spent}
+                     "time_ns": round(spent * 1e9)}
                 for op, (kind, calls, failed, nbytes, spent) in table.items()}
 
     def snapshot(self) -> dict[str, Any]:

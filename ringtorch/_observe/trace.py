@@ -189,10 +189,10 @@ class Tracer:
             out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "ts": 0,
                         "args": {"name": name}})
         sites: dict[tuple[Any, int], str] = {}
-        for item in items:
+        for number, item in enumerate(items):
             tid, kind = item[0], item[1]
-            if kind == _RECORD:
-                out.extend(record_events(Record(item[2]), pid, tid, clock, sites))
+            if kind == _RECORD:  # numbered by its place among the items kept
+                out.extend(record_events(Record.of(item[2], number), pid, tid, clock, sites))
                 continue
             _, _, cat, name, start, end, args = item
             event: dict[str, Any] = {"name": name, "cat": cat, "pid": pid, "tid": tid,

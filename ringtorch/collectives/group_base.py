@@ -177,7 +177,7 @@ class GroupBase:
                 if backend is not None:
                     backend.record = rec
                 # the record's start stamp, just taken (same clock): spares a clock read
-                deadline = rec[STARTED] * 1e-9 + seconds
+                deadline = rec[STARTED] + seconds
             else:
                 deadline = time.monotonic() + seconds
             if check is not None:

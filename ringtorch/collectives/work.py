@@ -23,7 +23,7 @@ from ringtorch._errors import DistBackendError
 from ringtorch._observe.recorder import ENQUEUED, FINISHED, RECORDER, STARTED, failed
 from ringtorch.collectives import profiling
 
-_now = time.monotonic_ns
+_now = time.monotonic
 
 
 class Work:

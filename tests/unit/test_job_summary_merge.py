@@ -17,9 +17,9 @@ from ringtorch._observe.recorder import (
     CALL,
     ERROR,
     FINISHED,
-    FOLD_EVERY,
     NBYTES,
     STARTED,
+    TRIM_EVERY,
     FlightRecorder,
 )
 from ringtorch._observe.summary import format_summary, read_summaries, stragglers
@@ -28,8 +28,9 @@ from ringtorch._observe.totals import Totals
 
 def _record(kind: str, op: str, started: int, finished: int, nbytes: int = -1,
             call_bytes: int | None = None, error: str = "") -> list:
+    """A finished record; ``started`` and ``finished`` in nanoseconds (records keep seconds)."""
     rec = FlightRecorder(4).record(kind, "0", op)
-    rec[STARTED], rec[FINISHED], rec[NBYTES] = started, finished, nbytes
+    rec[STARTED], rec[FINISHED], rec[NBYTES] = started * 1e-9, finished * 1e-9, nbytes
     if call_bytes is not None:
         rec[CALL] = SimpleNamespace(nbytes=call_bytes)
     if error:
@@ -61,14 +62,14 @@ def test_totals_count_calls_bytes_time_and_failures_per_operation() -> None:
 
 def _issue(recorder: FlightRecorder, op: str = "send") -> list:
     rec = recorder.record("p2p", "0", op, nbytes=8)
-    rec[STARTED] = 10
+    rec[STARTED] = 10e-9
     return rec
 
 
 def _finish(rec: list, error: str = "") -> None:
     """As an operation's path finishes its record: the error first, then the stamp."""
     rec[ERROR] = error
-    rec[FINISHED] = 13
+    rec[FINISHED] = 13e-9
 
 
 def _calls(totals: Totals, op: str = "send") -> int:
@@ -86,11 +87,11 @@ def test_a_snapshot_counts_every_finished_record_once_before_and_after_its_hand_
     for rec in first[7:]:
         _finish(rec)
     assert _calls(totals) == 10
-    for _ in range(FOLD_EVERY * 3 + 5):  # several hand-overs
+    for _ in range(TRIM_EVERY * 3 + 5):  # several hand-overs
         _finish(_issue(recorder))
-    assert totals.ops()["send"] == {"kind": "p2p", "calls": 10 + FOLD_EVERY * 3 + 5,
-                                    "failed": 0, "bytes": 8 * (10 + FOLD_EVERY * 3 + 5),
-                                    "time_ns": 3 * (10 + FOLD_EVERY * 3 + 5)}
+    assert totals.ops()["send"] == {"kind": "p2p", "calls": 10 + TRIM_EVERY * 3 + 5,
+                                    "failed": 0, "bytes": 8 * (10 + TRIM_EVERY * 3 + 5),
+                                    "time_ns": 3 * (10 + TRIM_EVERY * 3 + 5)}
 
 
 def test_a_record_still_running_at_its_hand_over_is_counted_when_it_finishes() -> None:
@@ -98,15 +99,15 @@ def test_a_record_still_running_at_its_hand_over_is_counted_when_it_finishes() -
     totals = Totals(recorder)
     totals.start_counting()
     slow = _issue(recorder, "irecv")
-    for _ in range(FOLD_EVERY * 2):  # handed over twice while it runs
+    for _ in range(TRIM_EVERY * 2):  # handed over twice while it runs
         _finish(_issue(recorder))
     assert _calls(totals, "irecv") == 0
     _finish(slow, error="DistBackendError: peer gone")
     assert totals.ops()["irecv"]["failed"] == 1
-    for _ in range(FOLD_EVERY * 2):
+    for _ in range(TRIM_EVERY * 2):
         _finish(_issue(recorder))
     assert _calls(totals, "irecv") == 1
-    assert _calls(totals) == FOLD_EVERY * 4
+    assert _calls(totals) == TRIM_EVERY * 4
 
 
 def test_counts_survive_the_ring_being_reset() -> None:
@@ -116,9 +117,9 @@ def test_counts_survive_the_ring_being_reset() -> None:
     for _ in range(10):
         _finish(_issue(recorder))
     recorder.configure(128)
-    for _ in range(FOLD_EVERY + 1):
+    for _ in range(TRIM_EVERY + 1):
         _finish(_issue(recorder))
-    assert _calls(totals) == 10 + FOLD_EVERY + 1
+    assert _calls(totals) == 10 + TRIM_EVERY + 1
 
 
 def test_totals_lose_no_count_when_threads_issue_and_finish_operations_together() -> None:

@@ -203,7 +203,7 @@ class NativeBackend(Backend):
         if rec is not None and rec[SEQ] == call.seq and rec[CALL] is None:
             rec[CALL] = call
             rec[ROUTE] = self
-            board.start = rec[STARTED] * 1e-9  # its start stamp, just taken (same clock)
+            board.start = rec[STARTED]  # its start stamp, just taken (same clock)
         else:
             board.start = time.monotonic()
         board.call = call
