@@ -1,7 +1,7 @@
 """What the flight recorder (and the timeline's tracing) costs, on and off, side by side in one run.
 
-    python bench/recorder.py                      # 5 repeats: 2-3 minutes on 2 cores
-    python bench/recorder.py --repeats 3 --iters 500 --blocks 5
+    python bench/recorder.py                      # 5 repeats: 3-4 minutes on 2 cores
+    python bench/recorder.py --repeats 3 --iters 300 --blocks 15
     python bench/recorder.py --quick              # tiny settings: checks that it runs
     python bench/recorder.py --json bench/out/recorder.json   # also bench/_report.py's JSON
 
@@ -18,6 +18,9 @@ repeats:
    otherwise). Each job is a fresh pair of processes that switch the recorder off and on in
    place between blocks of ``--iters`` calls (both ranks on the same schedule, a barrier
    before each block); rank 0 keeps the median block's wall time per call of each mode.
+   Switching keeps the ring: a job that has run for a while has a full ring, and that is
+   the state measured (the warm-up fills it; making a ring anew per block would measure a
+   ring being filled, whose records all survive, and Python's garbage collector with them).
 2. The cost per record, in one process: the world-1 all_reduce (no peer to wait for, so the
    recorder's share is as large as it can be; it runs on the calling thread) with the
    recorder off, with its ring only, and by default (the ring and the summary's totals, as
@@ -90,16 +93,19 @@ def _installed() -> tuple[int, list[Any], Any]:
 
 
 def _switch(mode: str, installed: tuple[int, list[Any], Any]) -> None:
-    """Recorder off (what RINGTORCH_FLIGHT_RECORDER=0 does at start-up: nothing is recorded,
-    nothing listens or counts), its ring only, or as the process started (``on``: the ring,
-    and the counter and listeners it installed: the summary's totals, and the trace writer
-    when tracing)."""
+    """Recorder off (as with RINGTORCH_FLIGHT_RECORDER=0: nothing is recorded, nothing
+    listens or counts), its ring only, or as the process started (``on``: the ring, and the
+    counter and listeners it installed: the summary's totals, and the trace writer when
+    tracing). The ring itself is kept (see the module docstring): ``on`` is what every
+    operation asks before it records."""
     from ringtorch._observe.recorder import RECORDER
 
     capacity, listeners, counter = installed
-    RECORDER.configure(0 if mode == "off" else capacity)
-    RECORDER.listeners[:] = [] if mode == "ring" else listeners
-    RECORDER.count_with(None if mode == "ring" else counter)
+    if RECORDER.capacity != capacity:
+        RECORDER.configure(capacity)
+    RECORDER.on = mode != "off"
+    RECORDER.listeners[:] = listeners if mode == "on" else []
+    RECORDER.count_with(counter if mode == "on" else None)
 
 
 def _busy(rounds: int) -> int:
@@ -238,9 +244,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5,
                         help="jobs per configuration, alternating; medians are reported")
-    parser.add_argument("--iters", type=int, default=1000, help="calls per timed block")
-    parser.add_argument("--blocks", type=int, default=7, help="timed blocks per job")
-    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--iters", type=int, default=300, help="calls per timed block")
+    parser.add_argument("--blocks", type=int, default=15, help="timed blocks per job")
+    parser.add_argument("--warmup", type=int, default=2500,
+                        help="calls before timing (enough to fill the ring)")
     parser.add_argument("--quick", action="store_true", help="tiny settings (checks it runs)")
     parser.add_argument("--json", help="also write the results here (bench/_report.py's format)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -250,7 +257,7 @@ def main() -> None:
         worker(args)
         return
     if args.quick:
-        args.repeats, args.iters, args.blocks, args.warmup = 1, 50, 2, 20
+        args.repeats, args.iters, args.blocks, args.warmup = 1, 50, 2, 100
     recorder = Recorder("recorder")
     tracing = trace_available()
     jobs = {"default": {}}

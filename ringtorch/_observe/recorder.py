@@ -14,8 +14,9 @@ Why the ring is a list that is trimmed rather than a circular array: an append i
 cheapest store Python has, and it needs no running number or index arithmetic per
 operation. The list grows to ``capacity + TRIM_EVERY`` records, then its oldest
 ``TRIM_EVERY`` go in one step; a record's running number is its position plus the number
-trimmed before it, worked out when the ring is read. The records trimmed are what the
-summary's counter counts (``count_with``): each record is counted once, when it leaves.
+trimmed before it, worked out when the ring is read. The summary's counter
+(``count_with``) is handed the records in batches from the ring itself: one length check
+per operation serves both.
 
 Why stamps are float seconds of ``time.monotonic()``: the deadline and the backend's
 progress board are float seconds of that clock, so they take a record's start stamp as it
@@ -24,9 +25,10 @@ nanoseconds (``Record.enqueued``, ...), as the dump and the timeline write them.
 
 The rule this module keeps: the recorder never blocks on anything slow and never raises into
 the operation it records. Writers do not lock (an append is atomic under the GIL), except the
-thread whose append fills the ring, once every ``TRIM_EVERY`` operations, which trims it and
-hands the trimmed records to the counter, and may wait for a snapshot of the counts in
-progress (tens of microseconds, every few seconds). A dump copies the ring first and may see
+thread whose append reaches the next mark (every ``COUNT_EVERY`` operations when counting,
+else every ``TRIM_EVERY``), which hands the new records to the counter and trims the ring,
+and may wait for a snapshot of the counts in progress (tens of microseconds, every few
+seconds). A dump copies the ring first and may see
 an operation half updated, which it reports as it finds it. ``RECORDER`` is the process's one
 recorder (this subsystem's one state object).
 """
@@ -39,7 +41,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from operator import itemgetter
+from itertools import compress
+from operator import itemgetter, not_
 from typing import Any
 
 from ringtorch import _config
@@ -52,6 +55,10 @@ _VERIFIED_MAX = 1024
 # How many records leave the ring at once (fewer when the capacity is smaller): the ring
 # holds at most capacity + TRIM_EVERY, and the trim moves the others' references down.
 TRIM_EVERY = 256
+# How many records issued between two hand-overs to the counter (see
+# FlightRecorder.count_with): few enough that the records handed over are still in the
+# processor's caches (counting records thousands of operations old costs a cache miss each).
+COUNT_EVERY = 64
 
 # What a record is about.
 COLLECTIVE = "collective"
@@ -65,8 +72,14 @@ VERSION = 1
 # A record is a plain list, its fields at these positions. Writers on the operation's path
 # store by position (``entry[STARTED] = now``); readers take a ``Record``, which names them.
 # ID is only in the copies ``records()`` makes: a live record has no running number.
-(KIND, GROUP, OP, CODE, LASTI, ENQUEUED, STARTED, FINISHED, SEQ, CALL, ROUTE, ERROR, NBYTES,
- PEER, DETAIL, ID) = range(16)
+(KIND, GROUP, OP, SITE, ENQUEUED, STARTED, FINISHED, SEQ, CALL, ROUTE, ERROR, NBYTES, PEER,
+ DETAIL, ID) = range(15)
+# A site: (code, instruction offset) of the user's frame, or NO_SITE. One tuple per call site,
+# shared by every record made there: a record allocates nothing for its site.
+NO_SITE: tuple[Any, int] = (None, 0)
+
+
+_finished_of = itemgetter(FINISHED)
 
 
 def _ns(position: int) -> property:
@@ -92,7 +105,8 @@ class Record(list):  # type: ignore[type-arg]
         op: the operation as the user called it ("allreduce", "send", "rpc_sync", ...).
         code, lasti: the user's frame that issued it: its code and the offset of the calling
             instruction (the line is looked up from it when dumped); code is None when no
-            Python frame issued it (e.g. an autograd hook on torch's engine thread).
+            Python frame issued it (e.g. an autograd hook on torch's engine thread). The
+            live record keeps the pair as one shared tuple (SITE).
         enqueued, started, finished: ``time.monotonic_ns()`` stamps (0: not yet); the live
             record keeps them as ``time.monotonic()`` seconds (0.0: not yet).
         seq: the group's sequence number of a collective (-1 until it is known, and for p2p).
@@ -109,8 +123,9 @@ class Record(list):  # type: ignore[type-arg]
     kind = property(itemgetter(KIND))
     group = property(itemgetter(GROUP))
     op = property(itemgetter(OP))
-    code = property(itemgetter(CODE))
-    lasti = property(itemgetter(LASTI))
+    site_key = property(itemgetter(SITE))
+    code = property(lambda self: self[SITE][0])
+    lasti = property(lambda self: self[SITE][1])
     id = property(itemgetter(ID))
     enqueued = _ns(ENQUEUED)
     started = _ns(STARTED)
@@ -190,8 +205,9 @@ class FlightRecorder:
         # Held while the ring is trimmed or replaced and its records handed over; a dump and
         # a snapshot of the counts hold it too.
         self.count_lock = threading.RLock()
-        self._late: list[list[Any]] = []  # left the ring unfinished: counted once finished
+        self._late: list[list[Any]] = []  # handed over unfinished: counted once finished
         self._ring: list[list[Any]] = []
+        self._counted = self._dropped = 0
         self.configure(_config.FLIGHT_RECORDER.get() if capacity is None else capacity)
         self._settled = capacity is not None
 
@@ -212,19 +228,21 @@ class FlightRecorder:
             raise ValueError(f"the flight recorder's capacity must be >= 0, got {capacity}")
         self._settled = True
         with self.count_lock:
-            old = self._ring
+            if self._count is not None:  # the old ring's records not yet handed over
+                self._hand_over(self._ring[self._counted - self._dropped:])
             self.capacity = capacity
             self.on = capacity > 0
-            self._ring = []  # see the module docstring: oldest first, trimmed by _trim
+            self._ring = []  # see the module docstring: oldest first, trimmed by _maintain
             self._trim_by = max(1, min(capacity, TRIM_EVERY))
             self._trim_at = capacity + self._trim_by
             self._dropped = 0  # records trimmed from this ring so far
-            self._hand_over(old)
+            self._counted = 0  # records of this ring handed to the counter (or kept aside)
+            self._set_due()
         # Call sites found by a full walk (see _walk); they hold their code objects, so an
         # id here is never one of a code object that has since been freed.
         self._verified: dict[int, tuple[Any, set[int]]] = {}
         # The last verified site: a loop issuing from one line finds it here, without the
-        # table's look-up.
+        # table's look-up, and its records share this tuple.
         self._last_site: tuple[Any, int] = (None, -1)
 
     def record(self, kind: str, group: str, op: str, hint: int = 3, peer: int | str = -1,
@@ -241,23 +259,28 @@ class FlightRecorder:
         """
         try:  # the frame hint + 1 above the caller: the user's, if this is a known site
             frame: Any = _getframe(hint + 1)
-            code, lasti = frame.f_code, frame.f_lasti
-            last = self._last_site  # one read: threads replace the pair whole
-            if last[0] is not code or last[1] != lasti:
-                known = self._verified.get(id(code))
-                if known is not None and known[0] is code and lasti in known[1]:
-                    self._last_site = (code, lasti)
-                else:
-                    code, lasti = self._walk(hint)
+            site = self._last_site  # one read: threads replace the pair whole
+            if site[0] is not frame.f_code or site[1] != frame.f_lasti:
+                site = self._site_of(frame, hint)
         except ValueError:  # a shallower stack than the hint
-            code, lasti = self._walk(hint)
-        entry = [kind, group, op, code, lasti, _now(), 0.0, 0.0, -1, None, None, "", nbytes,
-                 peer, detail]
+            site = self._walk(hint)
+        entry = [kind, group, op, site, _now(), 0.0, 0.0, -1, None, None, "", nbytes, peer,
+                 detail]
         ring = self._ring  # one read: a concurrent configure() swaps the whole ring
         ring.append(entry)
-        if len(ring) >= self._trim_at:
-            self._trim(ring)
+        if len(ring) >= self._due:
+            self._maintain(ring)
         return entry
+
+    def _site_of(self, frame: Any, hint: int) -> tuple[Any, int]:
+        """The site of an operation whose frame ``hint + 1`` above ``record``'s caller is
+        ``frame`` and not the last site: from the table of verified sites, else walked."""
+        code, lasti = frame.f_code, frame.f_lasti
+        known = self._verified.get(id(code))
+        if known is not None and known[0] is code and lasti in known[1]:
+            site = self._last_site = (code, lasti)
+            return site
+        return self._walk(hint + 1)
 
     def _walk(self, hint: int) -> tuple[Any, int]:
         """The (code, instruction offset) of the user's frame that issued the operation,
@@ -277,66 +300,82 @@ class FlightRecorder:
         at ``hint + 1`` is remembered (at most ``_VERIFIED_MAX`` codes; the table starts
         over when full).
         """
-        frame, depth = sys._getframe(2), 1  # depth counts from record(): its caller is 1
+        frame, depth = sys._getframe(2), 1  # depth counts from its caller: record()'s is 1
         while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
             frame, depth = frame.f_back, depth + 1
         if frame is None:
-            return None, 0
-        code, lasti = frame.f_code, frame.f_lasti
+            return NO_SITE
+        site = (frame.f_code, frame.f_lasti)
         if depth == hint + 1:
-            known = self._verified.get(id(code))
-            if known is None or known[0] is not code:
+            known = self._verified.get(id(site[0]))
+            if known is None or known[0] is not site[0]:
                 if len(self._verified) >= _VERIFIED_MAX:
                     self._verified.clear()
-                known = self._verified[id(code)] = (code, set())
-            known[1].add(lasti)
-            self._last_site = (code, lasti)
-        return code, lasti
+                known = self._verified[id(site[0])] = (site[0], set())
+            known[1].add(site[1])
+            self._last_site = site
+        return site
 
-    def _trim(self, ring: list[list[Any]]) -> None:
-        """Let the oldest records leave a full ring, handing them to the counter (``record``
-        calls it once every ``TRIM_EVERY`` records)."""
+    def _maintain(self, ring: list[list[Any]]) -> None:
+        """Hand the counter the records issued since its last hand-over, every
+        ``COUNT_EVERY`` records while they are still in the processor's caches, and let the
+        oldest records leave a full ring (``record`` calls it when the ring reaches
+        ``_due``)."""
         with self.count_lock:
-            if ring is not self._ring or len(ring) < self._trim_at:
-                return  # replaced, or trimmed meanwhile by another thread
-            leaving = ring[:self._trim_by]
-            del ring[:self._trim_by]  # only here, under the lock; appends go on at the end
-            self._dropped += self._trim_by
-            self._hand_over(leaving)
+            if ring is not self._ring or len(ring) < self._due:
+                return  # replaced, or done meanwhile by another thread
+            if self._count is not None:
+                end = len(ring)  # once: other threads' appends may go on meanwhile
+                self._counted, start = self._dropped + end, self._counted - self._dropped
+                self._hand_over(ring[start:end])
+            if len(ring) >= self._trim_at:  # the records leaving were handed over just now
+                del ring[:self._trim_by]  # only here, under the lock; appends go on at the end
+                self._dropped += self._trim_by
+            self._set_due()
+
+    def _set_due(self) -> None:
+        """The ring's length at which ``record`` calls ``_maintain`` next (the lock held)."""
+        due = self._trim_at
+        if self._count is not None:
+            due = min(due, self._counted - self._dropped + COUNT_EVERY)
+        self._due = due
 
     def count_with(self, count: Callable[[list[list[Any]]], None] | None) -> None:
         """Hand every finished record, once, to ``count`` (None: stop): the summary's totals.
 
-        Why as they leave the ring and not by a listener: a call per record on the
-        operation's path costs more than the counting itself. So the thread whose append
-        fills the ring hands the records that leave it over in one call. One still running
-        then is kept aside and handed over once finished (a record has finished when it has
-        its finish stamp, stamped after its error). ``uncounted`` gives what has finished
-        in the ring and aside, for a snapshot. ``count`` is called holding ``count_lock``,
-        never on two threads at once. The records in the ring when this is called are
-        counted by the new counter.
+        Why in batches and not by a listener: a call per record on the operation's path
+        costs more than the counting itself. So every ``COUNT_EVERY`` records the thread
+        whose append reaches that mark hands the records issued since the last hand-over to
+        ``count`` in one call, while they are still in the caches, and before any of them
+        can leave the ring. One still running then is kept aside and handed over once
+        finished (a record has finished when it has its finish stamp, stamped after its
+        error). ``uncounted`` gives what has finished since, for a snapshot. ``count`` is
+        called holding ``count_lock``, never on two threads at once. Records issued before
+        this call are not counted.
         """
         with self.count_lock:
             self._count = count
             self._late = []
+            self._counted = self._dropped + len(self._ring)
+            self._set_due()
 
     @property
     def counter(self) -> Callable[[list[list[Any]]], None] | None:
         """What ``count_with`` installed (None: nothing counts)."""
         return self._count
 
-    def _hand_over(self, leaving: list[list[Any]]) -> None:
-        """Give the counter the finished records of ``leaving`` and the finished ones kept
+    def _hand_over(self, fresh: list[list[Any]]) -> None:
+        """Give the counter the finished records of ``fresh`` and the finished ones kept
         aside (the count lock held); keep the unfinished ones aside."""
         count = self._count
         if count is None:
             return
-        done, late = [], []
-        for entry in self._late:
-            (done if entry[FINISHED] else late).append(entry)
-        for entry in leaving:
-            (done if entry[FINISHED] else late).append(entry)
-        self._late = late
+        batch = self._late + fresh if self._late else fresh
+        # one look at every stamp (other threads may finish records meanwhile): each record
+        # goes to exactly one of the two lists
+        stamps = list(map(_finished_of, batch))
+        done = list(compress(batch, stamps))
+        self._late = list(compress(batch, map(not_, stamps))) if len(done) < len(batch) else []
         if done:
             try:
                 count(done)
@@ -347,7 +386,7 @@ class FlightRecorder:
         """The finished records not yet handed to the counter (for a snapshot: the totals
         are what was handed over plus these)."""
         with self.count_lock:
-            present = self._late + self._ring  # one copy: appends may go on
+            present = self._late + self._ring[self._counted - self._dropped:]
             return [entry for entry in present if entry[FINISHED]]
 
     def finished(self, entry: list[Any], error: BaseException | None) -> None:
@@ -441,7 +480,7 @@ def to_dict(rec: Record, offset: int) -> dict[str, Any]:
 
 RECORDER = FlightRecorder()
 
-__all__ = ["CALL", "CODE", "COLLECTIVE", "DETAIL", "ENQUEUED", "ERROR", "FINISHED", "FORMAT",
-           "GROUP", "ID", "KIND", "LASTI", "NBYTES", "OP", "P2P", "PEER", "RECORDER", "ROUTE",
-           "RPC", "SEQ", "STARTED", "TRIM_EVERY", "VERSION", "FlightRecorder", "Record",
-           "dtype_name", "env_int", "failed", "line_of", "to_dict"]
+__all__ = ["CALL", "COLLECTIVE", "COUNT_EVERY", "DETAIL", "ENQUEUED", "ERROR", "FINISHED",
+           "FORMAT", "GROUP", "ID", "KIND", "NBYTES", "NO_SITE", "OP", "P2P", "PEER", "RECORDER",
+           "ROUTE", "RPC", "SEQ", "SITE", "STARTED", "TRIM_EVERY", "VERSION", "FlightRecorder",
+           "Record", "dtype_name", "env_int", "failed", "line_of", "to_dict"]

@@ -10,16 +10,19 @@ import json
 import sys
 import threading
 from pathlib import Path
+from random import Random
 from types import SimpleNamespace
 
 from ringtorch import _config
 from ringtorch._observe.recorder import (
     CALL,
+    COUNT_EVERY,
     ERROR,
     FINISHED,
+    KIND,
     NBYTES,
+    OP,
     STARTED,
-    TRIM_EVERY,
     FlightRecorder,
 )
 from ringtorch._observe.summary import format_summary, read_summaries, stragglers
@@ -60,6 +63,49 @@ def test_totals_count_calls_bytes_time_and_failures_per_operation() -> None:
         "rpc_sync": {"kind": "rpc", "calls": 1, "failed": 0, "bytes": 0, "time_ns": 45}}
 
 
+def test_a_batch_of_mixed_records_counts_as_each_record_added_up_one_by_one() -> None:
+    # interleaved operations, sizes from the caller or from the call, failures, and records
+    # that never started: the expected totals are added up here record by record
+    random = Random(7)
+    records = []
+    for i in range(300):
+        op = random.choice(["allreduce", "send", "rpc_sync", "broadcast"])
+        kind = {"send": "p2p", "rpc_sync": "rpc"}.get(op, "collective")
+        started = 0 if i % 37 == 0 else random.randrange(1, 10**6)
+        finished = max(started, 1) + random.randrange(0, 10**4)
+        if kind == "p2p":
+            rec = _record(kind, op, started, finished, nbytes=random.randrange(0, 4096))
+        elif kind == "rpc":
+            rec = _record(kind, op, started, finished)
+        else:
+            rec = _record(kind, op, started, finished,
+                          call_bytes=None if not started else 4 * random.randrange(1, 512))
+        if i % 11 == 0:
+            rec[ERROR] = "DistBackendError: peer gone"
+        records.append(rec)
+    expected: dict[str, dict] = {}
+    for rec in records:
+        op = rec[OP]
+        entry = expected.setdefault(op, {"kind": rec[KIND], "calls": 0, "failed": 0,
+                                         "bytes": 0, "time_ns": 0})
+        entry["calls"] += 1
+        entry["failed"] += 1 if rec[ERROR] else 0
+        if rec[NBYTES] >= 0:
+            entry["bytes"] += rec[NBYTES]
+        elif rec[CALL] is not None:
+            entry["bytes"] += rec[CALL].nbytes
+        if rec[STARTED]:
+            entry["time_ns"] += round((rec[FINISHED] - rec[STARTED]) * 1e9)
+    totals = Totals()
+    totals.add_all(records[:150])
+    totals.add_all(records[150:])
+    found = totals.ops()
+    assert {op: {**v, "time_ns": 0} for op, v in found.items()} == {
+        op: {**v, "time_ns": 0} for op, v in expected.items()}
+    for op, entry in expected.items():  # stamps are float seconds: equal to the nanosecond
+        assert abs(found[op]["time_ns"] - entry["time_ns"]) <= 1, op
+
+
 def _issue(recorder: FlightRecorder, op: str = "send") -> list:
     rec = recorder.record("p2p", "0", op, nbytes=8)
     rec[STARTED] = 10e-9
@@ -87,11 +133,11 @@ def test_a_snapshot_counts_every_finished_record_once_before_and_after_its_hand_
     for rec in first[7:]:
         _finish(rec)
     assert _calls(totals) == 10
-    for _ in range(TRIM_EVERY * 3 + 5):  # several hand-overs
+    for _ in range(COUNT_EVERY * 3 + 5):  # several hand-overs
         _finish(_issue(recorder))
-    assert totals.ops()["send"] == {"kind": "p2p", "calls": 10 + TRIM_EVERY * 3 + 5,
-                                    "failed": 0, "bytes": 8 * (10 + TRIM_EVERY * 3 + 5),
-                                    "time_ns": 3 * (10 + TRIM_EVERY * 3 + 5)}
+    assert totals.ops()["send"] == {"kind": "p2p", "calls": 10 + COUNT_EVERY * 3 + 5,
+                                    "failed": 0, "bytes": 8 * (10 + COUNT_EVERY * 3 + 5),
+                                    "time_ns": 3 * (10 + COUNT_EVERY * 3 + 5)}
 
 
 def test_a_record_still_running_at_its_hand_over_is_counted_when_it_finishes() -> None:
@@ -99,15 +145,15 @@ def test_a_record_still_running_at_its_hand_over_is_counted_when_it_finishes() -
     totals = Totals(recorder)
     totals.start_counting()
     slow = _issue(recorder, "irecv")
-    for _ in range(TRIM_EVERY * 2):  # handed over twice while it runs
+    for _ in range(COUNT_EVERY * 2):  # handed over twice while it runs
         _finish(_issue(recorder))
     assert _calls(totals, "irecv") == 0
     _finish(slow, error="DistBackendError: peer gone")
     assert totals.ops()["irecv"]["failed"] == 1
-    for _ in range(TRIM_EVERY * 2):
+    for _ in range(COUNT_EVERY * 2):
         _finish(_issue(recorder))
     assert _calls(totals, "irecv") == 1
-    assert _calls(totals) == TRIM_EVERY * 4
+    assert _calls(totals) == COUNT_EVERY * 4
 
 
 def test_counts_survive_the_ring_being_reset() -> None:
@@ -117,9 +163,9 @@ def test_counts_survive_the_ring_being_reset() -> None:
     for _ in range(10):
         _finish(_issue(recorder))
     recorder.configure(128)
-    for _ in range(TRIM_EVERY + 1):
+    for _ in range(COUNT_EVERY + 1):
         _finish(_issue(recorder))
-    assert _calls(totals) == 10 + TRIM_EVERY + 1
+    assert _calls(totals) == 10 + COUNT_EVERY + 1
 
 
 def test_totals_lose_no_count_when_threads_issue_and_finish_operations_together() -> None:
