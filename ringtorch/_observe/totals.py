@@ -29,10 +29,6 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterable
-from itertools import chain, groupby
-from math import fsum
-from operator import attrgetter, itemgetter, neg
 from typing import Any
 
 from ringtorch import _config
@@ -49,9 +45,6 @@ from ringtorch._observe.recorder import (
     FlightRecorder,
     env_int,
 )
-
-_op_of = itemgetter(OP)
-_nbytes_of = attrgetter("nbytes")
 
 FORMAT = "ringtorch-rank-summary"
 VERSION = 1
@@ -82,29 +75,31 @@ class Totals:
 
     @staticmethod
     def _add_to(table: dict[str, list[Any]], records: list[list[Any]]) -> None:
-        """Add ``records`` to ``table``, one operation at a time, a column at a time.
+        """Add ``records`` to ``table``.
 
-        Why columns: a batch is a few hundred records, mostly of one or a few operations,
-        and the sums of a column (``zip(*records)``: the start stamps, the finish stamps,
-        the sizes) run in C, where a loop over records costs a few hundred nanoseconds
-        each (``bench/recorder.py`` measures the totals' cost per record)."""
-        if not records:
-            return
-        ops = list(map(_op_of, records))
-        if ops.count(ops[0]) == len(ops):
-            groups: Iterable[tuple[str, Iterable[list[Any]]]] = ((ops[0], records),)
-        else:
-            groups = groupby(sorted(records, key=_op_of), _op_of)
-        for op, group in groups:
-            columns = list(zip(*group, strict=True))
-            calls = len(columns[0])
-            acc = table.get(op)
-            if acc is None:
-                acc = table[op] = [columns[KIND][0], 0, 0, 0, 0.0]
-            acc[1] += calls
-            acc[2] += calls - columns[ERROR].count("")
-            acc[3] += _bytes(columns[NBYTES], columns[CALL])
-            acc[4] += _seconds(columns[STARTED], columns[FINISHED])
+        A batch is mostly runs of one operation (a training loop's all_reduces), so the sums
+        of a run are kept in local variables and added to the table's entry when the
+        operation changes: an addition to a local costs a third of one to a list's item,
+        and this loop runs for every record (``bench/recorder.py`` measures it)."""
+        run: str | None = None
+        kind, calls, failed, nbytes, spent = "", 0, 0, 0, 0.0
+        for rec in records:
+            if rec[OP] is not run:  # op names are the code's literals: one object each
+                if run is not None:
+                    _add_run(table, run, kind, calls, failed, nbytes, spent)
+                run, kind, calls, failed, nbytes, spent = rec[OP], rec[KIND], 0, 0, 0, 0.0
+            size = rec[NBYTES]
+            if size < 0:  # a collective's size is its call's; an RPC's is not known
+                call = rec[CALL]
+                size = call.nbytes if call is not None else 0
+            calls += 1
+            nbytes += size
+            if rec[STARTED]:  # a record that never started spent no time inside
+                spent += rec[FINISHED] - rec[STARTED]
+            if rec[ERROR]:
+                failed += 1
+        if run is not None:
+            _add_run(table, run, kind, calls, failed, nbytes, spent)
 
     def ops(self) -> dict[str, dict[str, Any]]:
         """The totals so far: ``{op: {kind, calls, failed, bytes, time_ns}}``: those handed
@@ -172,24 +167,17 @@ class Totals:
         return target
 
 
-def _bytes(sizes: tuple[int, ...], calls: tuple[Any, ...]) -> int:
-    """Bytes of records whose sizes and calls these are: the size the caller gave, else the
-    call's (collectives), else 0 (an RPC, or a collective that failed before it started)."""
-    if -1 not in sizes:
-        return sum(sizes)
-    if None not in calls and sizes.count(-1) == len(sizes):
-        nbytes = sum(map(_nbytes_of, calls))
-        if nbytes >= 0 and min(map(_nbytes_of, calls)) >= 0:
-            return nbytes
-    return sum(size if size >= 0 else max(0, call.nbytes) if call is not None else 0
-               for size, call in zip(sizes, calls, strict=True))
-
-
-def _seconds(starts: tuple[float, ...], finishes: tuple[float, ...]) -> float:
-    """Seconds from start to finish, summed over records (one that never started: none)."""
-    if 0.0 not in starts:  # one exactly rounded sum: no cancellation between two large sums
-        return fsum(chain(finishes, map(neg, starts)))
-    return fsum(end - start for start, end in zip(starts, finishes, strict=True) if start)
+def _add_run(table: dict[str, list[Any]], op: str, kind: str, calls: int, failed: int,
+             nbytes: int, spent: float) -> None:
+    """Add the sums of a run of records of ``op`` to its entry of ``table``."""
+    acc = table.get(op)
+    if acc is None:
+        table[op] = [kind, calls, failed, nbytes, spent]
+        return
+    acc[1] += calls
+    acc[2] += failed
+    acc[3] += nbytes
+    acc[4] += spent
 
 
 TOTALS = Totals()
