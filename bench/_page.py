@@ -261,9 +261,11 @@ def render_recorder(r: dict[str, Any]) -> str:
         alone = f"; the summary's totals alone {rec['counting_ns']:,.0f} ns"
     elif "listeners_ns" in rec:  # results from before the totals were counted in batches
         alone = f"; the listeners alone {rec['listeners_ns']:,.0f} ns"
+    kept = (" (the ring kept, full, across the switches: the state of a job that has run "
+            "for a while)" if r.get("ring_kept") else "")
     return (f"1 KB all_reduce at world 2, recorder switched off and on between blocks of "
-            f"{r['iters']} calls, {r['blocks']} blocks each per job, median over {r['repeats']} "
-            f"job(s). Ring only: the flight recorder alone (a job outside ringrun); default: "
+            f"{r['iters']} calls{kept}, {r['blocks']} blocks each per job, median over "
+            f"{r['repeats']} job(s). Ring only: the flight recorder alone (a job outside ringrun); default: "
             f"the ring and the summary's totals (a job under ringrun). The yardstick column: "
             f"with the recorder off, 1 µs of the caller's own Python work (measured by CPU "
             f"time) before each call; what one microsecond of CPU per operation costs in this "

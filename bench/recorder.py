@@ -304,14 +304,15 @@ def main() -> None:
           f"{record['on_ns']:.0f} ns (+{record['on_ns'] - record['off_ns']:.0f} ns); the "
           f"summary's totals alone {record['counting_ns']:.0f} ns per record")
     print(f"load average at the end: {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)")
-    # results: {"repeats", "iters", "blocks", "tracing": bool, "rows": [{"transport",
+    # results: {"repeats", "iters", "blocks", "tracing": bool, "ring_kept": True (modes
+    # switched without making the ring anew; absent in older results), "rows": [{"transport",
     # "off_us", "ring_us", "default_us", "work_us" (off, plus 1 µs of the caller's own CPU
     # per call),
     # "trace_off_us", "trace_us" (None: not available)}],
     # "per_record": {"off_ns", "ring_ns", "on_ns", "counting_ns"}}
     recorder.write(args.json, {"repeats": args.repeats, "iters": args.iters,
-                               "blocks": args.blocks, "tracing": tracing, "rows": rows,
-                               "per_record": record})
+                               "blocks": args.blocks, "tracing": tracing, "ring_kept": True,
+                               "rows": rows, "per_record": record})
 
 
 if __name__ == "__main__":

@@ -129,7 +129,8 @@ def test_collective_ratios_are_anchor_time_over_ringtorch_time(tmp_path: Path) -
     assert "old ddp table" in (tmp_path / "page.md").read_text()
 
 
-RECORDER = {"repeats": 5, "iters": 1000, "blocks": 7, "tracing": True, "rows": [
+RECORDER = {"repeats": 5, "iters": 1000, "blocks": 7, "tracing": True, "ring_kept": True,
+            "rows": [
     {"transport": "shm", "off_us": 10.0, "ring_us": 10.2, "default_us": 10.4, "work_us": 11.5,
      "trace_off_us": 10.0, "trace_us": 12.5},
     {"transport": "sockets", "off_us": 20.0, "default_us": 20.5, "trace_off_us": None,
@@ -155,6 +156,8 @@ def test_the_recorders_cost_is_on_over_off(tmp_path: Path) -> None:
             "| not available | not available | not available |") in block
     assert ("off 9,000 ns, ring only +600 ns, ring and the summary's totals (the default) "
             "+900 ns; the summary's totals alone 250 ns.") in block
+    assert ("switched off and on between blocks of 1000 calls (the ring kept, full, across the "
+            "switches: the state of a job that has run for a while), 7 blocks") in block
 
 
 def test_a_page_without_the_markers_is_refused(tmp_path: Path) -> None:
