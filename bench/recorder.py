@@ -1,7 +1,7 @@
 """What the flight recorder (and the timeline's tracing) costs, on and off, side by side in one run.
 
-    python bench/recorder.py                      # 5 repeats: 3-4 minutes on 2 cores
-    python bench/recorder.py --repeats 3 --iters 300 --blocks 15
+    python bench/recorder.py                      # 5 repeats: 4-5 minutes on 2 cores
+    python bench/recorder.py --repeats 2 --iters 200 --blocks 60
     python bench/recorder.py --quick              # tiny settings: checks that it runs
     python bench/recorder.py --json bench/out/recorder.json   # also bench/_report.py's JSON
 
@@ -244,8 +244,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5,
                         help="jobs per configuration, alternating; medians are reported")
-    parser.add_argument("--iters", type=int, default=300, help="calls per timed block")
-    parser.add_argument("--blocks", type=int, default=15, help="timed blocks per job")
+    parser.add_argument("--iters", type=int, default=200, help="calls per timed block")
+    parser.add_argument("--blocks", type=int, default=60,
+                        help="timed blocks per job and mode (many short blocks: the medians "
+                             "of ratios hold still on a noisy machine)")
     parser.add_argument("--warmup", type=int, default=2500,
                         help="calls before timing (enough to fill the ring)")
     parser.add_argument("--quick", action="store_true", help="tiny settings (checks it runs)")
