@@ -25,7 +25,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 DROPPED_SLOTS = "handshake slots full"
 DROPPED_CONNECTIONS = "connection cap reached"
@@ -36,6 +36,15 @@ _FIRST_BACKOFF_S = 0.05
 _MAX_BACKOFF_S = 1.0
 _LOG_EVERY_S = 1.0
 _ACCEPT_BATCH = 64
+
+
+class PoolCounts(NamedTuple):
+    """A HandshakePool's counters, read together (see ``HandshakePool.counts``)."""
+
+    in_flight: int
+    dropped: dict[str, int]
+    refused_handshakes: int
+    accept_pauses: int
 
 
 class HandshakePool:
@@ -75,6 +84,14 @@ class HandshakePool:
     def in_flight(self) -> int:
         """Connections in their handshake now."""
         return len(self._shaking)
+
+    def counts(self) -> PoolCounts:
+        """The counters as of one moment: dropping the oldest connection to make room and
+        taking the newcomer in happen under the pool's lock, so a reader that took them one
+        by one could see the drop counted and the newcomer not yet in flight."""
+        with self._lock:
+            return PoolCounts(len(self._shaking), dict(self.dropped), self.refused_handshakes,
+                              self.accept_pauses)
 
     def sockets(self) -> list[socket.socket]:
         """The sockets in their handshake (a forked child closes its copies; no lock, which
@@ -221,4 +238,4 @@ def tcp_peer(addr: Any) -> str:
     return f"{addr[0]}:{addr[1]}"
 
 
-__all__ = ["HandshakePool", "tcp_peer"]
+__all__ = ["HandshakePool", "PoolCounts", "tcp_peer"]

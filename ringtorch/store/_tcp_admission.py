@@ -98,14 +98,15 @@ class StoreAdmission:
     def statistics(self, connections: int, buffered: int, peak: int, cap: int,
                    dropped_slowest: int) -> StoreServerStatistics:
         """The server's statistics, with what the loop counts given."""
-        dropped = dict(self.pool.dropped)
+        counts = self.pool.counts()
+        dropped = counts.dropped
         if dropped_slowest:
             dropped[DROPPED_SLOWEST] = dropped_slowest
         return StoreServerStatistics(
-            connections=connections, handshakes_in_flight=self.pool.in_flight,
+            connections=connections, handshakes_in_flight=counts.in_flight,
             buffered_bytes=buffered, peak_buffered_bytes=peak, max_buffered_bytes=cap,
-            dropped=dropped, refused_handshakes=self.pool.refused_handshakes,
-            accept_pauses=self.pool.accept_pauses)
+            dropped=dropped, refused_handshakes=counts.refused_handshakes,
+            accept_pauses=counts.accept_pauses)
 
     def close(self) -> None:
         """Shut down the handshakes in flight and close the queued connections."""

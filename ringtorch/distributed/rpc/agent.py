@@ -144,11 +144,11 @@ class RpcAgent:
             by_reference, dead = dict(self._reads_me), dict(self._dead)
         sent, handled = self.counts()
         address = self._listener.address if self._listener is not None else {}
-        pool = self._listener.pool if self._listener is not None else None
+        pool = self._listener.pool.counts() if self._listener is not None else None
         return AgentStatistics(sent, handled, self.pending_calls(), dead,
                                pool.refused_handshakes if pool else 0, transports, by_reference,
                                dict(address), pool.in_flight if pool else 0,
-                               dict(pool.dropped) if pool else {}, pool.accept_pauses if pool else 0)
+                               pool.dropped if pool else {}, pool.accept_pauses if pool else 0)
 
     # ---- start-up ---------------------------------------------------------------------
 
