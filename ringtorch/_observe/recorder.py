@@ -28,9 +28,9 @@ the operation it records. Writers do not lock (an append is atomic under the GIL
 thread whose append reaches the next mark (every ``COUNT_EVERY`` operations when counting,
 else every ``TRIM_EVERY``), which hands the new records to the counter and trims the ring,
 and may wait for a snapshot of the counts in progress (tens of microseconds, every few
-seconds). A dump copies the ring first and may see
-an operation half updated, which it reports as it finds it. ``RECORDER`` is the process's one
-recorder (this subsystem's one state object).
+seconds). A dump copies the ring first and may see an operation half updated, which it
+reports as it finds it. ``RECORDER`` is the process's one recorder (this subsystem's one state
+object).
 """
 
 from __future__ import annotations
@@ -123,7 +123,6 @@ class Record(list):  # type: ignore[type-arg]
     kind = property(itemgetter(KIND))
     group = property(itemgetter(GROUP))
     op = property(itemgetter(OP))
-    site_key = property(itemgetter(SITE))
     code = property(lambda self: self[SITE][0])
     lasti = property(lambda self: self[SITE][1])
     id = property(itemgetter(ID))
@@ -195,7 +194,7 @@ class FlightRecorder:
 
     ``listeners`` are called with each record as it finishes (the timeline's writer is one);
     they run on the operation's thread, so they must be quick and must not raise. A counter
-    (``count_with``: the summary's totals) gets the records in batches as they leave the ring.
+    (``count_with``: the summary's totals) gets the newest records in batches instead.
     """
 
     def __init__(self, capacity: int | None = None) -> None:

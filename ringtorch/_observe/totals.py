@@ -4,9 +4,10 @@ The flight recorder's ring forgets: a long job overwrites it many times. The sum
 the whole job, so each rank keeps, beside the ring, one small accumulator per operation
 ("allreduce", "send", "rpc_sync", ...): how many calls, how many failed, the bytes they
 carried and the time spent inside them (from the start stamp to the finish stamp).
-:meth:`Totals.add_all` gets the finished records from the recorder in batches as they leave
-its ring (see ``FlightRecorder.count_with``), a dictionary look-up and a few additions each
-(``bench/recorder.py`` measures it), so it stays cheap for any length of job.
+:meth:`Totals.add_all` gets the finished records from the recorder in batches, every
+``COUNT_EVERY`` operations (see ``FlightRecorder.count_with``), and adds them up as runs of
+one operation, a few additions each (``bench/recorder.py`` measures it), so it stays cheap
+for any length of job.
 
 Time inside a collective is the rank's wait for its last peer plus the transfer itself; the
 transfer is about the same on every rank, so the rank that spends the least time inside a
