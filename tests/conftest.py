@@ -10,11 +10,13 @@ and the summary says how many and why.
 Processes without RINGTORCH_SECRET use the per-user secret file; the suite points it
 (RINGTORCH_SECRET_FILE, inherited by every process a test starts) at a file of its own, so it
 never creates or reads the user's ~/.config/ringtorch/secret. The processes a test starts get
-a temporary folder (TMPDIR) inside the suite's own, removed when the session ends.
+a temporary folder (TMPDIR) inside the suite's own, removed when the suite's process exits;
+so does what that process itself puts in its temporary folder.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
@@ -27,6 +29,13 @@ os.environ.setdefault("RINGTORCH_SECRET_FILE", os.path.join(_secret_dir, "secret
 # failed collective's error, ...) goes in the suite's own folder, removed at the end.
 os.makedirs(os.path.join(_secret_dir, "tmp"))
 os.environ["TMPDIR"] = os.path.join(_secret_dir, "tmp")
+# This process has read TMPDIR already (tempfile caches the folder): what runs inside it goes
+# there too (torch's launcher, run by the comparison tests, leaves its torchelastic_* log
+# folders and a failed worker's pytorch-errorfile-*.pickle behind).
+tempfile.tempdir = os.environ["TMPDIR"]
+# Removed when this process exits, after multiprocessing has removed its own folder in it
+# (atexit runs last what registered first; multiprocessing is not imported yet here).
+atexit.register(shutil.rmtree, _secret_dir, True)
 
 _skipped: list[str] = []
 _netns_deselected: list[str] = []
@@ -55,7 +64,6 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    shutil.rmtree(_secret_dir, ignore_errors=True)
     if _skipped and not os.environ.get("RINGTORCH_ALLOW_SKIPS"):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
