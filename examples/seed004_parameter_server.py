@@ -9,7 +9,8 @@ through both remote modules with ``rpc_sync``, the backward with ``dist_autograd
 the update with ``DistributedOptimizer.step`` (SGD on both workers), as in torch's RPC
 tutorial. The corpus is made here: sentences from a tiny grammar, so the loss has something
 to learn. ``--backend torch`` runs the same program on ``torch.distributed.rpc`` (the
-benchmark compares the two); without ringrun the script starts both workers with spawn.
+benchmark compares the two); without ringrun the script starts both workers with that
+system's ``multiprocessing.spawn``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 from torch import nn
 
 BACKENDS = {"ringtorch": "ringtorch.distributed", "torch": "torch.distributed"}
+SPAWNERS = {"ringtorch": "ringtorch.multiprocessing", "torch": "torch.multiprocessing"}
 rpc: Any = None
 dist_autograd: Any = None
 DistributedOptimizer: Any = None
@@ -198,8 +200,7 @@ def main() -> None:
         return
     import socket
 
-    import torch.multiprocessing as mp
-
+    mp = importlib.import_module(SPAWNERS[args.backend])  # each system starts its own workers
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
