@@ -11,7 +11,8 @@ Processes without RINGTORCH_SECRET use the per-user secret file; the suite point
 (RINGTORCH_SECRET_FILE, inherited by every process a test starts) at a file of its own, so it
 never creates or reads the user's ~/.config/ringtorch/secret. The processes a test starts get
 a temporary folder (TMPDIR) inside the suite's own, removed when the suite's process exits;
-so does what that process itself puts in its temporary folder.
+so does what that process itself puts in its temporary folder, pytest's ``tmp_path`` folders
+included (run with ``--basetemp DIR`` to keep them for a look after a failure).
 """
 
 from __future__ import annotations
