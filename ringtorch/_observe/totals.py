@@ -91,8 +91,8 @@ class Totals:
                 run, kind, calls, failed, nbytes, spent = rec[OP], rec[KIND], 0, 0, 0, 0.0
             size = rec[NBYTES]
             if size < 0:  # a collective's size is its call's; an RPC's is not known
-                call = rec[CALL]
-                size = call.nbytes if call is not None else 0
+                call = rec[CALL]  # (nor is the size of a call the MPI backend leaves at -1)
+                size = call.nbytes if call is not None and call.nbytes > 0 else 0
             calls += 1
             nbytes += size
             if rec[STARTED]:  # a record that never started spent no time inside

@@ -63,6 +63,15 @@ def test_totals_count_calls_bytes_time_and_failures_per_operation() -> None:
         "rpc_sync": {"kind": "rpc", "calls": 1, "failed": 0, "bytes": 0, "time_ns": 45}}
 
 
+def test_a_call_whose_size_is_unknown_adds_no_bytes() -> None:
+    # the MPI backend's barrier and all_to_all attach calls of nbytes -1
+    totals = Totals()
+    totals.add_all([_record("collective", "barrier", 100, 400, call_bytes=-1),
+                    _record("collective", "barrier", 500, 600, call_bytes=-1)])
+    assert totals.ops() == {"barrier": {"kind": "collective", "calls": 2, "failed": 0,
+                                        "bytes": 0, "time_ns": 400}}
+
+
 def test_a_batch_of_mixed_records_counts_as_each_record_added_up_one_by_one() -> None:
     # interleaved operations, sizes from the caller or from the call, failures, and records
     # that never started: the expected totals are added up here record by record
