@@ -3,4 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test mpi
-exec .venv/bin/python -m pytest "$@"
+# Two workers, a file at a time (tests/conftest.py says why that is safe and what runs together);
+# a later -n (-n 0: one process) overrides.
+exec .venv/bin/python -m pytest -n 2 --dist loadfile "$@"

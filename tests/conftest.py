@@ -1,4 +1,5 @@
-"""Suite-wide rules: no test may be skipped silently; the suite keeps its secret to itself.
+"""Suite-wide rules: no test may be skipped silently; the suite keeps its secret to itself;
+files that share a machine-wide resource never run at the same time.
 
 A skipped test is a test that did not run; on this project's machines every test can run, so
 a skip fails the session (set RINGTORCH_ALLOW_SKIPS=1 to look at a partial run locally).
@@ -13,6 +14,14 @@ never creates or reads the user's ~/.config/ringtorch/secret. The processes a te
 a temporary folder (TMPDIR) inside the suite's own, removed when the suite's process exits;
 so does what that process itself puts in its temporary folder, pytest's ``tmp_path`` folders
 included (run with ``--basetemp DIR`` to keep them for a look after a failure).
+
+``scripts/test.sh`` runs the suite on two pytest-xdist workers, a test file at a time (each
+file's tests in one worker, so a module's cached runs and fixtures are made once). Every test
+scopes what it checks to its own processes, ports and segments, except where the resource is
+named by a program we do not control: Open MPI's segment files in /dev/shm, which the MPI
+tests check are all removed. The files that start Open MPI jobs therefore form one unit of
+work (SHARED_UNITS) and run one after another on one worker. Run ``pytest`` without ``-n``
+(or with ``-n 0``) for one process, as before.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import atexit
 import os
 import shutil
 import tempfile
+from typing import Any
 
 import pytest
 
@@ -37,6 +47,17 @@ tempfile.tempdir = os.environ["TMPDIR"]
 # Removed when this process exits, after multiprocessing has removed its own folder in it
 # (atexit runs last what registered first; multiprocessing is not imported yet here).
 atexit.register(shutil.rmtree, _secret_dir, True)
+
+# Files that run as one unit of work under xdist, and why (see the docstring).
+SHARED_UNITS = {
+    "open-mpi jobs (their segment files in /dev/shm)": (
+        "tests/conformance/test_backend.py",
+        "tests/integration/test_mpi_backend.py",
+        "tests/integration/test_run_under_schedulers.py",
+        "tests/integration/test_timeline.py",
+    ),
+}
+_UNIT_OF_FILE = {path: unit for unit, paths in SHARED_UNITS.items() for path in paths}
 
 _skipped: list[str] = []
 _netns_deselected: list[str] = []
@@ -65,6 +86,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    worker_output = getattr(session.config, "workeroutput", None)
+    if worker_output is not None:  # an xdist worker: the controller prints the summary
+        worker_output["netns_deselected"] = list(_netns_deselected)
+        worker_output["netns_reason"] = list(_netns_reason)
     if _skipped and not os.environ.get("RINGTORCH_ALLOW_SKIPS"):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -78,3 +103,28 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # ty
         terminalreporter.write_line(
             f"FAILED: {len(_skipped)} test(s) were skipped; no test may be skipped here: "
             + ", ".join(_skipped), red=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """Under xdist the workers collect and deselect; the controller reports it, once."""
+    output = getattr(node, "workeroutput", None) or {}
+    if output.get("netns_deselected") and not _netns_deselected:
+        _netns_deselected.extend(output["netns_deselected"])
+        _netns_reason.extend(output["netns_reason"])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``--dist loadfile``: each file is a unit of work, except that the files of one
+    SHARED_UNITS entry make one unit together."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedUnitsScheduling(LoadFileScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return _UNIT_OF_FILE.get(path, path)
+
+    return SharedUnitsScheduling(config, log)
