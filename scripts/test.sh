@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test mpi
-# Two workers, a file at a time (tests/conftest.py says why that is safe and what runs together);
+# Two workers, a file at a time (tests/conftest.py says why that is safe and what runs together),
+# in the order collected: the long integration files first, the many short unit files last to
+# even out the end (xdist's default order, most tests first, left a few long files for the end);
 # a later -n (-n 0: one process) overrides.
-exec .venv/bin/python -m pytest -n 2 --dist loadfile "$@"
+exec .venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder "$@"
