@@ -142,6 +142,7 @@ _lock = threading.Lock()
 _module: list[Any] = []
 _arrived: dict[str, int] = {}
 _arrival = threading.Condition(_lock)
+_big: list[Any] = []
 
 
 def shared_module() -> Any:
@@ -189,6 +190,46 @@ def optim_scenario(rank: int, world_size: int) -> dict[str, Any]:
         out["local"] = local.detach().clone()
         out["ps_after"] = rpc.rpc_sync("worker2", params_of, args=(ps_rref,))
         out["unknown"] = error_of(opt.step, 999)
+    rpc.shutdown()
+    return out
+
+
+BIG = 8_000_000   # elements: one SGD update of it takes milliseconds, so two can overlap
+BIG_STEPS = 30
+
+
+def big_parameter() -> Any:
+    """(on worker2) One large parameter of zeros, created once, shared by the trainers."""
+    with _lock:
+        if not _big:
+            _big.append(rpc.RRef(torch.nn.Parameter(torch.zeros(BIG))))
+        return _big[0]
+
+
+def sum_of(rref: Any) -> torch.Tensor:
+    return rref.local_value().sum()
+
+
+def short_of(rref: Any, expected: float) -> int:
+    """(on worker2) How many elements of the parameter are not ``expected``."""
+    return int((rref.local_value().detach() != expected).sum())
+
+
+def many_steps_scenario(rank: int, world_size: int) -> dict[str, Any]:
+    """Trainers 0 and 1 each step one large parameter on worker2 BIG_STEPS times with
+    torch.optim.SGD, arriving at each step together; the gradient is all ones."""
+    start(rank, world_size)
+    out: dict[str, Any] = {}
+    if rank < 2:
+        big = rpc.rpc_sync("worker2", big_parameter)
+        opt = DistributedOptimizer(torch.optim.SGD, [big], lr=0.5)
+        for step in range(BIG_STEPS):
+            with dist_autograd.context() as cid:
+                dist_autograd.backward(cid, [rpc.rpc_sync("worker2", sum_of, args=(big,))])
+                rpc.rpc_sync("worker2", barrier, args=(f"step {step}",))
+                opt.step(cid)
+        rpc.rpc_sync("worker2", barrier, args=("done",))
+        out["short"] = rpc.rpc_sync("worker2", short_of, args=(big, -0.5 * 2 * BIG_STEPS))
     rpc.shutdown()
     return out
 
