@@ -86,20 +86,39 @@ def _ephemeral_start() -> int:
         return 32768  # Linux's default
 
 
+def job_port_range() -> tuple[int, int]:
+    """The range ``[low, high)`` that :func:`job_port` draws from in this process.
+
+    Below the kernel's ephemeral range; under pytest-xdist (``PYTEST_XDIST_WORKER=gwN``, the
+    N-th of ``PYTEST_XDIST_WORKER_COUNT`` workers, inherited by the processes a test starts)
+    the N-th slice of it, so that tests running at once on different workers never draw the
+    same port.
+    """
+    low, high = _PORT_FLOOR, _ephemeral_start()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(count) > 1:
+        index, width = int(worker[2:]), (high - low) // int(count)
+        if index < int(count):
+            low, high = low + index * width, low + (index + 1) * width
+    return low, high
+
+
 def job_port(host: str = "127.0.0.1") -> int:
     """A free port for a job's master to bind a moment later (MASTER_PORT, tcp://, ringrun).
 
-    Drawn at random below the kernel's ephemeral range: a port that ``bind(0)`` returned is an
-    ephemeral one, which any outgoing connection of any process (the suite makes thousands) may
-    take as its source port before the master binds it, and the master then fails with "address
-    in use". Below that range only a process choosing the same port on purpose can collide.
-    Falls back to :func:`free_port` where the range leaves no room.
+    Drawn at random from :func:`job_port_range`, below the kernel's ephemeral range: a port
+    that ``bind(0)`` returned is an ephemeral one, which any outgoing connection of any process
+    (the suite makes thousands) may take as its source port before the master binds it, and the
+    master then fails with "address in use". Below that range only a process choosing the same
+    port on purpose can collide, and xdist's workers draw from slices of their own. Falls back
+    to :func:`free_port` where the range leaves no room.
     """
-    top = _ephemeral_start()
-    if top - _PORT_FLOOR < 1000:
+    low, high = job_port_range()
+    if high - low < 1000:
         return free_port(host)
     for _ in range(100):
-        port = _port_rng.randrange(_PORT_FLOOR, top)
+        port = _port_rng.randrange(low, high)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
