@@ -106,8 +106,9 @@ class _MachineShare:
 _machine_share = _MachineShare()
 
 
-def _file_of(item: pytest.Item | None) -> str | None:
-    return None if item is None else item.nodeid.split("::", 1)[0]
+def _file_of(nodeid: str) -> str:
+    """The test file of a node id: the unit of work under ``--dist loadfile``."""
+    return nodeid.split("::", 1)[0]
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -115,12 +116,13 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if not hasattr(item.config, "workerinput"):  # not an xdist worker: nothing to share
         yield
         return
-    alone = _file_of(item) in ALONE
+    here = _file_of(item.nodeid)
+    alone = here in ALONE
     _machine_share.take(fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
     try:
         yield
     finally:
-        if not alone or _file_of(nextitem) != _file_of(item):
+        if not alone or nextitem is None or _file_of(nextitem.nodeid) != here:
             _machine_share.give_back()
 
 
@@ -184,7 +186,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class SharedUnitsScheduling(LoadFileScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
+            path = _file_of(nodeid)
             return _UNIT_OF_FILE.get(path, path)
 
     return SharedUnitsScheduling(config, log)

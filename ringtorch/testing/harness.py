@@ -97,11 +97,13 @@ def job_port_range() -> tuple[int, int]:
     low, high = _PORT_FLOOR, _ephemeral_start()
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
-    if worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(count) > 1:
-        index, width = int(worker[2:]), (high - low) // int(count)
-        if index < int(count):
-            low, high = low + index * width, low + (index + 1) * width
-    return low, high
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit()):
+        return low, high
+    index, workers = int(worker[2:]), int(count)
+    if workers < 2 or index >= workers:
+        return low, high
+    width = (high - low) // workers
+    return low + index * width, low + (index + 1) * width
 
 
 def job_port(host: str = "127.0.0.1") -> int:
