@@ -62,27 +62,61 @@ def _wait_count_then_set(store: Store, key: str, count: int) -> None:
 
 
 def get_before_set(rank: int, world_size: int, kind: str, path: str = "") -> bytes:
-    """Ranks > 0 block in get/wait on keys that rank 0 sets only after they are waiting."""
+    """Ranks > 0 block in get, then in wait, on keys that rank 0 sets only once they wait."""
     store = _tcp(rank, world_size) if kind == "tcp" else FileStore(path, world_size)
     if rank == 0:
         if kind == "tcp":  # the server runs here: wait until the others' gets are parked in it
             waiters = store._server._waiters
             wait_for(lambda: len(waiters.get(b"first", ())) == world_size - 1,
                      what="the other ranks' gets to wait in the server")
-        else:  # FileStore readers poll the file and leave no trace: the pause lets them poll
-            while int(store.add("waiting", 0)) < world_size - 1:
-                time.sleep(0.005)
-            time.sleep(0.05)
+        else:
+            _wait_parked(path, world_size, "get")
         store.set("first", b"from rank 0")
+        if kind == "file":
+            _wait_parked(path, world_size, "wait")
         store.set("second", b"2")
         value = b""
     else:
-        store.add("waiting", 1)
+        parked = _mark_parked(store, path, rank) if kind == "file" else _Parked()
+        parked.phase = "get"
         value = store.get("first")
+        parked.phase = "wait"
         store.wait(["first", "second"])
     _leave(store, rank, world_size)
     store.close()
     return value
+
+
+class _Parked:
+    """Which call a FileStore reader is in, for the marker its poll leaves."""
+
+    phase = ""
+
+
+def _mark_parked(store: FileStore, path: str, rank: int) -> _Parked:
+    """Make each poll of ``store`` that finds its keys missing leave a marker file.
+
+    A FileStore reader polls the file and leaves no trace in it, so the marker
+    ``<path>.<rank>.<phase>`` is the only sign that the reader is inside get or wait and has
+    seen that what it waits for is not there yet.
+    """
+    parked, poll = _Parked(), store._poll
+
+    def poll_and_mark(probe, timeout):  # type: ignore[no-untyped-def]
+        def probe_and_mark(table):  # type: ignore[no-untyped-def]
+            result = probe(table)
+            if result is None:
+                open(f"{path}.{rank}.{parked.phase}", "a").close()
+            return result
+        return poll(probe_and_mark, timeout)
+
+    store._poll = poll_and_mark  # type: ignore[method-assign]
+    return parked
+
+
+def _wait_parked(path: str, world_size: int, phase: str) -> None:
+    wait_for(lambda: all(os.path.exists(f"{path}.{r}.{phase}") for r in range(1, world_size)),
+             what=f"the other ranks to find the key missing in their {phase}")
 
 
 def rendezvous_and_exchange(rank: int, world_size: int, url: str,
