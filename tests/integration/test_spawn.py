@@ -108,6 +108,10 @@ def test_start_processes_takes_any_start_method(tmp_path: Path) -> None:
 def test_spawn_with_another_start_method_warns_and_spawns(tmp_path: Path) -> None:
     with pytest.warns(FutureWarning, match="This method only supports start_method=spawn"):
         mp.spawn(write_index_and_args, args=(str(tmp_path), "x"), start_method="fork")
+    # nprocs defaults to 1: one child, index 0, which ran with the args in its own process
+    assert [p.name for p in tmp_path.iterdir()] == ["child0"]
+    tag, pid = (tmp_path / "child0").read_text().split()
+    assert tag == "x" and int(pid) != os.getpid()
 
 
 def test_exceptions_survive_pickling() -> None:
