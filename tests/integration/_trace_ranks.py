@@ -12,6 +12,7 @@ from torch import nn
 import ringtorch.distributed as dist
 import ringtorch.distributed.rpc as rpc
 from ringtorch.distributed import trace
+from ringtorch.distributed.distributed_c10d import _get_default_store
 from ringtorch.nn.parallel import DistributedDataParallel as DDP
 
 
@@ -70,6 +71,9 @@ def ddp_step(rank: int, ws: int) -> int:
     return buckets
 
 
+PEER_AWAY = "peer not joined yet"
+
+
 def profiled(rank: int, ws: int, folder: str) -> dict[str, Any]:
     """Collectives, p2p and RPC inside torch.profiler; what its summary and trace show.
 
@@ -81,7 +85,16 @@ def profiled(rank: int, ws: int, folder: str) -> dict[str, Any]:
     dist.all_reduce(torch.ones(8))  # outside the profiler: no range
     with torch.profiler.profile(record_shapes=True) as prof:
         dist.all_reduce(torch.ones(256))
+        # rank 1 joins the all_gather only after rank 0 has closed the range "peer not joined
+        # yet", opened after its issue: rank 0's gather completes after that range ends
+        store = _get_default_store()
+        if rank == 1:
+            store.wait(["peer may join"])
         work = dist.all_gather_into_tensor(torch.zeros(4 * ws), torch.ones(4), async_op=True)
+        if rank == 0:
+            with torch.profiler.record_function(PEER_AWAY):
+                pass
+            store.set("peer may join", b"1")
         work.wait()
         if rank == 0:
             dist.send(torch.ones(5), dst=1)
@@ -100,7 +113,7 @@ def profiled(rank: int, ws: int, folder: str) -> dict[str, Any]:
     with open(path) as f:
         events = [e for e in json.load(f)["traceEvents"]
                   if e.get("ph") == "X" and ("gloo:" in e["name"] or "rpc_" in e["name"]
-                                             or "layer1" in e["name"])]
+                                             or "layer1" in e["name"] or e["name"] == PEER_AWAY)]
     counts = {(avg.key, str(avg.input_shapes)): avg.count
               for avg in prof.key_averages(group_by_input_shape=True)}
     return {"events": events, "counts": counts}

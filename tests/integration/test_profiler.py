@@ -37,14 +37,24 @@ def test_collectives_appear_as_torch_names_them_with_their_sizes(profiled: list[
     assert (reduce["args"]["dtype"], reduce["args"]["Group size"], reduce["args"]["Rank"]) == (
         "float32", 2, rank)
     assert reduce["args"]["Process Group Name"] == "0"
-    (gather,) = _named(events, "gloo:all_gather")  # an asynchronous one: issue -> completion
+    (gather,) = _named(events, "gloo:all_gather")
     assert (gather["args"]["In msg nelems"], gather["args"]["Out msg nelems"]) == (4, 8)
-    assert gather["dur"] >= 0
     (barrier,) = _named(events, "gloo:barrier")
     assert barrier["args"]["nbytes"] == 0
     assert counts[("gloo:all_reduce", "[[256]]")] == 1
     (p2p,) = _named(events, "gloo:send" if rank == 0 else "gloo:recv")
     assert p2p["args"]["Peer"] == 1 - rank and p2p["args"]["nbytes"] == 20
+
+
+def test_an_asynchronous_collectives_range_lasts_from_issue_to_completion(
+        profiled: list[dict]) -> None:
+    # rank 0 issued an all_gather, then opened and closed a range of its own; only then could
+    # rank 1 join, so the gather cannot have completed before that range ended
+    events = profiled[0]["events"]
+    (gather,) = _named(events, "gloo:all_gather")
+    (away,) = _named(events, ranks.PEER_AWAY)
+    assert gather["ts"] <= away["ts"]
+    assert gather["ts"] + gather["dur"] >= away["ts"] + away["dur"]
 
 
 @pytest.mark.parametrize("rank", [0, 1])
