@@ -31,6 +31,7 @@ from ringtorch.store._tcp_admission import (
     StoreServerStatistics,
 )
 from ringtorch.store._tcp_server import StoreServer
+from ringtorch.testing import wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -58,15 +59,6 @@ for t in threads: t.start()
 for t in threads: t.join()
 print(json.dumps(results))
 """
-
-
-def wait_for(condition: Callable[[], bool], what: str, seconds: float = 30.0) -> None:
-    """Poll a read of the server's state until it holds (fails naming ``what`` after
-    ``seconds``)."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.002)
 
 
 @pytest.fixture
@@ -99,7 +91,7 @@ def test_idle_strangers_filling_every_handshake_slot_do_not_lock_clients_out(ser
     port = server.port
     strangers = [_idle(port) for _ in range(200)]
     wait_for(lambda: server.statistics().dropped.get("handshake slots full", 0) >= 200 -
-             MAX_HANDSHAKES_IN_FLIGHT, "the oldest strangers to be dropped")
+             MAX_HANDSHAKES_IN_FLIGHT, 30, "the oldest strangers to be dropped")
     assert server.statistics().handshakes_in_flight == MAX_HANDSHAKES_IN_FLIGHT
     stop = threading.Event()
     more: list[socket.socket] = []
@@ -135,7 +127,7 @@ def test_idle_strangers_filling_every_handshake_slot_do_not_lock_clients_out(ser
 def test_a_dropped_stranger_is_shut_down_and_the_drop_is_logged(server, caplog):
     caplog.set_level(logging.WARNING, logger="ringtorch.store")
     first = _idle(server.port)
-    wait_for(lambda: server.statistics().handshakes_in_flight == 1, "the first handshake")
+    wait_for(lambda: server.statistics().handshakes_in_flight == 1, 30, "the first handshake")
     others = [_idle(server.port) for _ in range(MAX_HANDSHAKES_IN_FLIGHT)]
     assert _closed_by_server(first)  # the oldest made room for the newest
     assert server.statistics().dropped == {"handshake slots full": 1}
@@ -166,7 +158,7 @@ def test_slow_partial_requests_stay_under_the_cap_and_the_slowest_are_dropped(ca
         port = server.port
         slow = [_authenticated(port) for _ in range(4)]
         fast = [_authenticated(port) for _ in range(4)]
-        wait_for(lambda: server.statistics().connections == 8, "8 clients")
+        wait_for(lambda: server.statistics().connections == 8, 30, "8 clients")
 
         def reaches(buffered: int, dropped: int) -> Callable[[], bool]:
             def check() -> bool:
@@ -179,7 +171,7 @@ def test_slow_partial_requests_stay_under_the_cap_and_the_slowest_are_dropped(ca
         for sock in slow + fast:  # the slow ones first: they made progress least recently
             _start_request(sock)
             expected += FIRST
-            wait_for(reaches(expected, 0), f"{expected} bytes buffered")
+            wait_for(reaches(expected, 0), 30, f"{expected} bytes buffered")
         # Only the fast ones go on; the server drops the slow ones, the least recent first,
         # as soon as the total would pass the cap.
         order = list(slow)
@@ -192,7 +184,7 @@ def test_slow_partial_requests_stay_under_the_cap_and_the_slowest_are_dropped(ca
                     order.pop(0)
                     expected -= FIRST
                     dropped += 1
-                wait_for(reaches(expected, dropped), f"{expected} bytes and {dropped} drops")
+                wait_for(reaches(expected, dropped), 30, f"{expected} bytes and {dropped} drops")
         stats = server.statistics()
         assert stats.peak_buffered_bytes <= CAP == stats.max_buffered_bytes
         assert dropped == 3 and order == slow[3:]
@@ -224,7 +216,7 @@ def test_one_partial_request_larger_than_the_cap_closes_its_connection(caplog):
     try:
         sock = _authenticated(server.port)
         _start_request(sock)
-        wait_for(lambda: server.statistics().buffered_bytes == FIRST, "the first bytes")
+        wait_for(lambda: server.statistics().buffered_bytes == FIRST, 30, "the first bytes")
         try:
             sock.sendall(b"\0" * (CAP - FIRST + 1))
         except OSError:
@@ -269,13 +261,13 @@ def test_at_the_connection_cap_strangers_make_room_and_only_a_full_house_refuses
     monkeypatch.setattr(_tcp_admission, "MAX_CONNECTIONS", 6)  # a small house, same rules
     port = server.port
     members = [_authenticated(port) for _ in range(4)]
-    wait_for(lambda: server.statistics().connections == 4, "4 members")
+    wait_for(lambda: server.statistics().connections == 4, 30, "4 members")
     strangers = [_idle(port) for _ in range(2)]
-    wait_for(lambda: server.statistics().handshakes_in_flight == 2, "2 strangers")
+    wait_for(lambda: server.statistics().handshakes_in_flight == 2, 30, "2 strangers")
     for n, stranger in enumerate(strangers, start=1):  # each newcomer takes a stranger's place
         members.append(_authenticated(port))
         assert _closed_by_server(stranger)
-        wait_for(lambda n=n: server.statistics().connections == 4 + n, f"{4 + n} members")
+        wait_for(lambda n=n: server.statistics().connections == 4 + n, 30, f"{4 + n} members")
     refused = _idle(port)  # six members, no stranger left to drop: refused
     assert _closed_by_server(refused)
     stats = server.statistics()
@@ -292,6 +284,7 @@ import json, logging, os, resource, socket, time
 from datetime import timedelta
 from ringtorch.store import TCPStore
 from ringtorch.store._tcp_server import StoreServer
+from ringtorch.testing import wait_for
 
 errors = []
 class Errors(logging.Handler):
@@ -301,14 +294,6 @@ class Errors(logging.Handler):
 logging.getLogger("ringtorch.store").addHandler(Errors())
 server = StoreServer("127.0.0.1", 0).start()
 
-def until(condition):
-    end = time.monotonic() + 30
-    while not condition():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.002)
-    return True
-
 # 60 sockets made first; then 5 descriptors left: the server's accepts fail with EMFILE
 # while the other connections wait in the backlog.
 clients = [socket.socket() for _ in range(60)]
@@ -317,9 +302,9 @@ highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
 resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 6, hard))
 for sock in clients:
     sock.connect(("127.0.0.1", server.port))
-paused = until(lambda: server.statistics().accept_pauses >= 1)
+paused = wait_for(lambda: server.statistics().accept_pauses >= 1, 30, "a first pause")
 wall, cpu = time.monotonic(), time.process_time()
-more = until(lambda: server.statistics().accept_pauses >= 4)
+more = wait_for(lambda: server.statistics().accept_pauses >= 4, 30, "3 more pauses")
 wall, cpu = time.monotonic() - wall, time.process_time() - cpu
 for sock in clients:
     sock.close()

@@ -14,13 +14,13 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from ringtorch.store import TCPStore
+from ringtorch.testing import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 T30 = timedelta(seconds=30)
@@ -50,14 +50,6 @@ def start_master(tmp_path: Path, how: str, linger_s: str) -> tuple[subprocess.Po
     return proc, int(proc.stdout.readline())
 
 
-def wait_for(path: Path, while_waiting: Callable[[], object] = lambda: None) -> None:
-    deadline = time.monotonic() + 30
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        while_waiting()
-        time.sleep(0.01)
-
-
 @pytest.mark.parametrize("how", ["exit", "close"])
 def test_a_master_that_leaves_serves_a_client_still_working_until_it_disconnects(
         tmp_path: Path, how: str) -> None:
@@ -66,7 +58,11 @@ def test_a_master_that_leaves_serves_a_client_still_working_until_it_disconnects
     client.set("client joined", "yes")
     # The client keeps working (as a rank in its last round trips does) while the master's
     # program ends; then, a moment later, it still finds the server.
-    wait_for(tmp_path / "leaving", while_waiting=lambda: client.check(["nothing"]))
+    def working_until_leaving() -> bool:
+        client.check(["nothing"])
+        return (tmp_path / "leaving").exists()
+
+    wait_for(working_until_leaving, 30, "the master's program to end")
     for _ in range(50):  # half a second (without lingering, its server would be gone by now)
         client.check(["nothing"])
         time.sleep(0.01)
@@ -98,7 +94,7 @@ def test_a_client_that_never_disconnects_delays_the_exit_by_the_bound_only(
     proc, port = start_master(tmp_path, "exit", "1")
     client = TCPStore("127.0.0.1", port, None, False, T30)
     client.set("client joined", "yes")
-    wait_for(tmp_path / "leaving")
+    wait_for((tmp_path / "leaving").exists, 30, "the master's program to end")
     _, err = proc.communicate(timeout=60)  # we stay connected throughout
     assert proc.returncode == 0, err
     # Said by the exit hook, or by the server that the store's finalizer retired at exit.
@@ -141,7 +137,7 @@ def test_a_spawned_master_that_fails_exits_at_once_even_with_a_client_connected(
     proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "port")], cwd=ROOT,
                             env={**os.environ, "RINGTORCH_STORE_LINGER_S": "120"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(tmp_path / "port.done")
+    wait_for((tmp_path / "port.done").exists, 30, "the spawned master's port")
     client = TCPStore("127.0.0.1", int((tmp_path / "port").read_text()), None, False, T30)
     client.set("client joined", "yes")
     _, err = proc.communicate(timeout=60)
