@@ -15,7 +15,6 @@ import logging
 import os
 import socket
 import threading
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -25,7 +24,7 @@ import ringtorch.distributed as dist
 from ringtorch._errors import DistError
 from ringtorch._wire.handshake import SERVICE_COLLECTIVE, client_handshake, handshake_deadline
 from ringtorch.store import PrefixStore, TCPStore
-from ringtorch.testing import run_ranks
+from ringtorch.testing import run_ranks, wait_for
 
 NO_SECRET = {"RINGTORCH_SECRET": "", "RINGTORCH_SECRET_FILE": ""}
 RANK2_HAS_RANK0 = "test/rank2_has_rank0"
@@ -68,18 +67,12 @@ class _Records(logging.Handler):
         return [r.getMessage() for r in self.records if r.levelname == level]
 
 
-def _until(condition: Any, seconds: float = 60.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
-
-
 def _impostor(store: TCPStore, view: HeldBack, out: dict[str, Any]) -> None:
     """Read rank 2's address and token from the store, wait until rank 0 is connected to
     it, then connect as rank 0 (and once with a wrong token); let rank 1 go."""
     try:
-        _until(lambda: any(k.endswith("rt_mesh/addr/2") for k in view.waited))
+        wait_for(lambda: any(k.endswith("rt_mesh/addr/2") for k in view.waited), 60,
+                 "a wait for rank 2's mesh address")
         key = next(k for k in view.waited if k.endswith("rt_mesh/addr/2"))
         group = key[:-len("rt_mesh/addr/2")].rstrip("/").split("/")[-1]  # ".../<group>//rt..."
         key = f"{view.prefix}/{key}"  # the name in the job's store, under the view's prefix
