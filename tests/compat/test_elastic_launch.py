@@ -24,7 +24,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError as
 
 import ringtorch.distributed.launcher.api as ring_api
 from ringtorch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from ringtorch.testing import free_port
+from ringtorch.testing import free_port, wait_for
 from tests.compat import _elastic_programs as P
 
 APIS = {"torch": torch_api, "ringtorch": ring_api}
@@ -249,11 +249,11 @@ def test_a_signal_to_the_launching_program_raises_signal_exception_as_torch(
 
 def _wait_for_files(paths: list[str], proc: subprocess.Popen[str]) -> None:
     """Wait (bounded) until the workers have written their markers."""
-    deadline = time.monotonic() + 60
-    while not all(os.path.exists(p) for p in paths):
+    def started() -> bool:
         assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "the workers did not start"
-        time.sleep(0.05)
+        return all(os.path.exists(p) for p in paths)
+
+    wait_for(started, 60, "the workers to start")
 
 
 def test_a_recorded_main_reports_the_workers_error_in_its_own_error_file_as_torch(

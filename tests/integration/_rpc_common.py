@@ -25,6 +25,7 @@ from ringtorch.distributed.rpc._state import current_agent, current_rrefs
 from ringtorch.distributed.rpc.agent import RpcAgent
 from ringtorch.futures import Future
 from ringtorch.store import TCPStore
+from ringtorch.testing import wait_for
 
 
 def start(rank: int, world_size: int, *, timeout: float = 20.0, threads: int = 16) -> None:
@@ -49,12 +50,12 @@ def timed_error(fn: Any, *args: Any) -> tuple[str, str, float]:
 
 
 def wait_until(condition: Callable[[], bool], seconds: float = 15.0) -> bool:
-    """Poll ``condition`` (a read of some state) until it holds; False after ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
+    """Poll ``condition`` (a read of some state) until it holds; False after ``seconds``
+    (the ranks hand that back as their answer, for the test to assert)."""
+    try:
+        wait_for(condition, seconds)
+    except TimeoutError:
+        return False
     return True
 
 

@@ -5,12 +5,12 @@ runs on them)."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
 
 import ringtorch.distributed.rpc as rpc
+from ringtorch.testing import wait_for
 from tests.integration._rpc_common import start
 
 
@@ -25,11 +25,8 @@ def reported(rank: int) -> bool:
 
 def use_once_shutting_down(rref: rpc.RRef[Any]) -> Any:
     """(on worker1) wait until worker1's main thread is in shutdown, then use ``rref``."""
-    deadline = time.monotonic() + 20
-    while not rpc.rpc_sync("worker0", reported, args=(1,)):
-        if time.monotonic() > deadline:
-            raise TimeoutError("worker1 never reported to the shutdown leader")
-        time.sleep(0.01)
+    wait_for(lambda: rpc.rpc_sync("worker0", reported, args=(1,)), 20,
+             "worker1 to report to the shutdown leader")
     return rref.to_here() * 2
 
 

@@ -8,7 +8,6 @@ its server goes away with it).
 from __future__ import annotations
 
 import os
-import time
 from datetime import timedelta
 
 from ringtorch.store import FileStore, Store, TCPStore
@@ -56,8 +55,8 @@ def race_compare_set(rank: int, world_size: int, kind: str, path: str = "") -> b
 
 
 def _wait_count_then_set(store: Store, key: str, count: int) -> None:
-    while int(store.add(key, 0)) < count:
-        time.sleep(0.001)
+    wait_for(lambda: int(store.add(key, 0)) >= count, TIMEOUT.total_seconds(),
+             f"{count} ranks to count themselves in {key!r}")
     store.set(key + "_all", b"1")
 
 

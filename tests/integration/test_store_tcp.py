@@ -261,8 +261,9 @@ def test_client_of_a_hung_server_gets_an_error_within_its_timeout():
     proc, port = _start_standalone()
     client = TCPStore("127.0.0.1", port, None, False, timedelta(milliseconds=500))
     os.kill(proc.pid, signal.SIGSTOP)
-    while open(f"/proc/{proc.pid}/stat").read().split(") ")[1][0] != "T":
-        time.sleep(0.001)  # kill() returns before the process has stopped
+    # kill() returns before the process has stopped
+    wait_for(lambda: open(f"/proc/{proc.pid}/stat").read().split(") ")[1][0] == "T",
+             what="the server to stop")
     try:
         started = time.monotonic()
         with pytest.raises(DistStoreError, match=rf"^TCPStore 127\.0\.0\.1:{port} did not "

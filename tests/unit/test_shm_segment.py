@@ -22,6 +22,7 @@ from ringtorch._wire.shm import (
     shm_supported,
     sweep_stale_segments,
 )
+from ringtorch.testing import wait_for
 
 _kept: list[object] = []  # what a forked child must keep alive until it is killed
 
@@ -53,15 +54,6 @@ def _kill(pid: int) -> None:
         os.waitpid(pid, 0)
     except (ProcessLookupError, ChildProcessError):
         pass
-
-
-def _becomes_dead(peer: Segment, within_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + within_s
-    while peer.owner_alive():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.001)
-    return True
 
 
 def _new_segment() -> str:
@@ -122,7 +114,8 @@ def test_the_owner_is_alive_until_it_is_killed_even_before_it_is_reaped():
     try:
         assert peer.owner_alive()
         os.kill(pid, signal.SIGKILL)
-        assert _becomes_dead(peer)  # the child is a zombie now: its lock is gone already
+        # the child is a zombie now: its lock is gone already
+        wait_for(lambda: not peer.owner_alive(), 5.0, "the peer's owner to be seen dead")
         os.waitpid(pid, 0)
         assert not peer.owner_alive()
     finally:
@@ -145,7 +138,7 @@ def test_a_child_forked_by_the_owner_does_not_keep_the_owner_alive():
     peer = Segment.attach(name)
     try:
         _kill(pid)
-        assert _becomes_dead(peer)
+        wait_for(lambda: not peer.owner_alive(), 5.0, "the peer's owner to be seen dead")
     finally:
         _kill(pid)
         os.kill(int(grandchild), signal.SIGKILL)
