@@ -316,12 +316,10 @@ def kill_during_all_reduces(rank: int, victim: int,
 
 
 def wait_until_the_others_are_done(rank: int, world_size: int, marker_dir: str) -> None:
-    """Until every other rank has called ``say_done`` (at most 30 s): a late rank that must
-    arrive only after the others gave up on it, whatever the machine's load."""
-    deadline = time.monotonic() + 30
+    """Until every other rank has called ``say_done`` (TimeoutError after 30 s): a late rank that
+    must arrive only after the others gave up on it, whatever the machine's load."""
     others = [os.path.join(marker_dir, f"done{r}") for r in range(world_size) if r != rank]
-    while not all(os.path.exists(p) for p in others) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: all(os.path.exists(p) for p in others), 30, "the other ranks to be done")
 
 
 def wait_until_the_others_wait(b: NativeBackend, rank: int, world_size: int) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from ringtorch._workers.guardian import JOB_MARK_VAR, kill_marked, marked_processes
+from ringtorch.testing import wait_for
 
 WORKER = r"""
 import os, subprocess, sys, time
@@ -73,11 +74,11 @@ def start_job(tmp_path: Path, nproc: int) -> tuple[subprocess.Popen[str], set[in
         [sys.executable, "-m", "ringtorch.launcher", "--nproc-per-node", str(nproc),
          "--shutdown-timeout", "3", str(script)],
         env={**os.environ, "OUT_DIR": str(tmp_path)}, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
-    while len(list(tmp_path.glob("ready*"))) < nproc:
-        assert time.monotonic() < deadline, "workers did not start"
+    def started() -> bool:
         assert launcher.poll() is None, launcher.communicate()[1]
-        time.sleep(0.02)
+        return len(list(tmp_path.glob("ready*"))) == nproc
+
+    wait_for(started, 30, "the workers and their children to start")
     job = descendants(launcher.pid)
     for ready in tmp_path.glob("ready*"):
         job |= {int(pid) for pid in ready.read_text().split()}
@@ -103,13 +104,10 @@ def test_sigkill_to_the_launcher_kills_the_workers_and_every_descendant(tmp_path
     launcher.kill()
     launcher.wait(timeout=30)  # not communicate(): the escapees may hold its stderr pipe a while
     launcher.stderr.close()
-    deadline = time.monotonic() + 30
-    while still_running(job) and time.monotonic() < deadline:
-        time.sleep(0.02)
     try:
         # The workers die by their parent-death signal, their process groups by the guardian,
         # and the setsid escapees by the guardian's sweep of the job's mark.
-        assert still_running(job) == set()
+        wait_for(lambda: not still_running(job), 30, "every process of the job to die")
     finally:
         for pid in still_running(job):
             os.kill(pid, signal.SIGKILL)
@@ -122,10 +120,8 @@ def test_the_guardians_sweep_kills_only_the_processes_carrying_the_jobs_mark() -
     other_job = subprocess.Popen(sleeper, env={**os.environ, JOB_MARK_VAR: "job-2"})
     unmarked = subprocess.Popen(sleeper)
     try:
-        deadline = time.monotonic() + 30
-        while marked.pid not in marked_processes("job-1"):  # its exec has completed
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_for(lambda: marked.pid in marked_processes("job-1"), 30,  # its exec completed
+                 "the marked process to carry its mark")
         assert kill_marked("job-1") == 1
         assert marked.wait(timeout=30) == -signal.SIGKILL
         assert other_job.poll() is None and unmarked.poll() is None

@@ -13,7 +13,6 @@ import re
 import stat
 import subprocess
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import pytest
 from ringtorch import _config
 from ringtorch._wire.errors import HandshakeError
 from ringtorch.store import TCPStore
+from ringtorch.testing import wait_for
 from ringtorch.testing.harness import job_port
 from tests.integration.test_run_multinode import MEET, c10d_args, finish, reports
 
@@ -29,14 +29,15 @@ HAND_LAUNCHED = r"""
 import os, sys, time
 import torch
 import ringtorch.distributed as dist
+from ringtorch.testing import wait_for
 rank, port, folder = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
 t = torch.full((4,), float(rank + 1))
 dist.all_reduce(t)
 print(t.tolist(), flush=True)
 open(os.path.join(folder, f"reduced{rank}"), "w").close()
-while not os.path.exists(os.path.join(folder, "tried")):  # the job stays up meanwhile
-    time.sleep(0.01)
+# the job stays up meanwhile
+wait_for(lambda: os.path.exists(os.path.join(folder, "tried")), 60, "the intruders' tries")
 dist.barrier()
 dist.destroy_process_group()
 """
@@ -87,11 +88,12 @@ def test_hand_launched_ranks_authenticate_with_the_shared_file_and_refuse_others
                               env=_env(shared), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for r in (0, 1)]
     try:
-        deadline = time.monotonic() + 60
-        while not all((tmp_path / f"reduced{r}").exists() for r in (0, 1)):
-            assert time.monotonic() < deadline and all(p.poll() is None for p in ranks), \
+        def reduced() -> bool:
+            assert all(p.poll() is None for p in ranks), \
                 [p.communicate() for p in ranks if p.poll() is not None]
-            time.sleep(0.01)
+            return all((tmp_path / f"reduced{r}").exists() for r in (0, 1))
+
+        wait_for(reduced, 60, "both ranks to have reduced")
         other_home = tmp_path / "other-home" / "secret"
         no_file = subprocess.run([sys.executable, str(intruder), str(port)], capture_output=True,
                                  text=True, timeout=60, env={**_env(shared),

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import ringtorch.multiprocessing as mp
+from ringtorch.testing import wait_for
 
 
 def write_index_and_args(i: int, out: str, tag: str) -> None:
@@ -139,10 +140,7 @@ def test_children_die_with_their_parent(tmp_path: Path) -> None:
     parent.kill()
     parent.wait()
     parent.stdout.close()
-    deadline = time.monotonic() + 30
-    while any(alive(pid) for pid in children) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not any(alive(pid) for pid in children)
+    wait_for(lambda: not any(alive(pid) for pid in children), 30, "the children to die")
 
 
 def test_the_module_has_the_standard_multiprocessing_names() -> None:

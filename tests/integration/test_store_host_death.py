@@ -10,6 +10,7 @@ import time
 from datetime import timedelta
 
 from ringtorch.store import TCPStore
+from ringtorch.testing import wait_for
 from ringtorch.testing.harness import job_port
 
 MASTER = r"""
@@ -45,11 +46,12 @@ def test_ranks_in_init_raise_within_seconds_when_the_store_host_dies() -> None:
         ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(r), str(port)],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for r in (1, 2)]
-        deadline = time.monotonic() + 60
-        # each rank counts its initializations in the store first: then it is connected
-        while not watcher.check([f"rt_init_generation/{r}" for r in (1, 2)]):
-            assert time.monotonic() < deadline and all(r.poll() is None for r in ranks)
-            time.sleep(0.01)
+        def connected() -> bool:
+            assert all(r.poll() is None for r in ranks)
+            # each rank counts its initializations in the store first: then it is connected
+            return watcher.check([f"rt_init_generation/{r}" for r in (1, 2)])
+
+        wait_for(connected, 60, "both ranks to connect to the store")
         master.kill()
         killed = time.monotonic()
         outputs = [r.communicate(timeout=60) for r in ranks]
