@@ -45,6 +45,25 @@ def splice(page: str, blocks: dict[str, str]) -> str:
     return page
 
 
+def block_text(page: str, area: str) -> str:
+    """What is between ``area``'s markers in ``page`` ("" when it has none)."""
+    begin, end = marker(area), marker(area, end=True)
+    if begin not in page or end not in page:
+        return ""
+    return page[page.index(begin) + len(begin):page.index(end)]
+
+
+def splice_pages(pages: dict[Any, str], blocks: dict[str, str]) -> dict[Any, str]:
+    """Each of ``pages`` (path: text) with the blocks whose markers it holds replaced; a block
+    goes to the one page that has its begin marker (else the first page, which refuses it)."""
+    out = dict(pages)
+    for area, text in blocks.items():
+        holders = [p for p, page in out.items() if marker(area) in page]
+        where = holders[0] if len(holders) == 1 else next(iter(out))
+        out[where] = splice(out[where], {area: text})
+    return out
+
+
 # -- formatting --------------------------------------------------------------------------------
 
 

@@ -9,14 +9,16 @@
 Each area runs its script (bench/store.py, collectives.py, hierarchical.py, ddp.py, rpc.py,
 mpi_overhead.py, dist_autograd.py, recorder.py) with the settings below and ``--json OUT/AREA.json``
 (bench/_report.py's format: the results with the machine, commit, date and load), then its
-generated block of the page is rewritten from that file (bench/_page.py); the hand-written
-text around the blocks stays. The collectives area also draws docs/img/busbw.png (matplotlib:
-``pip install 'ringtorch[plot]'``). A failed benchmark keeps its old block and makes the run
-exit 1. Run it on a quiet machine: every table is a measurement, and another job on the same
-cores changes the numbers by 2-5x.
+generated block is rewritten from that file (bench/_page.py), in BENCHMARKS.md or, for the
+tables the page only links to, docs/benchmarks/details.md, and so are its rows of the page's
+opening summary table (bench/_summary.py); the hand-written text around the blocks stays.
+The collectives area also draws docs/img/busbw.png (matplotlib: ``pip install
+'ringtorch[plot]'``). A failed benchmark keeps its old block and makes the run exit 1.
+Run it on a quiet machine: every table is a measurement, and another job on the same cores
+changes the numbers by 2-5x.
 
-With --quick the JSON goes to bench/out/quick/ and the page and the plot to that folder too
-(BENCHMARKS.md, busbw.png) unless --out, --page and --plot say otherwise, so checking the
+With --quick the JSON goes to bench/out/quick/ and the pages and the plot to that folder too
+(BENCHMARKS.md, details.md, busbw.png) unless --out, --page and --plot say otherwise, so checking the
 plumbing never puts tiny-run numbers on the real page or among a full run's results.
 """
 
@@ -36,6 +38,7 @@ sys.path.insert(0, str(BENCH))  # the helpers beside this file, also under `pyth
 import _page  # noqa: E402
 import _plot  # noqa: E402
 import _report  # noqa: E402
+import _summary  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,8 @@ AREAS: dict[str, Area] = {
     "recorder": Area("recorder.py", ("--repeats", "5"), ("--quick",)),
 }
 PLOT_AREA = "collectives"
+SUMMARY = "summary"  # the page's first table, rows from every area's result (bench/_summary.py)
+DETAILS = ROOT / "docs" / "benchmarks" / "details.md"  # the tables the page links to
 
 
 def regenerate_command(area: str) -> str:
@@ -99,17 +104,26 @@ def run_area(area: str, out: Path, quick: bool) -> bool:
     return ok
 
 
-def render(areas: list[str], out: Path, page: Path, plot: Path | None) -> list[str]:
-    """Rewrite the blocks of ``areas`` that have a result in ``out``, then the figure;
-    return the areas without a result."""
-    blocks, missing = {}, []
+def render(areas: list[str], out: Path, page: Path, plot: Path | None,
+           details: Path | None = None) -> list[str]:
+    """Rewrite the blocks of ``areas`` that have a result in ``out`` (in ``page`` or, for the
+    areas whose markers are there, in ``details``) and their rows of the page's summary,
+    then the figure; return the areas without a result."""
+    blocks, envs, missing = {}, {}, []
     for area in areas:
         path = out / f"{area}.json"
         if not path.exists():
             missing.append(area)
             continue
-        blocks[area] = _page.block(area, _report.read(path), regenerate_command(area))
-    page.write_text(_page.splice(page.read_text(), blocks))
+        envs[area] = _report.read(path)
+        blocks[area] = _page.block(area, envs[area], regenerate_command(area))
+    texts = {page: page.read_text()}
+    if details is not None:
+        texts[details] = details.read_text()
+    blocks[SUMMARY] = _summary.render(_page.block_text(texts[page], SUMMARY), envs)
+    for path, text in _page.splice_pages(texts, blocks).items():
+        if text != texts[path]:
+            path.write_text(text)
     if plot is not None and PLOT_AREA in blocks:
         env = _report.read(out / f"{PLOT_AREA}.json")
         plot.parent.mkdir(parents=True, exist_ok=True)
@@ -128,6 +142,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "full run's results)")
     parser.add_argument("--page", type=Path, help="the page to write (default BENCHMARKS.md; "
                         "with --quick OUT/BENCHMARKS.md, a copy of it)")
+    parser.add_argument("--details", type=Path, help="the page of detail tables the main page "
+                        "links to (default docs/benchmarks/details.md when --page is not given; "
+                        "with --quick OUT/details.md, a copy of it)")
     parser.add_argument("--plot", type=Path, help="the bus-bandwidth figure (default "
                         "docs/img/busbw.png; with --quick OUT/busbw.png)")
     parser.add_argument("--no-plot", action="store_true", help="leave the figure as it is")
@@ -146,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out = args.out or BENCH / "out" / ("quick" if args.quick else "")
     args.out.mkdir(parents=True, exist_ok=True)
     page = args.page or (args.out / "BENCHMARKS.md" if args.quick else ROOT / "BENCHMARKS.md")
+    details = args.details or (None if args.page else
+                               args.out / "details.md" if args.quick else DETAILS)
     plot = None if args.no_plot else args.plot or (
         args.out / "busbw.png" if args.quick else ROOT / "docs/img/busbw.png")
     if plot is not None and PLOT_AREA in args.areas and not _plot.available():
@@ -155,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.quick and args.page is None:
         page.write_text((ROOT / "BENCHMARKS.md").read_text())
+        if args.details is None and details is not None:
+            details.write_text(DETAILS.read_text())
     failed = []
     if not args.render_only:
         machine, before = _report.machine(), _report.load_average()
@@ -163,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         failed = [a for a in args.areas if not run_area(a, args.out, args.quick)]
         print(f"# load average after: {_report.load_average()}", file=sys.stderr)
     try:
-        missing = render(args.areas, args.out, page, plot)
+        missing = render(args.areas, args.out, page, plot, details)
     except ValueError as exc:  # a page without the markers, a result of another format
         print(f"bench/all.py: {exc}", file=sys.stderr)
         return 2

@@ -41,6 +41,11 @@ def test_a_quick_store_run_measures_and_writes_its_table(tmp_path: Path) -> None
         assert torch_rate == round(row["torch_ops_s"])
         assert ring_rate == round(row["ringtorch_ops_s"])
         assert abs(ratio - row["ringtorch_ops_s"] / row["torch_ops_s"]) <= 0.01 * ratio + 0.005
+    # the page's summary has the store's row of this run
+    summary = page[page.index("<!-- bench/all.py: begin summary -->"):
+                   page.index("<!-- bench/all.py: end summary -->")]
+    (store_row,) = [line for line in summary.splitlines() if line.startswith("| TCPStore |")]
+    assert f"| {result['date'][:10]}" in store_row, store_row
 
 
 def test_a_quick_recorder_run_measures_both_transports_and_writes_its_table(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,9 @@ ALL = ROOT / "bench" / "all.py"
 PAGE = """# Benchmarks
 
 Hand-written introduction.
+
+<!-- bench/all.py: begin summary -->
+<!-- bench/all.py: end summary -->
 
 ## Store
 
@@ -98,7 +102,8 @@ def test_tables_are_written_between_the_markers_and_the_rest_stays(tmp_path: Pat
     assert "no result (their blocks are unchanged): ddp" in done.stderr
     page = (tmp_path / "page.md").read_text()
     untouched = PAGE.replace("old store table\n", "")
-    assert page.replace(_block(page, "store"), "\n") == untouched
+    assert page.replace(_block(page, "store"), "\n").replace(_block(page, "summary"), "\n") \
+        == untouched
     block = _block(page, "store")
     assert ("*Taken 2026-01-02 03:04:05 UTC, commit abc1234, on 2 cores (Test CPU 9000); "
             "load average (1 min) 0.50 before, 0.75 after.*") in block
@@ -106,6 +111,11 @@ def test_tables_are_written_between_the_markers_and_the_rest_stays(tmp_path: Pat
             "`python bench/all.py --only store`.") in block
     assert "| set | 200,000 | 100,000 | 0.50x | 0.4 + 1.9 | 1.1 + 2.6 |" in block
     assert "| get | 20,000 | 30,000 | 1.50x | 20.0 + 28.0 | 15.0 + 21.0 |" in block
+    # the summary: ringtorch / torch ops/s, set's target (DESIGN.md: at least torch's rate)
+    summary = _block(page, "summary")
+    assert ("| TCPStore | torch's TCPStore | set 0.50x, get 1.50x (ops/s) | set: ≥ 1x torch's "
+            "ops/s | 0.50x | **FAIL** | 2026-01-02, abc1234 |") in summary
+    assert "**1 of 1 targets are missed:** TCPStore: set: ≥ 1x torch's ops/s." in summary
 
 
 def test_collective_ratios_are_anchor_time_over_ringtorch_time(tmp_path: Path) -> None:
@@ -127,6 +137,17 @@ def test_collective_ratios_are_anchor_time_over_ringtorch_time(tmp_path: Path) -
         "1.50x |" in block
     assert "- `PASS  world 2, 1 KB: at most 20 µs`" in block
     assert "old ddp table" in (tmp_path / "page.md").read_text()
+    # the summary: 1 KB in 10 µs misses 5 µs and meets 20 µs and 20x gloo (50x); from 64 KB
+    # up (1 MiB here) shm's 100 µs beats Open MPI's 150 µs; no 16 MB cell: no busbw row
+    summary = _block((tmp_path / "page.md").read_text(), "summary").splitlines()
+    rows = [line for line in summary if line.startswith("| all_reduce |")]
+    assert rows == [
+        "| all_reduce | gloo, Open MPI | world 2: 1 KB 50.0x gloo, 0.50x Open MPI | world 2, "
+        "1 KB: ≤ 5 µs | 10.0 µs | **FAIL** | 2026-01-02, abc1234 |",
+        "| all_reduce |  |  | world 2, 1 KB: ≤ 20 µs | 10.0 µs | PASS |  |",
+        "| all_reduce |  |  | world 2, 1 KB: ≥ 20x gloo | 50.0x | PASS |  |",
+        "| all_reduce |  |  | world 2, 64 KB and up: ≥ Open MPI's speed | slower at none | PASS "
+        "|  |"]
 
 
 RECORDER = {"repeats": 5, "iters": 1000, "blocks": 7, "tracing": True, "ring_kept": True,
@@ -158,6 +179,32 @@ def test_the_recorders_cost_is_on_over_off(tmp_path: Path) -> None:
             "+900 ns; the summary's totals alone 250 ns.") in block
     assert ("switched off and on between blocks of 1000 calls (the ring kept, full, across the "
             "switches: the state of a job that has run for a while), 7 blocks") in block
+    # the summary: default / off 1.040 and 1.025 meet 1.05; 900 ns per record misses 0.5 µs
+    summary = _block((tmp_path / "page.md").read_text(), "summary")
+    assert ("| flight recorder | recorder off | on / off, 1 KB all_reduce: shm 1.040, sockets "
+            "1.025 | on / off, shm: ≤ 1.05 | 1.040 | PASS | 2026-01-02, abc1234 |") in summary
+    assert "| flight recorder |  |  | on / off, sockets: ≤ 1.05 | 1.025 | PASS |  |" in summary
+    assert ("| flight recorder |  |  | CPU per record (world 1): ≤ 0.5 µs | 900 ns | **FAIL** "
+            "|  |") in summary
+
+
+def test_an_area_without_a_result_keeps_its_summary_rows_and_hand_rows_stay_last(
+        tmp_path: Path) -> None:
+    head = ("| area | anchor | ringtorch against the anchor | target | measured | result | "
+            "taken |\n|---|---|---|---|---|---|---|\n")
+    hand = "| ZeRO | torch's | 0.55 of torch's time | — | — | — | 2025-12-31 |"
+    ddp = "| DDP | torch's DDP (gloo) | throughput 2.00x | throughput: ≥ 1.3x torch's | 2.00x | " \
+          "PASS | 2025-12-30 |"
+    old = PAGE.replace("<!-- bench/all.py: begin summary -->\n",
+                       f"<!-- bench/all.py: begin summary -->\n{head}{hand}\n{ddp}\n")
+    (tmp_path / "page.md").write_text(old)
+    _write_results(tmp_path / "out", store=("store", STORE))
+    done = _render(tmp_path, "--only", "store")
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in _block((tmp_path / "page.md").read_text(), "summary").splitlines()
+            if line.startswith("| ") and not line.startswith("| area")]
+    assert [row.split(" | ")[0] for row in rows] == ["| TCPStore", "| DDP", "| ZeRO"]
+    assert rows[1:] == [ddp, hand]
 
 
 def test_a_page_without_the_markers_is_refused(tmp_path: Path) -> None:
@@ -213,8 +260,22 @@ def test_the_real_page_has_a_block_for_every_area() -> None:
     finally:
         del sys.modules["bench_all"]
         sys.path[:] = path
+    pages = (ROOT / "BENCHMARKS.md").read_text() + bench_all.DETAILS.read_text()
+    for area in [*bench_all.AREAS, bench_all.SUMMARY]:
+        assert pages.count(f"<!-- bench/all.py: begin {area} -->") == 1, area
+        assert pages.count(f"<!-- bench/all.py: end {area} -->") == 1, area
     page = (ROOT / "BENCHMARKS.md").read_text()
-    for area in bench_all.AREAS:
-        assert page.count(f"<!-- bench/all.py: begin {area} -->") == 1, area
-        assert page.count(f"<!-- bench/all.py: end {area} -->") == 1, area
     assert "](docs/img/busbw.png)" in page and (ROOT / "docs/img/busbw.png").exists()
+
+
+def test_the_real_page_is_short_and_opens_with_the_summary_table() -> None:
+    raw = (ROOT / "BENCHMARKS.md").read_bytes()
+    assert len(raw) < 25_000, f"BENCHMARKS.md is {len(raw)} bytes: move tables to " \
+        "docs/benchmarks/details.md"
+    page = raw.decode()
+    assert re.findall(r"^## .*", page, flags=re.M)[0] == "## Summary"
+    first_table = page.index("\n| ")
+    assert page.index("<!-- bench/all.py: begin summary -->") < first_table < page.index(
+        "<!-- bench/all.py: end summary -->")
+    assert page[first_table:].startswith("\n| area | anchor | ringtorch against the anchor |")
+    assert "](docs/benchmarks/details.md)" in page
