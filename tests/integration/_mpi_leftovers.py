@@ -15,7 +15,8 @@ from __future__ import annotations
 import os
 import re
 import signal
-import time
+
+from ringtorch.testing import wait_for
 
 SHM = "/dev/shm"
 _OPEN_MPI_SEGMENT = re.compile(r"^(sm_segment|vader_segment)\.[^/]+\.\d+\.[0-9a-f]+\.\d+$")
@@ -68,9 +69,10 @@ def session_members(sid: int) -> list[int]:
 def end_session(sid: int, grace_s: float = 10.0) -> None:
     """Wait until the launcher's session has no live process left; kill what remains after
     ``grace_s`` (a rank Open MPI did not reap would keep its segment mapped)."""
-    deadline = time.monotonic() + grace_s
-    while session_members(sid) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    try:
+        wait_for(lambda: not session_members(sid), grace_s, "the launcher's session to end")
+    except TimeoutError:
+        pass  # what is left is killed now
     for pid in session_members(sid):
         try:
             os.kill(pid, signal.SIGKILL)

@@ -38,7 +38,7 @@ from ringtorch.collectives.backends import mpi_env
 from ringtorch.collectives.backends.base import BackendContext
 from ringtorch.collectives.backends.mpi import MpiBackend
 from ringtorch.collectives.reduce_op import ReduceOp
-from ringtorch.testing import run_backend_cases
+from ringtorch.testing import run_backend_cases, wait_for
 
 R = ReduceOp
 
@@ -200,9 +200,7 @@ def timeout_cases(w: Ranks) -> None:
 
     def late_barrier() -> None:
         if w.rank == w.size - 1:  # arrives once rank 0's barrier has timed out
-            deadline = time.monotonic() + 30
-            while not os.path.exists(gave_up) and time.monotonic() < deadline:
-                time.sleep(0.01)
+            wait_for(lambda: os.path.exists(gave_up), 30, "rank 0's barrier to time out")
         try:
             w.world.barrier(w.next_seq(w.world), time.monotonic() + (0.3 if w.rank == 0 else 1.0))
         finally:
