@@ -8,7 +8,9 @@ its server goes away with it).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 from ringtorch.store import FileStore, Store, TCPStore
 from ringtorch.testing import wait_for
@@ -101,8 +103,8 @@ def _mark_parked(store: FileStore, path: str, rank: int) -> _Parked:
     """
     parked, poll = _Parked(), store._poll
 
-    def poll_and_mark(probe, timeout):  # type: ignore[no-untyped-def]
-        def probe_and_mark(table):  # type: ignore[no-untyped-def]
+    def poll_and_mark(probe: Callable[[Any], Any], timeout: timedelta) -> Any:
+        def probe_and_mark(table: Any) -> Any:
             result = probe(table)
             if result is None:
                 open(f"{path}.{rank}.{parked.phase}", "a").close()
