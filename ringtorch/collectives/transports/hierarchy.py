@@ -68,7 +68,7 @@ CROSS_GRACE_S = 0.2
 SLICED_FROM_NBYTES = 1 << 62
 # all_gather (whole output) and reduce_scatter (whole input) from this size take the socket
 # path: there the leaders' serial work (one rank per host reduces or sends everything) made
-# them slower than every rank working at once (BENCHMARKS.md, "Hierarchical collectives")
+# them slower than every rank working at once (docs/benchmarks/details.md, "Hierarchical collectives")
 SOCKETS_FROM_NBYTES = 256 * 1024
 AFTER_GRACE_S = CROSS_GRACE_S + 0.2
 _SETUP = "setting up hierarchical shared memory"
