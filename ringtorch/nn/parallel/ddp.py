@@ -24,7 +24,7 @@ from torch import nn
 from ringtorch import distributed as dist
 from ringtorch.distributed.algorithms.join import Join, Joinable, JoinHook
 from ringtorch.nn.parallel.buckets import bucket_caps, plan_buckets
-from ringtorch.nn.parallel.reducer import GradBucket, Reducer
+from ringtorch.nn.parallel.reducer import Reducer
 
 __all__ = ["DistributedDataParallel"]
 
@@ -405,8 +405,8 @@ def _check_comm_hook(hook: Callable[..., Any]) -> None:
         raise TypeError("Communication hook must be callable.")
     sig = inspect.signature(hook)
     bucket = sig.parameters.get("bucket")
-    bucket_types = (GradBucket, getattr(dist, "GradBucket", GradBucket))
-    if bucket is not None and not _annotation_is(bucket.annotation, ("GradBucket",), bucket_types):
+    if bucket is not None and not _annotation_is(bucket.annotation, ("GradBucket",),
+                                                 (dist.GradBucket,)):
         raise ValueError("Communication hook: bucket annotation should be dist.GradBucket.")
     if not _annotation_is(sig.return_annotation, ("Future[torch.Tensor]", "Future[Tensor]"),
                           (torch.futures.Future[torch.Tensor],)):

@@ -1,0 +1,104 @@
+"""Rank-side code of test_ddp_dropin.py: one program, run under torch (gloo) or ringtorch.
+
+Each function takes ``lib`` ("torch" or "ringtorch"), picks that library's
+``distributed`` and ``DistributedDataParallel`` and otherwise runs the same code, so the
+driver can hold ringtorch's results to torch's. The functions return what they saw (tensors,
+flags, error texts); they check nothing themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+LR = 0.1
+
+
+def _lib(lib: str) -> tuple[Any, Any]:
+    """(distributed module, DistributedDataParallel class) of ``lib``."""
+    if lib == "torch":
+        import torch.distributed as tdist
+        from torch.nn.parallel import DistributedDataParallel as TorchDDP
+        return tdist, TorchDDP
+    import ringtorch.distributed as rdist
+    from ringtorch.nn.parallel import DistributedDataParallel as RingDDP
+    return rdist, RingDDP
+
+
+class TwoBranch(nn.Module):
+    """Branch ``a`` is always used; branch ``b`` only where ``use_b`` says."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 3)
+        self.b = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor, use_b: bool = True) -> torch.Tensor:
+        return self.a(x) + self.b(x) if use_b else self.a(x)
+
+
+def make_model() -> TwoBranch:
+    """The same initial weights in every process."""
+    torch.manual_seed(0)
+    return TwoBranch()
+
+
+def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank ``rank``'s data for ``step`` (different on every rank and step)."""
+    g = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randn(5, 4, generator=g), torch.randn(5, 3, generator=g)
+
+
+def _grads(module: nn.Module) -> dict[str, torch.Tensor | None]:
+    return {n: None if p.grad is None else p.grad.clone() for n, p in module.named_parameters()}
+
+
+def _train(ddp: nn.Module, rank: int, steps: range) -> list[dict[str, Any]]:
+    """SGD steps on this rank's batches; each step's averaged gradients, then the weights."""
+    seen = []
+    for step in steps:
+        ddp.zero_grad(set_to_none=True)
+        x, y = batch(rank, step)
+        nn.functional.mse_loss(ddp(x), y).backward()
+        seen.append(_grads(ddp.module))
+        with torch.no_grad():
+            for p in ddp.parameters():
+                p -= LR * p.grad
+    seen.append({n: p.detach().clone() for n, p in ddp.module.named_parameters()})
+    return seen
+
+
+def _init(dist: Any, rank: int, world_size: int) -> None:
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+
+HOOK_SOURCE = '''
+def hook(state: list, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    state.append((isinstance(bucket, dist.GradBucket), bucket.index(), bucket.is_last(),
+                  [tuple(g.shape) for g in bucket.gradients()],
+                  [tuple(p.shape) for p in bucket.parameters()]))
+    tensor = bucket.buffer().div_(dist.get_world_size())
+    bucket.set_buffer(tensor)
+    fut = dist.all_reduce(tensor, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0] if isinstance(f.value(), list) else f.value())
+'''
+
+
+def hook_annotated_with_grad_bucket(rank: int, world_size: int, lib: str) -> dict[str, Any]:
+    """Define a comm hook annotated with ``dist.GradBucket`` (evaluated at definition, as in a
+    module without ``from __future__ import annotations``), register it and train."""
+    dist, DDP = _lib(lib)
+    _init(dist, rank, world_size)
+    namespace: dict[str, Any] = {"dist": dist, "torch": torch}
+    # compiled without this module's `from __future__ import annotations`: the annotations
+    # are evaluated when the hook is defined, as in a module without that import
+    exec(compile(HOOK_SOURCE, "<hook>", "exec", dont_inherit=True), namespace)
+    calls: list[Any] = []
+    ddp = DDP(make_model())
+    ddp.register_comm_hook(calls, namespace["hook"])
+    seen = _train(ddp, rank, range(2))
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"calls": calls, "seen": seen}
