@@ -72,3 +72,20 @@ def test_grad_bucket_is_exported_with_torchs_methods() -> None:
 
     assert public(tdist.GradBucket) == public(rdist.GradBucket)
 
+def test_the_module_path_of_torchs_ddp_gives_ringtorchs_class() -> None:
+    import torch.nn.parallel.distributed as torch_module
+
+    import ringtorch.nn.parallel
+    from ringtorch.nn.parallel.distributed import DistributedDataParallel, _find_tensors
+
+    assert DistributedDataParallel is ringtorch.nn.parallel.DistributedDataParallel
+    module = ringtorch.nn.parallel.distributed
+    assert module.__all__ == torch_module.__all__
+    for name in ("Join", "JoinHook", "Joinable", "ReduceOp", "gather", "scatter_kwargs",
+                 "_DDPJoinHook", "_find_tensors"):
+        assert hasattr(torch_module, name) and hasattr(module, name), name
+    t = [torch.ones(1), torch.zeros(2)]
+    nested = {"a": t[0], "b": [1, (t[1], "x")]}
+    assert [id(x) for x in _find_tensors(nested)] == \
+        [id(x) for x in torch_module._find_tensors(nested)]
+
