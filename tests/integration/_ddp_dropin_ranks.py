@@ -8,6 +8,8 @@ flags, error texts); they check nothing themselves.
 
 from __future__ import annotations
 
+import io
+import os
 from typing import Any
 
 import torch
@@ -72,6 +74,46 @@ def _train(ddp: nn.Module, rank: int, steps: range) -> list[dict[str, Any]]:
 
 def _init(dist: Any, rank: int, world_size: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+
+def pickle_and_save(rank: int, world_size: int, lib: str, folder: str) -> dict[str, Any]:
+    """Train one step, save the whole DDP model to ``folder``, load it back in this job (same
+    group), train the copy; also try to pickle a DDP on a group that is not the default."""
+    dist, DDP = _lib(lib)
+    _init(dist, rank, world_size)
+    ddp = DDP(make_model())
+    first = _train(ddp, rank, range(1))
+    torch.save(ddp, os.path.join(folder, f"{lib}-{rank}.pt"))
+    buffer = io.BytesIO()
+    torch.save(ddp, buffer)
+    buffer.seek(0)
+    copy = torch.load(buffer, weights_only=False)
+    result: dict[str, Any] = {
+        "first": first,
+        "copy_is_ddp": type(copy) is DDP and copy is not ddp,
+        "copy_on_default_group": copy.process_group is dist.group.WORLD,
+        "copy_trained": _train(copy, rank, range(1, 3)),
+    }
+    other = DDP(make_model(), process_group=dist.new_group(ranks=list(range(world_size))))
+    try:
+        torch.save(other, io.BytesIO())
+        result["other_group_error"] = None
+    except RuntimeError as e:
+        result["other_group_error"] = str(e)
+    dist.barrier()
+    dist.destroy_process_group()
+    return result
+
+
+def load_and_train(rank: int, world_size: int, lib: str, folder: str) -> list[dict[str, Any]]:
+    """A new job: load what pickle_and_save saved and train it two more steps."""
+    dist, _ = _lib(lib)
+    _init(dist, rank, world_size)
+    ddp = torch.load(os.path.join(folder, f"{lib}-{rank}.pt"), weights_only=False)
+    seen = _train(ddp, rank, range(1, 3))
+    dist.barrier()
+    dist.destroy_process_group()
+    return seen
 
 
 HOOK_SOURCE = '''

@@ -7,8 +7,10 @@ gradients and weights (to fp tolerance), the same flags, the same error texts.
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
+import pytest
 import torch
 
 from ringtorch.testing import run_ranks
@@ -43,6 +45,50 @@ def _assert_ranks_agree(per_rank: list[Any], where: str) -> None:
         _assert_close(per_rank[0], per_rank[rank], f"{where}: rank 0 vs rank {rank}")
 
 
+@pytest.fixture(scope="module")
+def pickled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    folder = tmp_path_factory.mktemp("ddp-pickles")
+    saved = _both(R.pickle_and_save, str(folder))
+    loaded = _both(R.load_and_train, str(folder))
+    return {"saved": saved, "loaded": loaded, "folder": folder}
+
+
+def test_a_pickled_ddp_model_loads_in_the_same_job_on_the_default_group(pickled) -> None:
+    saved = pickled["saved"]
+    for rank, result in enumerate(saved["ringtorch"]):
+        assert result["copy_is_ddp"] and result["copy_on_default_group"], rank
+    _assert_close(saved["torch"], saved["ringtorch"], "save and reload in one job")
+    # the copy's gradients are averaged: every rank sees the same ones
+    _assert_ranks_agree([r["copy_trained"] for r in saved["ringtorch"]], "reloaded copy")
+
+
+def test_a_pickled_ddp_model_trains_averaged_in_a_new_job_as_torchs(pickled) -> None:
+    loaded = pickled["loaded"]
+    _assert_close(loaded["torch"], loaded["ringtorch"], "loaded in a new job")
+    _assert_ranks_agree(loaded["ringtorch"], "loaded in a new job")
+    # the new job carries on from the saved weights: the same as training on in the first job
+    _assert_close(pickled["saved"]["ringtorch"][0]["copy_trained"], loaded["ringtorch"][0],
+                  "new job vs same job")
+
+
+def test_pickling_a_ddp_model_on_another_group_fails_with_torchs_message(pickled) -> None:
+    theirs = pickled["saved"]["torch"][0]["other_group_error"]
+    assert theirs is not None and "only supported when using DDP with the default" in theirs
+    for result in pickled["saved"]["ringtorch"]:
+        assert result["other_group_error"] == theirs
+
+
+def test_unpickling_without_a_default_group_fails_with_torchs_message(pickled) -> None:
+    messages = {}
+    for lib in LIBS:
+        data = (pickled["folder"] / f"{lib}-0.pt").read_bytes()
+        with pytest.raises(ValueError) as info:
+            torch.load(io.BytesIO(data), weights_only=False)
+        messages[lib] = str(info.value)
+    assert "Default process group has not been initialized" in messages["torch"]
+    assert messages["ringtorch"] == messages["torch"]
+
+
 def test_a_hook_annotated_with_dist_grad_bucket_is_defined_registered_and_called() -> None:
     got = _both(R.hook_annotated_with_grad_bucket)
     for rank, result in enumerate(got["ringtorch"]):
@@ -71,6 +117,7 @@ def test_grad_bucket_is_exported_with_torchs_methods() -> None:
         return {n for n in dir(cls) if not n.startswith("_")}
 
     assert public(tdist.GradBucket) == public(rdist.GradBucket)
+
 
 def test_the_module_path_of_torchs_ddp_gives_ringtorchs_class() -> None:
     import torch.nn.parallel.distributed as torch_module
