@@ -76,6 +76,13 @@ def _init(dist: Any, rank: int, world_size: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
 
 
+def _finish(dist: Any) -> None:
+    """End the job. The caller deletes its DDP modules first: a torch reducer freed after its
+    gloo group was destroyed (when the function returns) now and then never returns."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def pickle_and_save(rank: int, world_size: int, lib: str, folder: str) -> dict[str, Any]:
     """Train one step, save the whole DDP model to ``folder``, load it back in this job (same
     group), train the copy; also try to pickle a DDP on a group that is not the default."""
@@ -100,8 +107,8 @@ def pickle_and_save(rank: int, world_size: int, lib: str, folder: str) -> dict[s
         result["other_group_error"] = None
     except RuntimeError as e:
         result["other_group_error"] = str(e)
-    dist.barrier()
-    dist.destroy_process_group()
+    del ddp, copy, other
+    _finish(dist)
     return result
 
 
@@ -111,9 +118,32 @@ def load_and_train(rank: int, world_size: int, lib: str, folder: str) -> list[di
     _init(dist, rank, world_size)
     ddp = torch.load(os.path.join(folder, f"{lib}-{rank}.pt"), weights_only=False)
     seen = _train(ddp, rank, range(1, 3))
-    dist.barrier()
-    dist.destroy_process_group()
+    del ddp
+    _finish(dist)
     return seen
+
+
+def no_sync_unused(rank: int, world_size: int, lib: str) -> dict[str, Any]:
+    """find_unused_parameters=True: rank 1 uses branch b only in two no_sync() steps; then a
+    synced step without b; then, gradients cleared, another synced step without b."""
+    dist, DDP = _lib(lib)
+    _init(dist, rank, world_size)
+    ddp = DDP(make_model(), find_unused_parameters=True)
+    with ddp.no_sync():
+        for step in range(2):
+            x, y = batch(rank, step)
+            nn.functional.mse_loss(ddp(x, use_b=rank == 1), y).backward()
+    local = _grads(ddp.module)
+    x, y = batch(rank, 2)
+    nn.functional.mse_loss(ddp(x, use_b=False), y).backward()
+    synced = _grads(ddp.module)
+    ddp.zero_grad(set_to_none=True)
+    x, y = batch(rank, 3)
+    nn.functional.mse_loss(ddp(x, use_b=False), y).backward()
+    after = _grads(ddp.module)
+    del ddp
+    _finish(dist)
+    return {"local": local, "synced": synced, "after": after}
 
 
 HOOK_SOURCE = '''
@@ -141,6 +171,6 @@ def hook_annotated_with_grad_bucket(rank: int, world_size: int, lib: str) -> dic
     ddp = DDP(make_model())
     ddp.register_comm_hook(calls, namespace["hook"])
     seen = _train(ddp, rank, range(2))
-    dist.barrier()
-    dist.destroy_process_group()
+    del ddp
+    _finish(dist)
     return {"calls": calls, "seen": seen}

@@ -89,6 +89,22 @@ def test_unpickling_without_a_default_group_fails_with_torchs_message(pickled) -
     assert messages["ringtorch"] == messages["torch"]
 
 
+def test_no_sync_gradients_of_parameters_used_on_one_rank_are_averaged_as_torchs() -> None:
+    got = _both(R.no_sync_unused)
+    torch_ranks, ring_ranks = got["torch"], got["ringtorch"]
+    # before the synced step rank 0 never used b, rank 1 did
+    assert ring_ranks[0]["local"]["b.weight"] is None
+    assert ring_ranks[1]["local"]["b.weight"] is not None
+    _assert_close(torch_ranks, ring_ranks, "no_sync then synced steps")
+    for key in ("synced", "after"):
+        _assert_ranks_agree([r[key] for r in ring_ranks], key)
+    # the synced step averages b's accumulated gradient although no rank used b in it
+    expected = ring_ranks[1]["local"]["b.weight"] / 2
+    torch.testing.assert_close(ring_ranks[0]["synced"]["b.weight"], expected)
+    # the next synced step starts counting afresh: unused everywhere, b keeps no gradient
+    assert [r["after"]["b.weight"] for r in ring_ranks] == [None, None]
+
+
 def test_a_hook_annotated_with_dist_grad_bucket_is_defined_registered_and_called() -> None:
     got = _both(R.hook_annotated_with_grad_bucket)
     for rank, result in enumerate(got["ringtorch"]):

@@ -139,7 +139,9 @@ class Reducer:
         self._unused: list[int] = []
         self._marked_unused = False
         self._used_map = torch.zeros(len(self._params), dtype=torch.int32)
-        self._used = [0] * len(self._params)  # this iteration's, as _used_map before its reduce
+        # parameters that got a gradient since the last synced backward, no_sync() steps
+        # included (torch's local_used_map): all_reduced into _used_map at the synced one
+        self._used = [0] * len(self._params)
         self._div_factor: float = float(self._world_size)
         self._count_work: Any = None
         self._in_join = False
@@ -204,7 +206,6 @@ class Reducer:
         self._require_finalize = True
         self._trace = BackwardTrace.if_tracing(self._buckets)
         self._marked_unused = False
-        self._used = [0] * len(self._params)
         if self._find_unused:
             if self._static_unused is not None:
                 self._unused = self._static_unused
@@ -246,6 +247,9 @@ class Reducer:
         return hook
 
     def _on_grad_ready(self, index: int) -> None:
+        # Counted under no_sync() too: a gradient accumulated there on one rank only is still
+        # averaged at the next synced backward, so every rank ends with the same .grad.
+        self._used[index] = 1
         if not self._expect_hooks:
             return  # no_sync(), or a backward that no DDP forward armed: accumulate locally
         if not self._marked_unused:
@@ -254,7 +258,6 @@ class Reducer:
                 self._trace.begin()
             for unused in self._unused:
                 self._mark_ready(unused, used=False)
-        self._used[index] = 1
         self._mark_ready(index, used=True)
 
     def _mark_ready(self, index: int, used: bool) -> None:
@@ -312,6 +315,7 @@ class Reducer:
         if self._next_bucket > last:
             if self._find_unused:
                 self._used_map = torch.tensor(self._used, dtype=torch.int32)
+                self._used = [0] * len(self._params)
                 dist.all_reduce(self._used_map, group=self._group)
             Variable._execution_engine.queue_callback(self._finalize_backward)
 
