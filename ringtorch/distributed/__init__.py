@@ -54,6 +54,7 @@ from ringtorch.distributed._debug import (
     set_debug_level,
     set_debug_level_from_env,
 )
+from ringtorch.distributed._grad_bucket import GradBucket
 from ringtorch.distributed._profiling import record_comm
 from ringtorch.distributed._world import GroupMember, GroupName, RankType, group
 from ringtorch.distributed.deprecated_ops import (
@@ -134,6 +135,7 @@ __all__ = [
     "DistStoreError",
     "FileStore",
     "GatherOptions",
+    "GradBucket",
     "GroupMember",
     "GroupName",
     "HashStore",

@@ -19,7 +19,6 @@ import ringtorch.distributed as rdist
 
 KNOWN_MISSING = {
     "BuiltinCommHookType": "DDP internals: ringtorch.nn.parallel has its own reducer and hooks",
-    "GradBucket": "DDP internals: ringtorch.nn.parallel.GradBucket (nn sits above this layer)",
     "Logger": "DDP's C++ logger",
     "Reducer": "DDP's C++ reducer: ringtorch.nn.parallel has its own",
     "DeviceMesh": "DTensor/DeviceMesh are out of scope for v1 (FEATURES.md section P)",

@@ -20,7 +20,7 @@ from ringtorch.nn.parallel.data_parallel import (
     scatter,
     scatter_kwargs,
 )
-from ringtorch.nn.parallel.ddp import DistributedDataParallel
+from ringtorch.nn.parallel.distributed import DistributedDataParallel
 from ringtorch.nn.parallel.reducer import GradBucket
 
 __all__ = [

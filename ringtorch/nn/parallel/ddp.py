@@ -24,7 +24,7 @@ from torch import nn
 from ringtorch import distributed as dist
 from ringtorch.distributed.algorithms.join import Join, Joinable, JoinHook
 from ringtorch.nn.parallel.buckets import bucket_caps, plan_buckets
-from ringtorch.nn.parallel.reducer import GradBucket, Reducer
+from ringtorch.nn.parallel.reducer import Reducer
 
 __all__ = ["DistributedDataParallel"]
 
@@ -146,17 +146,54 @@ class DistributedDataParallel(nn.Module, Joinable):
         if init_sync:
             self._verify_params_across_processes(params, names)
             self._sync_module_states(src=0, buffers=broadcast_buffers)
-        first_cap, cap = bucket_caps(bucket_cap_mb)
+        self._bucket_caps = bucket_caps(bucket_cap_mb)
+        self.reducer = self._build_reducer(params, names, static_graph)
+        self._comm_hooks: list[tuple[Callable[..., Any], Any]] = []
+        if static_graph:
+            self._set_static_graph()
+
+    def _build_reducer(self, params: list[nn.Parameter], names: list[str],
+                       static_graph: bool) -> Reducer:
+        first_cap, cap = self._bucket_caps
         # a gradient of a quarter of the cap or more is all_reduced alone, where it lies
         # (reducer.py): copying it into a bucket and back costs more than one more collective
         plans = plan_buckets([p.numel() for p in params], [p.element_size() for p in params],
                              [(p.dtype, p.device) for p in params], first_cap, cap,
                              solo_bytes=cap // 4 or None)
-        self.reducer = Reducer(params, names, plans, self.process_group,
-                               find_unused_parameters or static_graph, gradient_as_bucket_view)
-        self._comm_hooks: list[tuple[Callable[..., Any], Any]] = []
-        if static_graph:
-            self._set_static_graph()
+        return Reducer(params, names, plans, self.process_group,
+                       self.find_unused_parameters or static_graph, self.gradient_as_bucket_view)
+
+    # ---- pickling (torch.save of the whole wrapped model) --------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Everything but the process group and the reducer, as torch's DDP.
+
+        Raises:
+            RuntimeError: the module averages over a group other than the default one.
+        """
+        if not dist.is_initialized() or self.process_group is not dist.group.WORLD:
+            raise RuntimeError("DDP Pickling/Unpickling are only supported when using DDP with "
+                               "the default process group. That is, when you have called "
+                               "init_process_group and have not passed process_group argument "
+                               "to DDP constructor")
+        state = dict(self.__dict__)
+        del state["process_group"], state["reducer"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Rebuild on the default group of the loading process: a new reducer, no comm hook
+        (as torch; ``_comm_hooks`` keeps what was registered, unapplied), no broadcast.
+
+        Raises:
+            ValueError: the default process group is not initialized (torch's message).
+        """
+        self.process_group = _default_group()
+        super().__setstate__(state)
+        self.__dict__.setdefault("require_forward_param_sync", True)
+        self.__dict__.setdefault("require_backward_grad_sync", True)
+        self.reducer = self._build_reducer(*self._params_for_reducer(), self.static_graph)
+        if self.static_graph:
+            self.reducer.static_graph = True
 
     # ---- construction helpers ------------------------------------------------------------
 
@@ -405,8 +442,8 @@ def _check_comm_hook(hook: Callable[..., Any]) -> None:
         raise TypeError("Communication hook must be callable.")
     sig = inspect.signature(hook)
     bucket = sig.parameters.get("bucket")
-    bucket_types = (GradBucket, getattr(dist, "GradBucket", GradBucket))
-    if bucket is not None and not _annotation_is(bucket.annotation, ("GradBucket",), bucket_types):
+    if bucket is not None and not _annotation_is(bucket.annotation, ("GradBucket",),
+                                                 (dist.GradBucket,)):
         raise ValueError("Communication hook: bucket annotation should be dist.GradBucket.")
     if not _annotation_is(sig.return_annotation, ("Future[torch.Tensor]", "Future[Tensor]"),
                           (torch.futures.Future[torch.Tensor],)):

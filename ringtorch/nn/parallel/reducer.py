@@ -24,9 +24,11 @@ import torch
 from torch.autograd import Variable
 
 from ringtorch import distributed as dist
+from ringtorch.distributed import GradBucket
 from ringtorch.nn.parallel._ddp_trace import BackwardTrace
 from ringtorch.nn.parallel.buckets import BucketPlan
 
+# GradBucket (what hooks get) is ringtorch.distributed's, as torch's is torch.distributed's
 __all__ = ["GradBucket", "Reducer"]
 
 _SMALL_PARAM_NUMEL = 16384  # below this many elements per parameter a bucket is AVG-reduced
@@ -54,53 +56,6 @@ _READY_TWICE_ERROR = (
     "Parameter at index {index} with name {name} has been marked as ready twice. This means "
     "that multiple autograd engine hooks have fired for this particular parameter during this "
     "iteration.")
-
-
-class GradBucket:
-    """What a communication hook sees of one bucket (torch's ``dist.GradBucket``)."""
-
-    def __init__(self, index: int, buffer: torch.Tensor, gradients: list[torch.Tensor],
-                 parameters: list[torch.Tensor], is_last: bool) -> None:
-        self._index = index
-        self._buffer = buffer
-        self._gradients = gradients
-        self._parameters = parameters
-        self._is_last = is_last
-        self._views_of = buffer  # the buffer that _gradients view (laid out in order)
-
-    def index(self) -> int:
-        """The bucket's position in launch order; bucket 0 holds the last layers' gradients."""
-        return self._index
-
-    def buffer(self) -> torch.Tensor:
-        """The flat 1-D tensor of this bucket's gradients (not divided by the world size)."""
-        return self._buffer
-
-    def gradients(self) -> list[torch.Tensor]:
-        """Each parameter's gradient: a view of :meth:`buffer` shaped like the parameter.
-
-        Views of the current buffer, as torch's: after :meth:`set_buffer` they view the new
-        one (a hook wrapped in ``fp16_compress_wrapper`` sees float16 gradients).
-        """
-        if self._views_of is not self._buffer:
-            offset, views = 0, []
-            for grad in self._gradients:
-                views.append(self._buffer[offset:offset + grad.numel()].view(grad.shape))
-                offset += grad.numel()
-            self._gradients, self._views_of = views, self._buffer
-        return self._gradients
-
-    def parameters(self) -> list[torch.Tensor]:
-        """The parameters whose gradients are in this bucket, in the buffer's order."""
-        return self._parameters
-
-    def is_last(self) -> bool:
-        """True for the last bucket launched in the iteration."""
-        return self._is_last
-
-    def set_buffer(self, buffer: torch.Tensor) -> None:
-        """Replace the buffer the next stage of a hook chain sees (e.g. a compressed copy)."""
-        self._buffer = buffer
 
 
 class _Bucket:
@@ -184,7 +139,9 @@ class Reducer:
         self._unused: list[int] = []
         self._marked_unused = False
         self._used_map = torch.zeros(len(self._params), dtype=torch.int32)
-        self._used = [0] * len(self._params)  # this iteration's, as _used_map before its reduce
+        # parameters that got a gradient since the last synced backward, no_sync() steps
+        # included (torch's local_used_map): all_reduced into _used_map at the synced one
+        self._used = [0] * len(self._params)
         self._div_factor: float = float(self._world_size)
         self._count_work: Any = None
         self._in_join = False
@@ -249,7 +206,6 @@ class Reducer:
         self._require_finalize = True
         self._trace = BackwardTrace.if_tracing(self._buckets)
         self._marked_unused = False
-        self._used = [0] * len(self._params)
         if self._find_unused:
             if self._static_unused is not None:
                 self._unused = self._static_unused
@@ -291,6 +247,9 @@ class Reducer:
         return hook
 
     def _on_grad_ready(self, index: int) -> None:
+        # Counted under no_sync() too: a gradient accumulated there on one rank only is still
+        # averaged at the next synced backward, so every rank ends with the same .grad.
+        self._used[index] = 1
         if not self._expect_hooks:
             return  # no_sync(), or a backward that no DDP forward armed: accumulate locally
         if not self._marked_unused:
@@ -299,7 +258,6 @@ class Reducer:
                 self._trace.begin()
             for unused in self._unused:
                 self._mark_ready(unused, used=False)
-        self._used[index] = 1
         self._mark_ready(index, used=True)
 
     def _mark_ready(self, index: int, used: bool) -> None:
@@ -357,6 +315,7 @@ class Reducer:
         if self._next_bucket > last:
             if self._find_unused:
                 self._used_map = torch.tensor(self._used, dtype=torch.int32)
+                self._used = [0] * len(self._params)
                 dist.all_reduce(self._used_map, group=self._group)
             Variable._execution_engine.queue_callback(self._finalize_backward)
 

@@ -10,11 +10,10 @@ from typing import Any
 
 import torch
 
+from ringtorch.distributed import GradBucket
 from ringtorch.futures import Future
 
 __all__ = ["noop_hook"]
-
-GradBucket = Any
 
 
 def noop_hook(_: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:

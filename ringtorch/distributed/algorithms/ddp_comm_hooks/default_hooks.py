@@ -17,11 +17,11 @@ from typing import Any
 import torch
 
 from ringtorch import distributed as dist
+from ringtorch.distributed import GradBucket
 
 __all__ = ["allreduce_hook", "bf16_compress_hook", "bf16_compress_wrapper",
            "fp16_compress_hook", "fp16_compress_wrapper"]
 
-GradBucket = Any  # ringtorch.nn.parallel.GradBucket (a layer above this one): duck-typed
 Hook = Callable[[Any, "GradBucket"], "torch.futures.Future[torch.Tensor]"]
 
 
