@@ -137,6 +137,14 @@ def _gpu_count() -> tuple[int, str]:
     if not torch.backends.cuda.is_built():
         return 0, f"torch {torch.__version__} is built without CUDA"
     count = visible_gpu_count()
+    if count == 0 and "CUDA_VISIBLE_DEVICES" not in os.environ and shutil.which("nvidia-smi"):
+        # a container may show neither /proc/driver/nvidia nor /dev/nvidiaN: ask the driver's
+        # tool (a process of its own; nothing here touches CUDA)
+        import subprocess
+
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                                timeout=30).stdout
+        count = sum(1 for line in listed.splitlines() if line.startswith("GPU "))
     return count, f"{count} NVIDIA GPU(s) visible"
 
 

@@ -50,10 +50,12 @@ class _Fifo:
             self.cond.notify_all()
             return self.enqueued
 
-    def stop(self) -> None:
+    def stop(self, join_s: float = 0.0) -> None:
         with self.cond:
             self.ops.append(None)
             self.cond.notify_all()
+        if join_s > 0 and self.thread is not threading.current_thread():
+            self.thread.join(join_s)
 
     def wait_for(self, seq: int) -> None:
         with self.cond:
@@ -88,6 +90,7 @@ class SimStream:
         self.runtime = runtime
         self.device = device
         self._fifo = _Fifo(f"sim-stream-{device}", runtime.delay)
+        runtime._fifos.add(self._fifo)
         weakref.finalize(self, self._fifo.stop)
 
     def submit(self, kind: str, fn: Callable[[], object]) -> int:
@@ -167,6 +170,11 @@ class SimEvent:
         return _EVENT_PREFIX + self._path.encode()
 
 
+def _stop_all(fifos: weakref.WeakSet[_Fifo]) -> None:
+    for fifo in list(fifos):
+        fifo.stop(join_s=5.0)
+
+
 class SimRuntime:
     """:class:`~ringtorch._device.api.DeviceRuntime` for CPU-only torch.
 
@@ -183,6 +191,10 @@ class SimRuntime:
         self._defaults: dict[int, SimStream] = {}
         self._streams: weakref.WeakSet[SimStream] = weakref.WeakSet()
         self._segments: dict[int, str] = {}  # storage data_ptr -> segment of empty()
+        # the workers are stopped and joined at exit: a worker thread still alive in torch
+        # while the interpreter tears torch down aborts the process
+        self._fifos: weakref.WeakSet[_Fifo] = weakref.WeakSet()
+        weakref.finalize(self, _stop_all, self._fifos)
 
     def device(self, index: int) -> torch.device:
         return torch.device("cpu")
