@@ -63,7 +63,9 @@ def environment() -> dict[str, Any]:
         info["device0"] = {"name": props.name, "capability": f"{props.major}.{props.minor}",
                            "total_memory": props.total_memory}
         try:
-            info["torch_nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
+            version = torch.cuda.nccl.version()  # a tuple; an int in old torch
+            info["torch_nccl_version"] = (".".join(map(str, version))
+                                          if isinstance(version, tuple) else str(version))
         except Exception as exc:  # torch built without NCCL
             info["torch_nccl_version"] = f"unavailable: {exc!r}"
     return info

@@ -151,7 +151,7 @@ from ringtorch._device import nccl_lib
 print(nccl_lib.locate()[1])
 ctypes.CDLL(sys.argv[1])
 lib = nccl_lib.load()
-print(lib.how, lib.path == sys.argv[1],
+print(lib.how, os.path.realpath(lib.path) == os.path.realpath(sys.argv[1]),
       lib._lib._handle == ctypes.CDLL(nccl_lib.SONAME)._handle)
 """
 
