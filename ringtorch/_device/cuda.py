@@ -42,7 +42,7 @@ class CudaRuntime:
         return torch.cuda.current_stream(self.device(device))
 
     def use_stream(self, stream: DeviceStream) -> AbstractContextManager[Any]:
-        return torch.cuda.stream(stream)  # type: ignore[arg-type]
+        return torch.cuda.stream(stream)
 
     def new_event(self, interprocess: bool = False) -> DeviceEvent:
         return torch.cuda.Event(interprocess=interprocess)
@@ -51,15 +51,15 @@ class CudaRuntime:
         return torch.cuda.Event.from_ipc_handle(self.device(device), handle)
 
     def launch(self, stream: DeviceStream, fn: Callable[[], object]) -> None:
-        with torch.cuda.stream(stream):  # type: ignore[arg-type]
+        with torch.cuda.stream(stream):
             fn()
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, stream: DeviceStream) -> None:
-        with torch.cuda.stream(stream):  # type: ignore[arg-type]
+        with torch.cuda.stream(stream):
             dst.copy_(src, non_blocking=True)
 
     def busy(self, stream: DeviceStream, seconds: float) -> None:
-        with torch.cuda.stream(stream):  # type: ignore[arg-type]
+        with torch.cuda.stream(stream):
             torch.cuda._sleep(int(seconds * _CYCLES_PER_SECOND))
 
     def synchronize(self, device: int) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ringtorch import _config
 from ringtorch._device import nccl_lib, runtime
 from ringtorch._device.api import DeviceRuntime
 
@@ -139,9 +140,9 @@ def runtime_contract() -> dict[str, Any]:
 def _ipc_peer(runtime_name: str, buffer: Any, handle: bytes, conn: Any) -> None:
     """Spawned: open the owner's buffer and event, wait (device-side) after the owner says it
     recorded, send back what it read and add 1 to the buffer."""
-    os.environ["RINGTORCH_DEVICE_RUNTIME"] = runtime_name
     try:
-        rt = runtime()
+        with _config.override(DEVICE_RUNTIME=runtime_name):
+            rt = runtime()
         shared = rt.open(buffer)
         event = rt.open_event(handle, 0)
         conn.send("opened")

@@ -202,7 +202,7 @@ class SimRuntime:
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype, device: int) -> torch.Tensor:
         nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
         path, mapping = _sim_shm.create(nbytes, "mem")
-        flat = torch.frombuffer(mapping, dtype=torch.uint8)  # type: ignore[call-overload]
+        flat = torch.frombuffer(mapping, dtype=torch.uint8)
         tensor = flat[:nbytes].view(dtype).reshape(shape)
         key = tensor.untyped_storage().data_ptr()
         with self._lock:
@@ -288,7 +288,7 @@ class SimRuntime:
             raise ValueError(f"cannot open a {buffer.runtime!r} device buffer with the sim runtime")
         path, offset, shape, stride, dtype_name = buffer.payload
         dtype = getattr(torch, dtype_name)
-        flat = torch.frombuffer(_sim_shm.attach(path), dtype=torch.uint8)  # type: ignore[call-overload]
+        flat = torch.frombuffer(_sim_shm.attach(path), dtype=torch.uint8)
         itemsize = torch.empty((), dtype=dtype).element_size()
         whole = flat[: flat.numel() // itemsize * itemsize].view(dtype)
         return whole.as_strided(shape, stride, offset)
