@@ -10,6 +10,11 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
+# each test runs the whole check (about 20 s alone, more on a loaded machine)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.sh"
 
 
