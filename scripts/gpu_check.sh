@@ -93,8 +93,10 @@ print(f"{total - failed - errors - skipped} passed, {failed} failed, {errors} er
       f"{skipped} skipped, {m[-1] if m else 0} deselected")
 PY
 )
-if [ "$rc" = 5 ]; then
+if [ "$DRY" = 1 ] && [ "$rc" = 5 ]; then
     st="no tests ran (none selected here)"
+elif [ "$DRY" != 1 ] && grep -q '^DESELECTED .* marked gpu' "$OUT/pytest.log" 2>/dev/null; then
+    st="failed: the gpu tests were deselected on this machine, see below"
 else
     st=$(status $rc)
 fi
