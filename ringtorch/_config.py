@@ -236,6 +236,29 @@ RPC_SPIN_US = _knob(
 )
 
 
+def _parse_choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+DEVICE_RUNTIME = _knob(
+    "RINGTORCH_DEVICE_RUNTIME", "auto", _parse_choice("auto", "cuda", "sim"),
+    "which device runtime ringtorch's GPU code runs on: auto (CUDA where torch sees a GPU, "
+    "else the simulated one), cuda, or sim (streams run by threads over CPU memory; for "
+    "tests)",
+)
+NCCL_LIBRARY = _knob(
+    "RINGTORCH_NCCL_LIBRARY", "", str,
+    "path of the NCCL library (libnccl.so.2) to bind; empty: the one torch has loaded, else "
+    "the nvidia-nccl wheel's, else libnccl.so.2 on the loader's path",
+)
+
+
 @contextlib.contextmanager
 def override(**values: Any) -> Iterator[None]:
     """Set knobs for the duration of a ``with`` block, by name without the prefix.

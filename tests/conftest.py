@@ -4,9 +4,11 @@ files that share a machine-wide resource never run at the same time.
 A skipped test is a test that did not run; on this project's machines every test can run, so
 a skip fails the session (set RINGTORCH_ALLOW_SKIPS=1 to look at a partial run locally).
 
-Tests marked ``netns`` need two network namespaces (ringtorch.testing.netns). Where they
-cannot be made (not root, no iproute2) those tests are deselected, never passed or skipped,
-and the summary says how many and why.
+Tests marked ``netns`` need two network namespaces (ringtorch.testing.netns); tests marked
+``gpu(n)`` need n visible NVIDIA GPUs and a CUDA build of torch (counted without initialising
+CUDA: the harness forks); tests marked ``nccl_lib`` need the NCCL library
+(ringtorch._device.nccl_lib). Where that is missing those tests are deselected, never passed
+or skipped, and the summary says how many and why.
 
 Processes without RINGTORCH_SECRET use the per-user secret file; the suite points it
 (RINGTORCH_SECRET_FILE, inherited by every process a test starts) at a file of its own, so it
@@ -78,8 +80,8 @@ _MACHINE_LOCK = os.environ.setdefault("RINGTORCH_TESTS_MACHINE_LOCK",
                                       os.path.join(_secret_dir, "machine.lock"))
 
 _skipped: list[str] = []
-_netns_deselected: list[str] = []
-_netns_reason: list[str] = []
+# marker -> (node ids deselected, why): the tests whose machine lacks what they need
+_deselected: dict[str, tuple[list[str], str]] = {}
 
 
 class _MachineShare:
@@ -126,20 +128,75 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             _machine_share.give_back()
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    needing = [item for item in items if item.get_closest_marker("netns")]
-    if not needing:
-        return
+def _gpu_count() -> tuple[int, str]:
+    """Visible NVIDIA GPUs usable by torch, counted without initialising CUDA."""
+    import torch
+
+    from ringtorch.launcher.config import visible_gpu_count
+
+    if not torch.backends.cuda.is_built():
+        return 0, f"torch {torch.__version__} is built without CUDA"
+    count = visible_gpu_count()
+    if count == 0 and "CUDA_VISIBLE_DEVICES" not in os.environ and shutil.which("nvidia-smi"):
+        # a container may show neither /proc/driver/nvidia nor /dev/nvidiaN: ask the driver's
+        # tool (a process of its own; nothing here touches CUDA)
+        import subprocess
+
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                                timeout=30).stdout
+        count = sum(1 for line in listed.splitlines() if line.startswith("GPU "))
+    return count, f"{count} NVIDIA GPU(s) visible"
+
+
+def _netns_missing(items: list[pytest.Item]) -> dict[pytest.Item, str]:
     from ringtorch.testing.netns import available, sweep_stale
 
     ok, reason = available()
     if ok:
         sweep_stale()
-        return
-    _netns_reason.append(reason)
-    _netns_deselected.extend(item.nodeid for item in needing)
-    config.hook.pytest_deselected(items=needing)
-    items[:] = [item for item in items if not item.get_closest_marker("netns")]
+        return {}
+    return dict.fromkeys(items, reason)
+
+
+def _gpu_missing(items: list[pytest.Item]) -> dict[pytest.Item, str]:
+    count, why = _gpu_count()
+    missing = {}
+    for item in items:
+        marker = item.get_closest_marker("gpu")
+        assert marker is not None
+        needed = int(marker.args[0]) if marker.args else 1
+        if needed > count:
+            missing[item] = f"needs {needed} GPU(s); {why}"
+    return missing
+
+
+def _nccl_missing(items: list[pytest.Item]) -> dict[pytest.Item, str]:
+    from ringtorch._device import nccl_lib
+
+    try:
+        found = nccl_lib.locate()
+    except FileNotFoundError as exc:
+        return dict.fromkeys(items, str(exc))
+    if found is None:
+        return dict.fromkeys(items, "no NCCL library (install nvidia-nccl-cu13, or set "
+                                    "RINGTORCH_NCCL_LIBRARY)")
+    return {}
+
+
+_NEEDS = {"netns": _netns_missing, "gpu": _gpu_missing, "nccl_lib": _nccl_missing}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for marker, missing_of in _NEEDS.items():
+        needing = [item for item in items if item.get_closest_marker(marker)]
+        if not needing:
+            continue
+        missing = missing_of(needing)
+        if not missing:
+            continue
+        _deselected[marker] = ([item.nodeid for item in missing], next(iter(missing.values())))
+        config.hook.pytest_deselected(items=list(missing))
+        items[:] = [item for item in items if item not in missing]
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -150,17 +207,16 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     worker_output = getattr(session.config, "workeroutput", None)
     if worker_output is not None:  # an xdist worker: the controller prints the summary
-        worker_output["netns_deselected"] = list(_netns_deselected)
-        worker_output["netns_reason"] = list(_netns_reason)
+        worker_output["deselected"] = {marker: (list(ids), why)
+                                       for marker, (ids, why) in _deselected.items()}
     if _skipped and not os.environ.get("RINGTORCH_ALLOW_SKIPS"):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # type: ignore[no-untyped-def]
-    if _netns_deselected:
+    for marker, (ids, why) in _deselected.items():
         terminalreporter.write_line(
-            f"DESELECTED {len(_netns_deselected)} test(s) marked netns: {_netns_reason[0]}",
-            yellow=True)
+            f"DESELECTED {len(ids)} test(s) marked {marker}: {why}", yellow=True)
     if _skipped and not os.environ.get("RINGTORCH_ALLOW_SKIPS"):
         terminalreporter.write_line(
             f"FAILED: {len(_skipped)} test(s) were skipped; no test may be skipped here: "
@@ -171,9 +227,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # ty
 def pytest_testnodedown(node: Any, error: Any) -> None:
     """Under xdist the workers collect and deselect; the controller reports it, once."""
     output = getattr(node, "workeroutput", None) or {}
-    if output.get("netns_deselected") and not _netns_deselected:
-        _netns_deselected.extend(output["netns_deselected"])
-        _netns_reason.extend(output["netns_reason"])
+    for marker, (ids, why) in (output.get("deselected") or {}).items():
+        _deselected.setdefault(marker, (list(ids), why))
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -33,6 +33,7 @@ ALLOWED: dict[str, set[str]] = {
     "ringtorch._workers": set(),
     "ringtorch._buffers": set(),
     "ringtorch._observe": set(),
+    "ringtorch._device": set(),  # the device seam: torch and _config only
     "ringtorch.store": {"ringtorch._wire"},
     "ringtorch.rendezvous": {"ringtorch.store"},
     "ringtorch.collectives": {"ringtorch._wire", "ringtorch._buffers", "ringtorch._observe"},

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHECKED = [
     "ringtorch/collectives",
     "ringtorch/distributed/rpc",
+    "ringtorch/_device",
 ]
 
 
