@@ -35,16 +35,12 @@ from ringtorch.launcher.config import LaunchConfig
 from ringtorch.launcher.decisions import Action, Observation, decide, group_state
 from ringtorch.launcher.handlers import RendezvousGracefulExitError
 from ringtorch.launcher.job_summary import print_job_summary
+from ringtorch.launcher.messages import say
 from ringtorch.launcher.node_rendezvous import NodeRendezvous, RendezvousError, StaticRendezvous
 from ringtorch.launcher.summary import format_summary, one_line, root_cause
 from ringtorch.launcher.workers import Assignment, LocalWorkerGroup, WorkerFailure
 
 EXIT_FAILED = 1
-
-
-def say(message: str) -> None:
-    """One line from the launcher itself, on stderr."""
-    print(f"ringrun: {message}", file=sys.stderr, flush=True)
 
 
 class Agent:
