@@ -40,7 +40,7 @@ from ringtorch._wire.handshake import SERVICE_STORE, client_handshake
 from ringtorch._wire.sockets import connect_tcp
 from ringtorch.store import _protocol as P
 from ringtorch.store._table import INTERNAL_PREFIX, display_key
-from ringtorch.store._tcp_failures import reconnect_failed, request_failed
+from ringtorch.store._tcp_failures import reconnect_failed, request_failed, still_connecting
 from ringtorch.store._tcp_master import (
     Resources,
     StoreAddressInUseError,
@@ -205,7 +205,8 @@ class TCPStore(Store):
         peer, pause = f"{self._host}:{self._port}", 0.01
         while True:
             try:
-                sock = connect_tcp(self._connect_host, self._port, deadline)
+                sock = connect_tcp(self._connect_host, self._port, deadline, report=lambda w, e:
+                                   log.warning(still_connecting(peer, w, e, self._timeout)))
             except OSError as exc:  # DeadlineExceeded included
                 within = f" within {self._timeout}" if isinstance(exc, DeadlineExceeded) else ""
                 raise DistNetworkError(f"TCPStore client could not connect to {peer}{within}: "
