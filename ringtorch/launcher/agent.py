@@ -184,6 +184,7 @@ class Agent:
             return 0
         if action is Action.STOP_FOR_SIGNAL:
             return self._stopped_by_signal()
+        group.drain(1.0)
         failures = list(group.failures.values())
         running = sum(1 for code in group.exit_codes() if code is None)
         if failures:
