@@ -12,10 +12,11 @@ Four routes, chosen per worker and stream (``route_stream``):
 The rule kept: lines of different workers never mix on the console. Every copier writes whole
 lines under one lock (``_CONSOLE``), and so do the launcher's own messages
 (``console_write``). A line still without its newline PARTIAL_LINE_S after its first byte
-came (a prompt before ``input()``, a progress bar redrawn with ``\\r``) is written as it is,
-so that it shows; more of the same line continues it in place, unless another worker wrote in
-between: then the open line is ended with a newline first, and the rest of it starts a new
-line behind its prefix. A worker's last line without a newline gets one when its stream ends.
+came, once the pipe is empty (a prompt before ``input()``, a progress bar redrawn with
+``\\r``), or longer than one read (64 KiB), is written as it is, so that it shows; more of
+the same line continues it in place, unless another worker wrote in between: then the open
+line is ended with a newline first, and the rest of it starts a new line behind its prefix.
+A worker's last line without a newline gets one when its stream ends.
 """
 
 from __future__ import annotations
@@ -113,8 +114,10 @@ class LineCopier:
         try:
             while True:
                 if pending:
-                    wait_s = held_since + PARTIAL_LINE_S - time.monotonic()
-                    if wait_s <= 0 or not poller.poll(wait_s * 1000):
+                    # Bytes already in the pipe come first: the held line may end there (the
+                    # copier itself may have been slow, e.g. blocked on a full console).
+                    wait_s = max(0.0, held_since + PARTIAL_LINE_S - time.monotonic())
+                    if len(pending) >= _CHUNK_NBYTES or not poller.poll(wait_s * 1000):
                         self._emit(pending, complete=False)
                         pending = b""
                         continue

@@ -3,9 +3,13 @@ prefix, a line already open on the console continued in place, a partial line le
 
 from __future__ import annotations
 
+import io
+import os
+
 import pytest
 
-from ringtorch._workers.output import frame_lines
+from ringtorch._workers.output import LineCopier, frame_lines
+from ringtorch.testing import wait_for
 
 
 @pytest.mark.parametrize(("data", "continuing", "framed"), [
@@ -29,3 +33,24 @@ def test_without_a_prefix_the_bytes_pass_unchanged() -> None:
     for data in (b"a\nb\n", b"a\nb", b"\r 10%", b"\n\n"):
         assert frame_lines(data, b"", False) == data
         assert frame_lines(data, b"", True) == data
+
+
+def test_an_open_line_is_ended_before_another_workers_line_and_goes_on_behind_its_prefix(
+) -> None:
+    console = io.BytesIO()
+    pipes = {}
+    for name in ("a", "b"):
+        read_fd, pipes[name] = os.pipe()
+        LineCopier(console, f"[{name}]:".encode(), None).start(os.fdopen(read_fd, "rb"), name)
+    os.write(pipes["a"], b"name? ")  # a prompt: shown without waiting for the rest
+    wait_for(lambda: console.getvalue() == b"[a]:name? ", timeout=5, what="the prompt")
+    os.write(pipes["a"], b"Ada")  # continues the open line in place
+    wait_for(lambda: console.getvalue() == b"[a]:name? Ada", timeout=5, what="more of it")
+    os.write(pipes["b"], b"a line of b\n")
+    wait_for(lambda: console.getvalue() == b"[a]:name? Ada\n[b]:a line of b\n", timeout=5,
+             what="b's line after a's open line was ended")
+    os.write(pipes["a"], b" Lovelace\nbye")
+    os.close(pipes["a"])  # the stream ends: its last line gets its newline
+    os.close(pipes["b"])
+    wait_for(lambda: console.getvalue().endswith(b"bye\n"), timeout=5, what="the end")
+    assert console.getvalue() == b"[a]:name? Ada\n[b]:a line of b\n[a]: Lovelace\n[a]:bye\n"
