@@ -203,10 +203,13 @@ class TCPStore(Store):
         or unanswered: a flooded server drops its oldest unauthenticated connections) is tried
         again after a short pause, a wrong secret or a refusal with a reason raised at once."""
         peer, pause = f"{self._host}:{self._port}", 0.01
+
+        def report(waited_s: float, exc: OSError) -> None:
+            if self._lost is None:  # a reconnect after a loss tries for 1 s; its error says why
+                log.warning(still_connecting(peer, waited_s, exc, self._timeout))
         while True:
             try:
-                sock = connect_tcp(self._connect_host, self._port, deadline, report=lambda w, e:
-                                   log.warning(still_connecting(peer, w, e, self._timeout)))
+                sock = connect_tcp(self._connect_host, self._port, deadline, report=report)
             except OSError as exc:  # DeadlineExceeded included
                 within = f" within {self._timeout}" if isinstance(exc, DeadlineExceeded) else ""
                 raise DistNetworkError(f"TCPStore client could not connect to {peer}{within}: "
