@@ -16,7 +16,10 @@ came, once the pipe is empty (a prompt before ``input()``, a progress bar redraw
 ``\\r``), or longer than one read (64 KiB), is written as it is, so that it shows; more of
 the same line continues it in place, unless another worker wrote in between: then the open
 line is ended with a newline first, and the rest of it starts a new line behind its prefix.
-A worker's last line without a newline gets one when its stream ends.
+A worker's stdout and stderr are one writer, as on the worker's own terminal: what one stream
+holds back is shown before the other's next bytes, which may continue its line (tqdm's bar on
+stderr, then a line on stdout that overwrites it). A worker's last line without a newline
+gets one when its stream ends.
 """
 
 from __future__ import annotations
@@ -41,8 +44,8 @@ class _Console:
     """The one state of this module: who writes to the console, and whose line is open."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
-    open_by: object | None = None  # the writer whose last line is on the console unfinished
-    open_on: IO[bytes] | None = None  # the stream that line is on
+    open_by: LineCopier | None = None  # the copier whose last line is on the console unfinished
+    copiers: list[LineCopier] = field(default_factory=list)  # those copying now
 
 
 _CONSOLE = _Console()
@@ -62,40 +65,44 @@ def frame_lines(data: bytes, prefix: bytes, continuing: bool) -> bytes:
     return b"".join(line + b"\n" for line in out)
 
 
-def _write(writer: object, stream: IO[bytes], data: bytes, complete: bool) -> None:
-    """Write under the console lock; ``data`` was framed for ``writer``'s open line."""
-    if _CONSOLE.open_by is not None and _CONSOLE.open_by is not writer:
-        assert _CONSOLE.open_on is not None
-        _CONSOLE.open_on.write(b"\n")
-        _CONSOLE.open_on.flush()
-    stream.write(data)
-    stream.flush()
-    _CONSOLE.open_by, _CONSOLE.open_on = (None, None) if complete else (writer, stream)
+def _end_open_line() -> None:
+    """End the open line with a newline (under the console lock)."""
+    if _CONSOLE.open_by is not None:
+        _CONSOLE.open_by._console.write(b"\n")
+        _CONSOLE.open_by._console.flush()
+        _CONSOLE.open_by = None
 
 
 def console_write(stream: IO[str], text: str) -> None:
     """Write ``text`` (whole lines) to a text console stream, never inside a worker's line."""
     with _CONSOLE.lock:
-        if _CONSOLE.open_by is not None:
-            assert _CONSOLE.open_on is not None
-            _CONSOLE.open_on.write(b"\n")
-            _CONSOLE.open_on.flush()
-            _CONSOLE.open_by = _CONSOLE.open_on = None
+        _end_open_line()
         stream.write(text)
         stream.flush()
 
 
 class LineCopier:
-    """Copies one worker stream from a pipe to the console (prefixed) and a log file."""
+    """Copies one worker stream from a pipe to the console (prefixed) and a log file.
 
-    def __init__(self, console: IO[bytes], prefix: bytes, log_path: str | None) -> None:
+    ``worker``: the same key for the copiers of one worker's stdout and stderr. They are one
+    writer to the console, as the worker would be writing there itself: one stream's line may
+    continue the other's open line (a progress bar on stderr cleared by ``\\r``, then a line
+    on stdout), and what one holds back is shown before the other's next line.
+    """
+
+    def __init__(self, console: IO[bytes], prefix: bytes, log_path: str | None,
+                 worker: object = None) -> None:
         self._console = console
         self._prefix = prefix
         self._log = open(log_path, "wb") if log_path else None
+        self._worker = self if worker is None else worker
+        self._held = b""  # the start of a line not shown yet (under the console lock)
         self._thread: threading.Thread | None = None
 
     def start(self, pipe: IO[bytes], name: str) -> None:
         """Start copying from ``pipe`` (the read end) until it reaches EOF."""
+        with _CONSOLE.lock:
+            _CONSOLE.copiers.append(self)
         self._thread = threading.Thread(target=self._run, args=(pipe,), name=name, daemon=True)
         self._thread.start()
 
@@ -107,19 +114,20 @@ class LineCopier:
         return not self._thread.is_alive()
 
     def _run(self, pipe: IO[bytes]) -> None:
-        pending, held_since = b"", 0.0  # the line still without its newline, since when
+        held_since: float | None = None  # when the first byte of the held line came
         fd = pipe.fileno()
         poller = select.poll()
         poller.register(fd, select.POLLIN)
         try:
             while True:
-                if pending:
+                if held_since is not None:
                     # Bytes already in the pipe come first: the held line may end there (the
                     # copier itself may have been slow, e.g. blocked on a full console).
                     wait_s = max(0.0, held_since + PARTIAL_LINE_S - time.monotonic())
-                    if len(pending) >= _CHUNK_NBYTES or not poller.poll(wait_s * 1000):
-                        self._emit(pending, complete=False)
-                        pending = b""
+                    if len(self._held) >= _CHUNK_NBYTES or not poller.poll(wait_s * 1000):
+                        with _CONSOLE.lock:
+                            self._show_held()
+                        held_since = None
                         continue
                 chunk = os.read(fd, _CHUNK_NBYTES)
                 if not chunk:
@@ -127,33 +135,58 @@ class LineCopier:
                 if self._log is not None:
                     self._log.write(chunk)
                     self._log.flush()
-                if not pending:
-                    held_since = time.monotonic()
-                pending += chunk
-                cut = pending.rfind(b"\n") + 1
-                if cut:
-                    self._emit(pending[:cut], complete=True)
-                    pending, held_since = pending[cut:], time.monotonic()
-            self._emit(pending + b"\n" if pending else b"", complete=True)
+                with _CONSOLE.lock:
+                    cut = self._take(chunk)
+                    if not self._held:
+                        held_since = None
+                    elif cut or held_since is None:
+                        held_since = time.monotonic()
+            with _CONSOLE.lock:
+                if self._held:
+                    self._show(self._held + b"\n", complete=True)
+                    self._held = b""
+                elif _CONSOLE.open_by is self:
+                    _end_open_line()
         except OSError:
             pass  # the console went away (closed pipe): nothing left to copy to
         finally:
+            with _CONSOLE.lock:
+                _CONSOLE.copiers.remove(self)
             pipe.close()
             if self._log is not None:
                 self._log.close()
 
-    def _emit(self, data: bytes, complete: bool) -> None:
-        with _CONSOLE.lock:
-            continuing = _CONSOLE.open_by is self
-            if not data:  # the stream ended: end its open line, if any
-                if continuing:
-                    _write(self, self._console, b"\n", complete=True)
-                return
-            _write(self, self._console, frame_lines(data, self._prefix, continuing), complete)
+    def _take(self, chunk: bytes) -> bool:
+        """Show the whole lines ``chunk`` completes and hold the rest; whether a line ended."""
+        data = self._held + chunk
+        cut = data.rfind(b"\n") + 1
+        self._held = data[cut:]
+        if cut:
+            self._show(data[:cut], complete=True)
+        return bool(cut)
+
+    def _show_held(self, siblings: bool = True) -> None:
+        if self._held:
+            held, self._held = self._held, b""
+            self._show(held, complete=False, siblings=siblings)
+
+    def _show(self, data: bytes, complete: bool, siblings: bool = True) -> None:
+        """Write ``data`` (framed here) to the console, under the console lock."""
+        if siblings:  # what this worker's other stream holds back was written before
+            for other in _CONSOLE.copiers:
+                if other is not self and other._worker is self._worker:
+                    other._show_held(siblings=False)
+        opener = _CONSOLE.open_by
+        if opener is not None and opener._worker is not self._worker:
+            _end_open_line()
+        continuing = _CONSOLE.open_by is not None
+        self._console.write(frame_lines(data, self._prefix, continuing))
+        self._console.flush()
+        _CONSOLE.open_by = None if complete else self
 
 
 def route_stream(console: IO[bytes], prefix: bytes | None, log_path: str | None,
-                 show: bool) -> tuple[Any, LineCopier | None]:
+                 show: bool, worker: object = None) -> tuple[Any, LineCopier | None]:
     """Decide where one worker stream goes.
 
     Args:
@@ -161,13 +194,14 @@ def route_stream(console: IO[bytes], prefix: bytes | None, log_path: str | None,
         prefix: bytes put before each console line (``b"[default0]:"``), or None for none.
         log_path: a log file for this stream, or None.
         show: whether this stream appears on the console at all.
+        worker: a key shared by the copiers of one worker's streams (see LineCopier).
 
     Returns:
         ``(stdout_or_stderr_argument_for_Popen, copier_to_start_on_the_pipe_or_None)``; a
         file object in the first position must be closed by the caller once the worker runs.
     """
     if show:
-        return subprocess.PIPE, LineCopier(console, prefix or b"", log_path)
+        return subprocess.PIPE, LineCopier(console, prefix or b"", log_path, worker)
     if log_path is not None:
         return open(log_path, "wb"), None
     return subprocess.DEVNULL, None

@@ -149,7 +149,7 @@ class LocalWorkerGroup:
             env[JOB_MARK_VAR] = self._guardian.mark
         env[_config.OBSERVE_DIR.name] = self.observe_dir
         env.update(trace_merge.worker_env(self.config))
-        targets, copiers = [], []
+        targets, copiers, key = [], [], object()  # key: this worker's two streams
         for stream, console, name in ((Std.OUT, self.consoles[0], "stdout"),
                                       (Std.ERR, self.consoles[1], "stderr")):
             redirect = bool(std_for(self.config.redirects, local_rank) & stream)
@@ -159,7 +159,8 @@ class LocalWorkerGroup:
             to_file = (redirect or tee) and self.log_files
             log_path = os.path.join(rank_dir, f"{name}.log") if to_file else None
             prefix = line_prefix(self.config, rank, local_rank) if tee else None
-            target, copier = route_stream(console, prefix, log_path, show=shown and not redirect)
+            target, copier = route_stream(console, prefix, log_path, show=shown and not redirect,
+                                          worker=key)
             targets.append(target)
             copiers.append((copier, name))
         try:

@@ -54,3 +54,23 @@ def test_an_open_line_is_ended_before_another_workers_line_and_goes_on_behind_it
     os.close(pipes["b"])
     wait_for(lambda: console.getvalue().endswith(b"bye\n"), timeout=5, what="the end")
     assert console.getvalue() == b"[a]:name? Ada\n[b]:a line of b\n[a]: Lovelace\n[a]:bye\n"
+
+
+def test_one_workers_two_streams_are_one_writer_as_on_a_terminal() -> None:
+    """A progress bar on stderr, held back, then cleared by a line on stdout of the same
+    worker: the bar comes first and the line continues it, as the worker's own terminal
+    would show it (the line overwrites the bar); another worker's line would end it."""
+    console, worker, fds = io.BytesIO(), object(), {}
+    copiers = {}
+    for name in ("out", "err"):
+        read_fd, fds[name] = os.pipe()
+        copiers[name] = LineCopier(console, b"[w0]:", None, worker)
+        copiers[name].start(os.fdopen(read_fd, "rb"), name)
+    os.write(fds["err"], b"\r 50%|#  |")
+    wait_for(lambda: copiers["err"]._held, timeout=5, what="the bar read and held back")
+    os.write(fds["out"], b"\repoch 1 done\n")
+    wait_for(lambda: console.getvalue().endswith(b"done\n"), timeout=5, what="the line")
+    assert console.getvalue() == b"[w0]:\r 50%|#  |\repoch 1 done\n"
+    os.close(fds["out"])
+    os.close(fds["err"])
+    assert copiers["out"].join(5) and copiers["err"].join(5)
