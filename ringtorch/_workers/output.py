@@ -16,9 +16,11 @@ came, once the pipe is empty (a prompt before ``input()``, a progress bar redraw
 ``\\r``), or longer than one read (64 KiB), is written as it is, so that it shows; more of
 the same line continues it in place, unless another worker wrote in between: then the open
 line is ended with a newline first, and the rest of it starts a new line behind its prefix.
-A worker's stdout and stderr are one writer, as on the worker's own terminal: what one stream
-holds back is shown before the other's next bytes, which may continue its line (tqdm's bar on
-stderr, then a line on stdout that overwrites it). A worker's last line without a newline
+Open lines are kept per destination (a terminal, a file), so stdout and stderr sent to two
+files never break each other's lines. A worker's stdout and stderr sent to one destination are
+one writer, as on the worker's own terminal: what one stream holds back is shown before the
+other's next bytes, which may continue its line (tqdm's bar on stderr, then a line on stdout
+that overwrites it). A worker's last line without a newline
 gets one when its stream ends.
 """
 
@@ -44,7 +46,8 @@ class _Console:
     """The one state of this module: who writes to the console, and whose line is open."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
-    open_by: LineCopier | None = None  # the copier whose last line is on the console unfinished
+    # per destination (_destination): the copier whose last line there is unfinished
+    open_by: dict[object, LineCopier] = field(default_factory=dict)
     copiers: list[LineCopier] = field(default_factory=list)  # those copying now
 
 
@@ -65,18 +68,28 @@ def frame_lines(data: bytes, prefix: bytes, continuing: bool) -> bytes:
     return b"".join(line + b"\n" for line in out)
 
 
-def _end_open_line() -> None:
-    """End the open line with a newline (under the console lock)."""
-    if _CONSOLE.open_by is not None:
-        _CONSOLE.open_by._console.write(b"\n")
-        _CONSOLE.open_by._console.flush()
-        _CONSOLE.open_by = None
+def _destination(stream: IO[Any]) -> object:
+    """What names the file a console stream writes to: stdout and stderr on one terminal (or
+    sent to one file) are one destination, and a line open there is open for both."""
+    try:
+        stat = os.fstat(stream.fileno())
+    except (OSError, ValueError, AttributeError):
+        return id(stream)
+    return (stat.st_dev, stat.st_ino)
+
+
+def _end_open_line(destination: object) -> None:
+    """End the line open on ``destination`` with a newline (under the console lock)."""
+    opener = _CONSOLE.open_by.pop(destination, None)
+    if opener is not None:
+        opener._console.write(b"\n")
+        opener._console.flush()
 
 
 def console_write(stream: IO[str], text: str) -> None:
     """Write ``text`` (whole lines) to a text console stream, never inside a worker's line."""
     with _CONSOLE.lock:
-        _end_open_line()
+        _end_open_line(_destination(stream))
         stream.write(text)
         stream.flush()
 
@@ -84,10 +97,11 @@ def console_write(stream: IO[str], text: str) -> None:
 class LineCopier:
     """Copies one worker stream from a pipe to the console (prefixed) and a log file.
 
-    ``worker``: the same key for the copiers of one worker's stdout and stderr. They are one
-    writer to the console, as the worker would be writing there itself: one stream's line may
-    continue the other's open line (a progress bar on stderr cleared by ``\\r``, then a line
-    on stdout), and what one holds back is shown before the other's next line.
+    ``worker``: the same key for the copiers of one worker's stdout and stderr. Where both go
+    to one destination (a terminal) they are one writer, as the worker would be writing there
+    itself: one stream's line may continue the other's open line (a progress bar on stderr
+    cleared by ``\\r``, then a line on stdout), and what one holds back is shown before the
+    other's next bytes.
     """
 
     def __init__(self, console: IO[bytes], prefix: bytes, log_path: str | None,
@@ -96,6 +110,7 @@ class LineCopier:
         self._prefix = prefix
         self._log = open(log_path, "wb") if log_path else None
         self._worker = self if worker is None else worker
+        self._destination = _destination(console)
         self._held = b""  # the start of a line not shown yet (under the console lock)
         self._thread: threading.Thread | None = None
 
@@ -145,8 +160,8 @@ class LineCopier:
                 if self._held:
                     self._show(self._held + b"\n", complete=True)
                     self._held = b""
-                elif _CONSOLE.open_by is self:
-                    _end_open_line()
+                elif _CONSOLE.open_by.get(self._destination) is self:
+                    _end_open_line(self._destination)
         except OSError:
             pass  # the console went away (closed pipe): nothing left to copy to
         finally:
@@ -172,17 +187,22 @@ class LineCopier:
 
     def _show(self, data: bytes, complete: bool, siblings: bool = True) -> None:
         """Write ``data`` (framed here) to the console, under the console lock."""
-        if siblings:  # what this worker's other stream holds back was written before
+        here = self._destination
+        if siblings:  # what this worker's other stream there holds back was written before
             for other in _CONSOLE.copiers:
-                if other is not self and other._worker is self._worker:
+                if (other is not self and other._worker is self._worker
+                        and other._destination == here):
                     other._show_held(siblings=False)
-        opener = _CONSOLE.open_by
+        opener = _CONSOLE.open_by.get(here)
         if opener is not None and opener._worker is not self._worker:
-            _end_open_line()
-        continuing = _CONSOLE.open_by is not None
+            _end_open_line(here)
+        continuing = here in _CONSOLE.open_by
         self._console.write(frame_lines(data, self._prefix, continuing))
         self._console.flush()
-        _CONSOLE.open_by = None if complete else self
+        if complete:
+            _CONSOLE.open_by.pop(here, None)
+        else:
+            _CONSOLE.open_by[here] = self
 
 
 def route_stream(console: IO[bytes], prefix: bytes | None, log_path: str | None,

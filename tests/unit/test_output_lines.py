@@ -74,3 +74,21 @@ def test_one_workers_two_streams_are_one_writer_as_on_a_terminal() -> None:
     os.close(fds["out"])
     os.close(fds["err"])
     assert copiers["out"].join(5) and copiers["err"].join(5)
+
+
+def test_streams_sent_to_two_files_never_break_each_others_lines() -> None:
+    out, err, worker, fds, copiers = io.BytesIO(), io.BytesIO(), object(), {}, {}
+    for name, console in (("out", out), ("err", err)):
+        read_fd, fds[name] = os.pipe()
+        copiers[name] = LineCopier(console, b"[w0]:", None, worker)
+        copiers[name].start(os.fdopen(read_fd, "rb"), name)
+    os.write(fds["err"], b"a warning in")
+    wait_for(lambda: err.getvalue() == b"[w0]:a warning in", timeout=5, what="the held part")
+    os.write(fds["out"], b"a line\n")
+    wait_for(lambda: out.getvalue() == b"[w0]:a line\n", timeout=5, what="the stdout line")
+    os.write(fds["err"], b" two writes\n")
+    os.close(fds["out"])
+    os.close(fds["err"])
+    assert copiers["out"].join(5) and copiers["err"].join(5)
+    assert err.getvalue() == b"[w0]:a warning in two writes\n"
+    assert out.getvalue() == b"[w0]:a line\n"
