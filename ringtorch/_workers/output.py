@@ -20,8 +20,7 @@ Open lines are kept per destination (a terminal, a file), so stdout and stderr s
 files never break each other's lines. A worker's stdout and stderr sent to one destination are
 one writer, as on the worker's own terminal: what one stream holds back is shown before the
 other's next bytes, which may continue its line (tqdm's bar on stderr, then a line on stdout
-that overwrites it). A worker's last line without a newline
-gets one when its stream ends.
+that overwrites it). A worker's last line without a newline gets one when its stream ends.
 """
 
 from __future__ import annotations

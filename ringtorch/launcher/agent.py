@@ -29,7 +29,13 @@ from typing import Any
 
 from ringtorch import _config
 from ringtorch._wire.shm import sweep_stale_segments
-from ringtorch._workers import Guardian, WorkerStartError, become_subreaper, reap_adopted
+from ringtorch._workers import (
+    Guardian,
+    WorkerStartError,
+    become_subreaper,
+    console_write,
+    reap_adopted,
+)
 from ringtorch.launcher import hang, trace_merge
 from ringtorch.launcher.config import LaunchConfig
 from ringtorch.launcher.decisions import Action, Observation, decide, group_state
@@ -211,8 +217,8 @@ class Agent:
             self.rendezvous.close(f"node {node}: {one_line(root_cause(failures))}")
             self.failures = failures
             if not self.embedded:
-                print(format_summary(self.title, failures, keep_files=self._keep_files),
-                      file=sys.stderr, flush=True)
+                console_write(sys.stderr, format_summary(
+                    self.title, failures, keep_files=self._keep_files) + "\n")
             return EXIT_FAILED
         return None
 
