@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -118,8 +117,8 @@ with open(os.environ["GO_FILE"]) as answer:  # a FIFO: blocks until the test wri
 
 
 def test_a_line_without_its_newline_shows_before_the_rest_of_it_comes(tmp_path: Path) -> None:
-    """A prompt (no newline, then the worker waits) reaches the console within a second and
-    the rest of its line continues it; the next line has its prefix again."""
+    """A prompt (no newline, then the worker waits) reaches the console within seconds (it
+    shows after half a second) and the rest of its line continues it."""
     script, go = tmp_path / "prompt.py", tmp_path / "go"
     script.write_text(PROMPT)
     os.mkfifo(go)
@@ -130,10 +129,9 @@ def test_a_line_without_its_newline_shows_before_the_rest_of_it_comes(tmp_path: 
                                  str(script)], env=env, stdout=stdout, stderr=subprocess.PIPE)
     try:
         wait_for((tmp_path / "go.asked").exists, timeout=30, what="the worker's prompt")
-        prompted = time.monotonic()
-        wait_for(lambda: out.read_bytes() == b"[default0]:name? ", timeout=5,
+        # the worker waits for the answer: the prompt can only come as a partial line
+        wait_for(lambda: out.read_bytes() == b"[default0]:name? ", timeout=3,
                  what="the prompt on the console")
-        assert time.monotonic() - prompted < 2.0
         go.write_text("Ada")
         assert proc.wait(timeout=30) == 0
     finally:
