@@ -1,5 +1,10 @@
 """TCP and Unix stream sockets: listen, connect with retry until a deadline, tune.
 
+A connection retried because nobody accepts yet is reported while it waits (the caller says
+how, e.g. a warning naming the address, the seconds waited and the last error) on the
+schedule of :func:`next_report_s`: after 1 s, then each time the wait has doubled, then once
+a minute, so that a server that never comes up is visible long before the deadline.
+
 Every socket ringtorch opens goes through here, so every one gets the same treatment:
 TCP_NODELAY (our frames are already batched; Nagle would add 40 ms to small replies),
 keepalive with TCP_USER_TIMEOUT so that a dead or partitioned peer is noticed within
@@ -11,6 +16,7 @@ from __future__ import annotations
 import errno
 import socket
 import time
+from collections.abc import Callable
 
 from ringtorch import _config
 from ringtorch._wire.errors import DeadlineExceeded
@@ -26,6 +32,21 @@ _RETRYABLE_CONNECT = {
     errno.ETIMEDOUT,
     errno.EAGAIN,
 }
+
+# The "still connecting" schedule: the first report after FIRST_REPORT_S of waiting, the next
+# ones when the wait has doubled, at most MAX_REPORT_INTERVAL_S apart.
+FIRST_REPORT_S = 1.0
+MAX_REPORT_INTERVAL_S = 60.0
+
+
+def next_report_s(waited_s: float) -> float:
+    """The wait (seconds since the first try) at which the next report is due, once
+    ``waited_s`` seconds have passed: the first of 1, 2, 4, ..., 32, 64, 124, 184, ...
+    (doubling, then every minute) that is later than ``waited_s``."""
+    at = FIRST_REPORT_S
+    while at <= waited_s:
+        at += min(at, MAX_REPORT_INTERVAL_S)
+    return at
 
 
 def tune_tcp(sock: socket.socket) -> None:
@@ -81,8 +102,12 @@ def listen_tcp(host: str, port: int, backlog: int = 1024) -> socket.socket:
     return sock
 
 
-def connect_tcp(host: str, port: int, deadline: float, retry: bool = True) -> socket.socket:
+def connect_tcp(host: str, port: int, deadline: float, retry: bool = True,
+                report: Callable[[float, OSError], None] | None = None) -> socket.socket:
     """Connect to host:port, retrying while the server is not up yet, until ``deadline``.
+
+    ``report(waited_s, last_error)`` is called while retrying, when :func:`next_report_s`
+    says a report is due.
 
     Raises:
         DeadlineExceeded: nobody accepted before the deadline; the message names host:port
@@ -91,13 +116,15 @@ def connect_tcp(host: str, port: int, deadline: float, retry: bool = True) -> so
     """
     delay = 0.01
     last_error: OSError | None = None
+    started = time.monotonic()
+    report_at = next_report_s(0.0)
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise DeadlineExceeded(
-                f"could not connect to {host}:{port}: no server accepted the connection in time "
-                f"(last error: {last_error}); check that the master address and port are right "
-                f"and that the server process is running"
+                f"could not connect to {host}:{port}: no server accepted the connection in "
+                f"{time.monotonic() - started:.1f} s (last error: {last_error}); check that the "
+                f"master address and port are right and that the server process is running"
             )
         try:
             sock = socket.create_connection((host, port), timeout=min(remaining, 10.0))
@@ -108,6 +135,10 @@ def connect_tcp(host: str, port: int, deadline: float, retry: bool = True) -> so
                     exc, (TimeoutError, ConnectionError))):
                 raise
             last_error = exc
+            waited = time.monotonic() - started
+            if report is not None and waited >= report_at:
+                report(waited, exc)
+                report_at = next_report_s(waited)
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 0.5)
             continue
@@ -164,6 +195,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 __all__ = [
     "connect_tcp",
+    "next_report_s",
     "connect_unix",
     "free_port",
     "listen_tcp",

@@ -24,7 +24,7 @@ from ringtorch._workers.lifeline import (
     death_signal_preexec,
     set_parent_death_signal,
 )
-from ringtorch._workers.output import LineCopier, route_stream
+from ringtorch._workers.output import LineCopier, console_write, route_stream
 from ringtorch._workers.process import (
     Stoppable,
     WorkerProcess,
@@ -45,6 +45,7 @@ __all__ = [
     "Guardian",
     "JOB_MARK_VAR",
     "LineCopier",
+    "console_write",
     "ProcessFailure",
     "Stoppable",
     "WorkerProcess",

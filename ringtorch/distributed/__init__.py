@@ -47,9 +47,9 @@ from ringtorch.distributed._backend import (
     is_ucc_available,
     is_xccl_available,
 )
+from ringtorch.distributed._breakpoint import breakpoint
 from ringtorch.distributed._debug import (
     DebugLevel,
-    breakpoint,
     get_debug_level,
     set_debug_level,
     set_debug_level_from_env,

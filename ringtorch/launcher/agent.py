@@ -29,22 +29,24 @@ from typing import Any
 
 from ringtorch import _config
 from ringtorch._wire.shm import sweep_stale_segments
-from ringtorch._workers import Guardian, WorkerStartError, become_subreaper, reap_adopted
+from ringtorch._workers import (
+    Guardian,
+    WorkerStartError,
+    become_subreaper,
+    console_write,
+    reap_adopted,
+)
 from ringtorch.launcher import hang, trace_merge
 from ringtorch.launcher.config import LaunchConfig
 from ringtorch.launcher.decisions import Action, Observation, decide, group_state
 from ringtorch.launcher.handlers import RendezvousGracefulExitError
 from ringtorch.launcher.job_summary import print_job_summary
+from ringtorch.launcher.messages import say
 from ringtorch.launcher.node_rendezvous import NodeRendezvous, RendezvousError, StaticRendezvous
 from ringtorch.launcher.summary import format_summary, one_line, root_cause
 from ringtorch.launcher.workers import Assignment, LocalWorkerGroup, WorkerFailure
 
 EXIT_FAILED = 1
-
-
-def say(message: str) -> None:
-    """One line from the launcher itself, on stderr."""
-    print(f"ringrun: {message}", file=sys.stderr, flush=True)
 
 
 class Agent:
@@ -188,6 +190,7 @@ class Agent:
             return 0
         if action is Action.STOP_FOR_SIGNAL:
             return self._stopped_by_signal()
+        group.drain(1.0)
         failures = list(group.failures.values())
         running = sum(1 for code in group.exit_codes() if code is None)
         if failures:
@@ -214,8 +217,8 @@ class Agent:
             self.rendezvous.close(f"node {node}: {one_line(root_cause(failures))}")
             self.failures = failures
             if not self.embedded:
-                print(format_summary(self.title, failures, keep_files=self._keep_files),
-                      file=sys.stderr, flush=True)
+                console_write(sys.stderr, format_summary(
+                    self.title, failures, keep_files=self._keep_files) + "\n")
             return EXIT_FAILED
         return None
 

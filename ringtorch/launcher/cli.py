@@ -24,7 +24,7 @@ from argparse import REMAINDER, ArgumentParser
 from collections.abc import Sequence
 from typing import Any
 
-from ringtorch.launcher.agent import launch, say
+from ringtorch.launcher.agent import launch
 from ringtorch.launcher.config import (
     LOCAL_RANK_MACRO,
     LaunchConfig,
@@ -36,6 +36,7 @@ from ringtorch.launcher.config import (
     parse_std,
     resolve_nproc_per_node,
 )
+from ringtorch.launcher.messages import say
 
 EXIT_USAGE = 2
 _RUN_PATH_BOOTSTRAP = ("import runpy, sys; sys.argv = sys.argv[1:]; "

@@ -18,6 +18,7 @@ from typing import Any
 from ringtorch import _config
 from ringtorch._wire import secret_file
 from ringtorch._wire.handshake import job_secret
+from ringtorch.launcher.handlers import rendezvous_handler_registry
 
 DEFAULT_C10D_PORT = 29400
 LOCAL_RANK_MACRO = "${local_rank}"
@@ -232,13 +233,6 @@ def choose_job_secret(env_secret: str, multi_node: bool, allow_no_secret: bool,
         "recommended)")
 
 
-def _is_registered(backend: str) -> bool:
-    """Whether a custom rendezvous backend of that name is registered (handlers.py)."""
-    from ringtorch.launcher.handlers import rendezvous_handler_registry
-
-    return rendezvous_handler_registry.is_registered(backend)
-
-
 def job_secret_choice(multi_node: bool) -> SecretChoice:
     """:func:`choose_job_secret` with this process's settings (RINGTORCH_SECRET,
     RINGTORCH_ALLOW_NO_SECRET) and its per-user secret file, made here if need be.
@@ -308,7 +302,8 @@ class LaunchConfig:
         if self.monitor_interval <= 0:
             raise LaunchConfigError(
                 f"--monitor-interval must be > 0 seconds, got {self.monitor_interval}")
-        if self.rdzv_backend not in RDZV_BACKENDS and not _is_registered(self.rdzv_backend):
+        custom = self.rdzv_backend not in RDZV_BACKENDS
+        if custom and not rendezvous_handler_registry.is_registered(self.rdzv_backend):
             raise LaunchConfigError(
                 f"--rdzv-backend {self.rdzv_backend!r} is not supported; use one of "
                 f"{', '.join(RDZV_BACKENDS)}, or register a custom backend under that name "

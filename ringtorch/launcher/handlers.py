@@ -25,13 +25,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ringtorch._errors import DistError
 from ringtorch._wire.sockets import free_port
-from ringtorch.launcher.node_rendezvous import RendezvousClosedError, RendezvousError
 
 ENTRY_POINT_GROUP = "torchrun.handlers"
 BUILTIN_BACKENDS = ("static", "c10d")
 
 log = logging.getLogger(__name__)
+
+
+class RendezvousError(DistError):
+    """The nodes could not agree on a round (unreachable endpoint, timeout, bad input)."""
+
+
+class RendezvousClosedError(RendezvousError):
+    """Another node gave up on the job and closed the rendezvous."""
 
 
 class RendezvousTimeoutError(RendezvousError):

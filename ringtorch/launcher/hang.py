@@ -25,6 +25,8 @@ from ringtorch import _config
 from ringtorch._observe.hang_ask import ask, write_report
 from ringtorch._observe.hang_report import Answer
 from ringtorch._observe.hang_signal import parse_header, signal_stacks
+from ringtorch._workers import console_write
+from ringtorch.launcher.messages import say
 from ringtorch.launcher.workers import LocalWorkerGroup
 from ringtorch.store import TCPStore
 
@@ -73,8 +75,8 @@ def report(reason: str, observe_dir: str, pids: set[int], master: tuple[str, int
         finally:
             store.close()
     except Exception as exc:  # no store (rank 0 gone or stuck): the local stacks still tell
-        print(f"ringrun: the job's store did not answer ({exc}); reporting this node's "
-              f"workers from their stacks", file=sys.stderr, flush=True)
+        say(f"the job's store did not answer ({exc}); reporting this node's workers from "
+            f"their stacks")
     known = {a.rank for a in answers}
     for rank, header in sorted(local.items()):
         if rank not in known:
@@ -83,7 +85,7 @@ def report(reason: str, observe_dir: str, pids: set[int], master: tuple[str, int
                                   header["pid"], "no answer through the store; stacks by "
                                   "SIGUSR1"))
     text, path = write_report(answers, world_size, reason, "ringrun", run_dir)
-    print(text + f"ringrun: hang report saved in {path}", file=sys.stderr, flush=True)
+    console_write(sys.stderr, text + f"ringrun: hang report saved in {path}\n")
     return path
 
 
@@ -96,7 +98,7 @@ def report_group(reason: str, group: LocalWorkerGroup, keep_files: bool) -> str 
         return report(reason, group.observe_dir, group.pids(),
                       (where.master_addr, where.master_port), where.world_size, run_dir)
     except Exception as exc:
-        print(f"ringrun: no hang report: {exc}", file=sys.stderr, flush=True)
+        say(f"no hang report: {exc}")
         return None
 
 

@@ -13,10 +13,9 @@ On by default; ``--no-summary`` turns it off.
 
 from __future__ import annotations
 
-import sys
-
 from ringtorch._observe.summary import format_summary, read_summaries
 from ringtorch.launcher.config import LaunchConfig
+from ringtorch.launcher.messages import say
 from ringtorch.launcher.workers import LocalWorkerGroup
 
 
@@ -35,7 +34,7 @@ def print_job_summary(config: LaunchConfig, group: LocalWorkerGroup, embedded: b
     (``elastic_launch``: its caller prints what it wants)."""
     text = "" if embedded else job_summary(config, group)
     if text:
-        print("ringrun: " + text, file=sys.stderr, flush=True)
+        say(text)
 
 
 __all__ = ["job_summary", "print_job_summary"]

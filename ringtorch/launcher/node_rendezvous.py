@@ -16,20 +16,12 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable
 
-from ringtorch._errors import DistError
 from ringtorch._wire.sockets import free_port, listen_tcp
 from ringtorch.launcher.config import LaunchConfig
+from ringtorch.launcher.handlers import RendezvousClosedError, RendezvousError
 from ringtorch.launcher.workers import Assignment
 
 DEFAULT_MASTER_PORT = 29500
-
-
-class RendezvousError(DistError):
-    """The nodes could not agree on a round (unreachable endpoint, timeout, bad input)."""
-
-
-class RendezvousClosedError(RendezvousError):
-    """Another node gave up on the job and closed the rendezvous."""
 
 
 class NodeRendezvous:

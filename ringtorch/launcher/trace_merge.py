@@ -20,6 +20,7 @@ import os
 from ringtorch import _config
 from ringtorch._observe import trace_merge
 from ringtorch.launcher.config import LaunchConfig
+from ringtorch.launcher.messages import say
 
 
 def trace_dir(config: LaunchConfig) -> str:
@@ -42,8 +43,6 @@ def merge_attempt(config: LaunchConfig, observe_dir: str, node: int) -> str | No
     os.makedirs(directory, exist_ok=True)
     name = trace_merge.MERGED_NAME if node == 0 else trace_merge.node_file_name(node)
     path, ranks = trace_merge.merge_directory(observe_dir, os.path.join(directory, name))
-    from ringtorch.launcher.agent import say
-
     if path is None:
         say(f"no timeline: no worker wrote a trace file (into {observe_dir})")
         return None

@@ -34,7 +34,8 @@ from ringtorch._workers import (
 from ringtorch.launcher import trace_merge
 from ringtorch.launcher.config import LOCAL_RANK_MACRO, LaunchConfig, Std, std_for
 
-DEFAULT_PREFIX_TEMPLATE = "[rank${rank}]:"
+# torch's TailLog header, f"[{role}{local_rank}]:" (e.g. "[default0]:").
+DEFAULT_PREFIX_TEMPLATE = "[${role_name}${local_rank}]:"
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ class LocalWorkerGroup:
         self.consoles = consoles or (sys.stdout.buffer, sys.stderr.buffer)
         self.workers: list[WorkerProcess | ForkedWorker] = []
         self.failures: dict[int, WorkerFailure] = {}
-        self._copiers: list[LineCopier] = []
+        self._copiers: list[tuple[int, LineCopier]] = []  # (local rank, copier)
         self._guardian = guardian
         # Where the workers drop what they see of themselves (flight records, stacks,
         # traces, statistics) for the launcher to merge: one folder per attempt.
@@ -148,7 +149,7 @@ class LocalWorkerGroup:
             env[JOB_MARK_VAR] = self._guardian.mark
         env[_config.OBSERVE_DIR.name] = self.observe_dir
         env.update(trace_merge.worker_env(self.config))
-        targets, copiers = [], []
+        targets, copiers, key = [], [], object()  # key: this worker's two streams
         for stream, console, name in ((Std.OUT, self.consoles[0], "stdout"),
                                       (Std.ERR, self.consoles[1], "stderr")):
             redirect = bool(std_for(self.config.redirects, local_rank) & stream)
@@ -158,7 +159,8 @@ class LocalWorkerGroup:
             to_file = (redirect or tee) and self.log_files
             log_path = os.path.join(rank_dir, f"{name}.log") if to_file else None
             prefix = line_prefix(self.config, rank, local_rank) if tee else None
-            target, copier = route_stream(console, prefix, log_path, show=shown and not redirect)
+            target, copier = route_stream(console, prefix, log_path, show=shown and not redirect,
+                                          worker=key)
             targets.append(target)
             copiers.append((copier, name))
         try:
@@ -179,7 +181,7 @@ class LocalWorkerGroup:
         for (copier, name), pipe in zip(copiers, pipes, strict=True):
             if copier is not None and pipe is not None:
                 copier.start(pipe, name=f"ringrun-{name}-{local_rank}")
-                self._copiers.append(copier)
+                self._copiers.append((local_rank, copier))
         return worker
 
     def exit_codes(self) -> list[int | None]:
@@ -206,8 +208,16 @@ class LocalWorkerGroup:
         if self._guardian is not None:
             for worker in self.workers:
                 self._guardian.release(worker.pid)
-        for copier in self._copiers:
-            copier.join(timeout=5.0)
+        self.drain(5.0)
+
+    def drain(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds in all for the output of the workers that have
+        exited to be copied (a worker's traceback comes before what the launcher says of it);
+        the copiers of running workers go on."""
+        deadline = time.monotonic() + timeout
+        for local_rank, copier in self._copiers:
+            if self.workers[local_rank].poll() is not None:
+                copier.join(max(0.0, deadline - time.monotonic()))
 
     def pids(self) -> set[int]:
         """The workers' pids."""

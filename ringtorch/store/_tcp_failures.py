@@ -1,4 +1,4 @@
-"""What a TCPStore client says when its connection to the server breaks.
+"""What a TCPStore client says when it cannot reach its server yet, or its connection breaks.
 
 The rule it keeps: the words say which of three things happened, because each asks for a
 different remedy: the server process is gone (the connection was reset or closed: the master,
@@ -33,6 +33,13 @@ def request_failed(host: str, port: int, exc: OSError, wait_s: float) -> tuple[D
                             f"(the master, rank 0) exit or crash?"), str(exc)
 
 
+def still_connecting(peer: str, waited_s: float, exc: OSError, timeout: timedelta) -> str:
+    """The warning of a client still waiting for the server at ``peer`` to accept it."""
+    return (f"TCPStore client: still connecting to {peer}, {waited_s:.1f} s so far (last "
+            f"error: {exc}); retrying until the timeout ({timeout}): is the master (rank 0) "
+            f"running, and are MASTER_ADDR and MASTER_PORT right?")
+
+
 def reconnect_failed(host: str, port: int, lost: str, seconds: float) -> DistNetworkError:
     """The error when connecting again within ``seconds`` failed after the connection was
     lost for ``lost`` (request_failed's reason)."""
@@ -42,4 +49,4 @@ def reconnect_failed(host: str, port: int, lost: str, seconds: float) -> DistNet
                             f"not connect again within {seconds:g} s: {gone}")
 
 
-__all__ = ["reconnect_failed", "request_failed"]
+__all__ = ["reconnect_failed", "request_failed", "still_connecting"]

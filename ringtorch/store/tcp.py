@@ -40,7 +40,7 @@ from ringtorch._wire.handshake import SERVICE_STORE, client_handshake
 from ringtorch._wire.sockets import connect_tcp
 from ringtorch.store import _protocol as P
 from ringtorch.store._table import INTERNAL_PREFIX, display_key
-from ringtorch.store._tcp_failures import reconnect_failed, request_failed
+from ringtorch.store._tcp_failures import reconnect_failed, request_failed, still_connecting
 from ringtorch.store._tcp_master import (
     Resources,
     StoreAddressInUseError,
@@ -203,9 +203,13 @@ class TCPStore(Store):
         or unanswered: a flooded server drops its oldest unauthenticated connections) is tried
         again after a short pause, a wrong secret or a refusal with a reason raised at once."""
         peer, pause = f"{self._host}:{self._port}", 0.01
+
+        def report(waited_s: float, exc: OSError) -> None:
+            if self._lost is None:  # a reconnect after a loss tries for 1 s; its error says why
+                log.warning(still_connecting(peer, waited_s, exc, self._timeout))
         while True:
             try:
-                sock = connect_tcp(self._connect_host, self._port, deadline)
+                sock = connect_tcp(self._connect_host, self._port, deadline, report=report)
             except OSError as exc:  # DeadlineExceeded included
                 within = f" within {self._timeout}" if isinstance(exc, DeadlineExceeded) else ""
                 raise DistNetworkError(f"TCPStore client could not connect to {peer}{within}: "

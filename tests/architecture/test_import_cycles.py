@@ -1,4 +1,4 @@
-"""No import cycles inside ringtorch/collectives/ and ringtorch/distributed/rpc/.
+"""No import cycles among the modules of ringtorch, in any of its packages.
 
 A cycle means two modules cannot be understood, tested or replaced one without the other, and
 that which of them finishes importing first depends on who imported whom. The graph is built
@@ -22,8 +22,21 @@ from __future__ import annotations
 import pytest
 from test_layers import PACKAGE, _module_name, import_records
 
-# Cycles there today, through imports inside functions; the redesign of the collective core and
-# of RPC's state removes them (then delete the marks).
+
+def packages() -> list[str]:
+    """Every package of ringtorch (a folder with an ``__init__.py``), ringtorch itself first:
+    its graph holds every module, so a cycle across two packages is found there."""
+    return sorted(_module_name(p.parent / "__init__.py") for p in PACKAGE.rglob("__init__.py"))
+
+
+# Cycles there today, through imports inside functions, each with its reason (delete the mark
+# when the cycle is gone: the marks are strict).
+KNOWN_CYCLES: dict[str, str] = {}
+
+
+def _marked(names: list[str]) -> list[object]:
+    return [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_CYCLES[name]))
+            if name in KNOWN_CYCLES else name for name in names]
 
 
 def import_graph(package: str, *, deferred: bool) -> dict[str, set[str]]:
@@ -86,17 +99,14 @@ def _describe(graph: dict[str, set[str]], found: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-@pytest.mark.parametrize("package", ["ringtorch.collectives", "ringtorch.distributed.rpc"])
+@pytest.mark.parametrize("package", packages())
 def test_no_cycle_among_module_level_imports(package: str) -> None:
     graph = import_graph(package, deferred=False)
     found = cycles(graph)
     assert not found, _describe(graph, found)
 
 
-@pytest.mark.parametrize("package", [
-    "ringtorch.collectives",
-    "ringtorch.distributed.rpc",
-])
+@pytest.mark.parametrize("package", _marked(packages()))
 def test_no_cycle_counting_imports_inside_functions(package: str) -> None:
     graph = import_graph(package, deferred=True)
     found = cycles(graph)
@@ -112,6 +122,9 @@ def test_the_cycle_finder_finds_cycles_and_only_cycles() -> None:
 def test_package_paths_exist() -> None:
     """The packages this file guards are where it looks (a renamed folder would make the
     cycle tests pass on an empty graph)."""
-    for package in ("ringtorch.collectives", "ringtorch.distributed.rpc"):
-        assert len(import_graph(package, deferred=True)) > 3, package
-    assert (PACKAGE / "collectives").is_dir() and (PACKAGE / "distributed" / "rpc").is_dir()
+    found = packages()
+    assert found[0] == "ringtorch" and len(import_graph("ringtorch", deferred=True)) > 100
+    for package in ("ringtorch.collectives", "ringtorch.distributed.rpc", "ringtorch.launcher",
+                    "ringtorch.store", "ringtorch._wire", "ringtorch.distributed"):
+        assert package in found and len(import_graph(package, deferred=True)) > 3, package
+    assert set(KNOWN_CYCLES) <= set(found)

@@ -90,17 +90,17 @@ def test_tee_prefixes_console_lines_and_redirect_writes_only_files(tmp_path: Pat
     script = tmp_path / "chatty.py"
     script.write_text(CHATTY)
     logs = tmp_path / "logs"
-    # local rank 0: both streams teed (console with [rank0]: + files); local rank 1: stdout
-    # redirected to its file only, stderr inherited as is.
+    # local rank 0: both streams teed (console with [default0]: + files); local rank 1: stdout
+    # redirected to its file only, stderr on the console without a prefix.
     result = ringrun(["--nproc-per-node", "2", "--tee", "0:3", "--redirects", "1:1",
                       "--log-dir", str(logs), "--rdzv-id", "logtest", str(script)])
     assert result.returncode == 0, result.stderr
     out_lines = result.stdout.splitlines()
-    assert "[rank0]:out line 1 of rank 0" in out_lines
-    assert "[rank0]:out line 2 of rank 0" in out_lines
-    assert "[rank0]:no newline at the end 0" in out_lines
+    assert "[default0]:out line 1 of rank 0" in out_lines
+    assert "[default0]:out line 2 of rank 0" in out_lines
+    assert "[default0]:no newline at the end 0" in out_lines
     assert "out line 1 of rank 1" not in result.stdout  # redirected: file only
-    assert "[rank0]:err line of rank 0" in result.stderr.splitlines()
+    assert "[default0]:err line of rank 0" in result.stderr.splitlines()
     assert "err line of rank 1" in result.stderr.splitlines()  # not teed: no prefix
     (run_dir,) = logs.iterdir()
     assert run_dir.name.startswith("logtest_")
@@ -119,7 +119,7 @@ def test_local_ranks_filter_hides_the_other_ranks_on_the_console(tmp_path: Path)
     result = ringrun(["--nproc-per-node", "3", "--tee", "1", "--local-ranks-filter", "1",
                       str(script)])
     assert result.returncode == 0, result.stderr
-    assert "[rank1]:out line 1 of rank 1" in result.stdout.splitlines()
+    assert "[default1]:out line 1 of rank 1" in result.stdout.splitlines()
     assert "rank 0" not in result.stdout and "rank 2" not in result.stdout
     assert "err line of rank 2" not in result.stderr
 
@@ -139,8 +139,8 @@ def test_module_no_python_and_run_path_modes(tmp_path: Path) -> None:
     shell.chmod(0o755)
     result = ringrun(["--no-python", "--nproc-per-node", "2", "--tee", "1", str(shell), "a"])
     assert result.returncode == 0, result.stderr
-    assert sorted(result.stdout.splitlines()) == ["[rank0]:shell rank 0 of 2 args a",
-                                                  "[rank1]:shell rank 1 of 2 args a"]
+    assert sorted(result.stdout.splitlines()) == ["[default0]:shell rank 0 of 2 args a",
+                                                  "[default1]:shell rank 1 of 2 args a"]
 
     (tmp_path / "rank0.json").unlink()
     result = ringrun(["--run-path", str(package / "train.py"), "y"],

@@ -103,6 +103,43 @@ def test_a_client_with_the_wrong_port_fails_within_its_timeout_naming_host_and_p
     assert time.monotonic() - started < 5.0
 
 
+def test_the_timeout_error_says_how_long_it_tried_and_the_last_error():
+    from ringtorch.testing import free_port
+
+    port = free_port()
+    with pytest.raises(DistNetworkError, match=rf"127\.0\.0\.1:{port}: no server accepted the "
+                                               rf"connection in 0\.[5-9] s \(last error: "
+                                               rf"\[Errno 111\] Connection refused\)"):
+        TCPStore("127.0.0.1", port, None, False, timedelta(milliseconds=500))
+
+
+def test_a_client_whose_store_never_starts_says_so_on_stderr_long_before_its_timeout(tmp_path):
+    """Nobody listens on the port: within seconds, not at the 30 s timeout, the process's
+    stderr names the address, the seconds waited and the refused connection, again as the
+    wait doubles."""
+    from ringtorch.testing import free_port
+
+    port, err = free_port(), tmp_path / "stderr"
+    code = ("from datetime import timedelta\nfrom ringtorch.store import TCPStore\n"
+            f"TCPStore('127.0.0.1', {port}, None, False, timedelta(seconds=30))\n")
+    line = re.compile(rf"^TCPStore client: still connecting to 127\.0\.0\.1:{port}, "
+                      rf"(\d+\.\d) s so far \(last error: \[Errno 111\] Connection refused\); "
+                      rf"retrying until the timeout \(0:00:30\)", re.M)
+    started = time.monotonic()
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stderr=stderr)
+    try:
+        waited = wait_for(lambda: [float(w) for w in line.findall(err.read_text())][:2] if
+                          len(line.findall(err.read_text())) >= 2 else None, timeout=20.0,
+                          what="two 'still connecting' warnings")
+        assert proc.poll() is None  # still trying: the warnings came before the timeout
+    finally:
+        proc.kill()
+        proc.wait()
+    assert 1.0 <= waited[0] < 2.0 <= waited[1] < 4.0, waited
+    assert time.monotonic() - started < 25.0
+
+
 def test_oversized_values_are_refused_naming_the_key():
     with _config.override(STORE_MAX_VALUE_BYTES=1000):
         store = TCPStore("127.0.0.1", 0, 1, True, T30)
