@@ -216,13 +216,15 @@ _NUMPY_NATIVE = {torch.float32, torch.float64, torch.int64, torch.int32, torch.i
 def as_bytes(tensor: torch.Tensor) -> np.ndarray:
     """The bytes of a contiguous CPU tensor as a 1-D uint8 NumPy array sharing its memory
     (any dtype; what the collective algorithms work on)."""
-    if tensor.requires_grad:
-        tensor = tensor.detach()
     if tensor.dtype in _NUMPY_NATIVE:
-        arr = tensor.numpy()
+        try:
+            arr = tensor.numpy()
+        except RuntimeError:  # it requires grad: the same memory, outside autograd
+            arr = tensor.detach().numpy()
         if arr.ndim != 1:
             arr = arr.reshape(-1)
         return arr.view(np.uint8)
+    tensor = data_of(tensor)
     if tensor.dim() != 1:
         tensor = tensor.reshape(-1)
     return tensor.view(torch.uint8).numpy()

@@ -107,15 +107,21 @@ def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: ProcessGroup
         a.warn_not_in_group("all_reduce")
         return None
     a.check_outputs_writable(tensor, "tensor")
-    if t.is_sparse:
-        return _all_reduce_sparse(t, op, group, async_op)
     if t.is_complex():
         if not supports_complex(op):
             raise ValueError(f"all_reduce does not support {op} on complex tensors")
         t = torch.view_as_real(t)
     group = a.group_or_default(group)
     opts = _options(AllreduceOptions, reduceOp=op, asyncOp=async_op)
-    return _finish(group.allreduce([t], opts), async_op)
+    # the group refuses a sparse tensor (NotImplementedError): catching that spares every
+    # dense call a layout check
+    try:
+        work = group.allreduce([t], opts)
+    except NotImplementedError:
+        if not t.is_sparse:
+            raise
+        return _all_reduce_sparse(t, op, group, async_op)
+    return _finish(work, async_op)
 
 
 def _all_reduce_sparse(t: torch.Tensor, op: Any, group: ProcessGroup | None,
