@@ -65,5 +65,14 @@ def on_parameters(rank: int, ws: int, library: str) -> dict[str, Any]:
     p = _param(start(rank, ws))
     dist.scatter(p, [_param(start(r, ws)) for r in range(ws)] if rank == 0 else None, src=0)
     out["scatter"] = _state(p)
+    if library == "ringtorch.distributed":
+        # where torch's gloo refuses parameters (its coalesced copy-back is an autograd
+        # in-place write) or has no such reduction (AVG), ringtorch writes them in place too
+        p, q = _param(start(rank, ws)), _param(start(rank, ws)[:2])
+        dist.all_reduce_coalesced([p, q])
+        out["all_reduce_coalesced"] = _state(p)
+        p = _param(start(rank, ws))
+        dist.all_reduce(p, op=dist.ReduceOp.AVG)
+        out["all_reduce_avg"] = _state(p)
     dist.destroy_process_group()
     return out

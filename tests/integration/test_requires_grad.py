@@ -32,6 +32,7 @@ def _expected(op: str, rank: int) -> np.ndarray | None:
         "all_reduce": total, "all_reduce_strided_view": total, "broadcast": R.start(0, WS),
         "all_gather": mine, "send_recv": R.start(0, WS), "isend_irecv": R.start(0, WS),
         "reduce": total if rank == 0 else None, "scatter": R.start(rank, WS),
+        "all_reduce_coalesced": total, "all_reduce_avg": total / WS,
     }[op]
 
 
@@ -50,6 +51,14 @@ def test_an_operation_on_parameters_writes_in_place_and_they_still_require_grad(
                                           err_msg=f"{op} on rank {rank}")
         assert state["requires_grad"], f"{op} on rank {rank}"
         assert not state["grad_fn"] and not state["grad"], f"{op} on rank {rank}: autograd"
+
+
+@pytest.mark.parametrize("op", ["all_reduce_avg", "all_reduce_coalesced"])
+def test_ringtorch_also_averages_and_coalesces_parameters_in_place(op: str) -> None:
+    for rank, res in enumerate(results("ringtorch.distributed")):
+        state = res[op]
+        np.testing.assert_array_equal(state["values"], _expected(op, rank), err_msg=op)
+        assert state["requires_grad"] and not state["grad_fn"] and not state["grad"]
 
 
 @pytest.mark.parametrize("library", LIBRARIES)
