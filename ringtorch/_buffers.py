@@ -84,8 +84,19 @@ def check_writable(obj: Any, name: str) -> None:
                          f"pass a writable array (e.g. np.ascontiguousarray(a))")
 
 
+def data_of(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` itself, or for one that requires grad (a parameter) its ``detach()``: the
+    same memory, outside autograd. Collectives read and write the caller's memory as torch's
+    do, without recording anything for autograd (NumPy and in-place writes refuse a tensor
+    that requires grad)."""
+    return tensor.detach() if tensor.requires_grad else tensor
+
+
 def real_view(tensor: torch.Tensor) -> torch.Tensor:
-    """A complex tensor as its (real, imag) pairs, as torch sends it; others unchanged."""
+    """A complex tensor as its (real, imag) pairs, as torch sends it; others unchanged (both
+    outside autograd: :func:`data_of`)."""
+    if tensor.requires_grad:
+        tensor = tensor.detach()
     return torch.view_as_real(tensor) if tensor.is_complex() else tensor
 
 
@@ -206,10 +217,14 @@ def as_bytes(tensor: torch.Tensor) -> np.ndarray:
     """The bytes of a contiguous CPU tensor as a 1-D uint8 NumPy array sharing its memory
     (any dtype; what the collective algorithms work on)."""
     if tensor.dtype in _NUMPY_NATIVE:
-        arr = tensor.numpy()
+        try:
+            arr = tensor.numpy()
+        except RuntimeError:  # it requires grad: the same memory, outside autograd
+            arr = tensor.detach().numpy()
         if arr.ndim != 1:
             arr = arr.reshape(-1)
         return arr.view(np.uint8)
+    tensor = data_of(tensor)
     if tensor.dim() != 1:
         tensor = tensor.reshape(-1)
     return tensor.view(torch.uint8).numpy()
@@ -239,6 +254,7 @@ def byte_view(tensor: torch.Tensor) -> memoryview:
     """The bytes of a contiguous CPU tensor, shared with it (any dtype, bfloat16 included)."""
     if tensor.numel() == 0:
         return memoryview(b"")
+    tensor = data_of(tensor)
     flat = tensor.reshape(-1)
     if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
         raise ValueError("byte_view needs a contiguous tensor")
@@ -277,6 +293,7 @@ __all__ = [
     "as_tensor",
     "byte_view",
     "check_writable",
+    "data_of",
     "flat_view",
     "is_buffer",
     "pack",

@@ -32,7 +32,8 @@ def tensor(op: str, obj: Any) -> torch.Tensor:
 
     Raises:
         TypeError: not a tensor or array.
-        RuntimeError: a sparse or non-CPU tensor.
+        NotImplementedError: a sparse tensor (torch's dispatcher error; a RuntimeError).
+        RuntimeError: a non-CPU tensor.
     """
     if type(obj) is torch.Tensor and obj.is_cpu and obj.layout is torch.strided:
         return obj  # the common case, checked in a few hundred nanoseconds
@@ -41,11 +42,30 @@ def tensor(op: str, obj: Any) -> torch.Tensor:
                         f"got {type(obj)}")
     t = _buffers.as_tensor(obj)
     if t.layout != torch.strided:
-        raise fail(op, "only supports dense tensors")
+        raise _not_dense(op, t)
     if t.device.type != "cpu":
         raise fail(op, f"ringtorch's native backend runs on CPU tensors; got a tensor on "
                        f"{t.device} (move it with .cpu(), or wait for the nccl backend)")
     return t
+
+
+# ProcessGroup method -> the c10d operator torch's dispatcher names when it has no kernel
+_C10D_OPS = {"all_gather_single": "_allgather_base_", "reduce_scatter_single":
+             "_reduce_scatter_base_", "recv_anysource": "recv_any_source_", "send": "send",
+             "recv": "recv_"}
+
+
+def _not_dense(op: str, t: torch.Tensor) -> Exception:
+    """torch's error for a sparse operand where the operation takes dense tensors only (its
+    dispatcher's NotImplementedError, a RuntimeError), with our sentence after it."""
+    key = "SparseCPU" if t.layout is torch.sparse_coo else "SparseCsrCPU"
+    if t.layout not in (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr,
+                        torch.sparse_bsc):
+        return fail(op, f"only supports dense tensors, got layout {t.layout}")
+    return NotImplementedError(
+        f"Could not run 'c10d::{_C10D_OPS.get(op, op + '_')}' with arguments from the '{key}' "
+        f"backend. ProcessGroup::{op} only supports dense tensors (all_reduce with SUM is the "
+        f"one collective that takes sparse COO tensors)")
 
 
 def tensors(op: str, objs: Any, what: str = "tensor list") -> list[torch.Tensor]:

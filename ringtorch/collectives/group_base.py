@@ -157,12 +157,15 @@ class GroupBase:
     # -- collectives ------------------------------------------------------------------------
 
     def _collective(self, op_name: str, opts: Any, fn: RunFn, described: list[torch.Tensor],
-                    outputs: list[torch.Tensor], shapes: bool = True) -> Work:
+                    outputs: list[torch.Tensor], shapes: bool = True,
+                    recorded: list[torch.Tensor] | None = None) -> Work:
         """Submit one collective to the group's lane; synchronous ones may run right here.
 
         ``described`` are the tensors whose shapes and dtypes must agree across ranks (what the
         DETAIL check compares); with ``shapes=False`` only their dtypes must (all-to-all parts
-        differ in size from rank to rank).
+        differ in size from rank to rank). ``recorded``: the inputs torch.profiler records
+        for the operation, where they are not ``described`` (torch's gloo records the inputs
+        only, e.g. an all_gather's input tensor and not its outputs).
         """
         seconds = self._seconds(getattr(opts, "timeout", None))
         check = self.collective_check
@@ -190,7 +193,7 @@ class GroupBase:
             work.record = RECORDER.record(COLLECTIVE, self._group_name, op_name)
         if profiling.profiler_on():
             work.profile = profiling.begin(self._backend_name, op_name, self._profile_id(),
-                                           described, outputs)
+                                           described, outputs, recorded=recorded)
         self._collectives.submit(work, inline=not getattr(opts, "asyncOp", True),
                                  collective=True)
         return work

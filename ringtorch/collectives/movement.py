@@ -75,7 +75,8 @@ class MovementOps(GroupBase):
         checks.same_dtype("allgather", outs, inp.dtype)
         checks.numel_matches("allgather", [outs[self._rank]], inp)
         run = self._gather_plan(outs, inp)
-        return self._collective("allgather", opts, run, outs, outs)  # inputs may differ in size
+        return self._collective("allgather", opts, run, outs, outs,  # inputs may differ in size
+                                recorded=[inp])
 
     def _gather_plan(self, outs: list[torch.Tensor], inp: torch.Tensor) -> RunFn:
         """How to all-gather ``inp`` into ``outs``: one all_gather when every part has the
@@ -113,7 +114,8 @@ class MovementOps(GroupBase):
             self._backend_or_raise().all_gather(dst.flat, src.flat, seq, deadline)
             dst.finish()
 
-        return self._collective("all_gather_single", opts, run, [inp, out], [out])
+        return self._collective("all_gather_single", opts, run, [inp, out], [out],
+                                recorded=[inp])
 
     _allgather_base = all_gather_single
 
@@ -228,7 +230,7 @@ class MovementOps(GroupBase):
             self._backend_or_raise().scatter(dst.flat, flat, root, seq, deadline)
             dst.finish()
 
-        return self._collective("scatter", opts, run, [out], [out])
+        return self._collective("scatter", opts, run, [out], [out], recorded=ins)
 
     def alltoall_base(self, output: Any, input: Any, output_split_sizes: Any = None,
                       input_split_sizes: Any = None, opts: Any = None) -> Work:
@@ -251,7 +253,8 @@ class MovementOps(GroupBase):
             self._backend_or_raise().all_to_all(flat_out, flat_in, out_counts, in_counts,
                                                 seq, deadline)
 
-        return self._collective("alltoall_base", opts, run, [out, inp], [out], shapes=False)
+        return self._collective("alltoall_base", opts, run, [out, inp], [out], shapes=False,
+                                recorded=[inp])
 
     all_to_all_single = alltoall_base
 
@@ -278,7 +281,8 @@ class MovementOps(GroupBase):
                                                 seq, deadline)
             finish()
 
-        return self._collective("alltoall", opts, run, ins + outs, outs, shapes=False)
+        return self._collective("alltoall", opts, run, ins + outs, outs, shapes=False,
+                                recorded=ins)
 
     def barrier(self, opts: Any = None) -> Work:
         """Complete once every rank of the group has entered the barrier."""

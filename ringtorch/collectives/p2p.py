@@ -164,9 +164,12 @@ class P2POps(GroupBase):
         """A barrier in which rank 0 names the ranks that did not arrive within ``timeout``.
 
         Raises:
-            DistBackendError: on rank 0, "[Rank 0]: Rank 2 failed to pass monitoredBarrier in
-                1000 ms" (with ``wait_all_ranks``, every missing rank: "Ranks 1, 2 ..."); on
-                the other ranks, that rank 0 reported a failure or could not be reached.
+            DistBackendError: on rank 0, torch's texts: "[Rank 0]: Rank 2 failed to pass
+                monitoredBarrier in 1000 ms", then the original exception ("Timed out waiting
+                1000ms for rank 2 to reach monitoredBarrier: ...", or "Rank 0 timed out in
+                monitoredBarrier after 1000 ms." where rank 0's time ran out before rank 2's
+                turn); with ``wait_all_ranks``, every missing rank: "Ranks 1, 2 ..."; on the
+                other ranks, that rank 0 reported a failure or could not be reached.
         """
         limit = timeout if timeout is not None else self._timeout
         if not isinstance(limit, timedelta):
@@ -190,14 +193,24 @@ class P2POps(GroupBase):
         arrived: list[int] = []
         failed: list[tuple[int, BaseException]] = []
         for rank in range(1, self._size):
+            if not wait_all and not failed and time.monotonic() > deadline:
+                # rank 0's own time ran out before this rank's turn: torch's words for it
+                failed.append((rank, DistBackendError(_exhausted(ms, arrived))))
+                continue
             # After the first failure (without wait_all) only collect who is already there,
             # so that they can be told at once instead of waiting out their timeout.
             until = deadline if wait_all or not failed else 0.0
+            started = time.monotonic()
             try:
                 backend.recv(torch.zeros(1, dtype=torch.int64), rank, arrive,
-                             max(until, time.monotonic() + 0.001))
+                             max(until, started + 0.001))
                 arrived.append(rank)
             except Exception as exc:
+                now = time.monotonic()
+                if now >= until and not failed:  # torch's phrase for a wait that ran out
+                    exc = DistBackendError(
+                        f"Timed out waiting {round((now - started) * 1000)}ms for rank {rank} "
+                        f"to reach monitoredBarrier: {exc}")
                 failed.append((rank, exc))
         verdict = _FAILED if failed else _ARRIVED
         for rank in arrived:
@@ -229,6 +242,13 @@ class P2POps(GroupBase):
                 f"Rank {self._rank} successfully reached monitoredBarrier, but received errors "
                 f"while waiting for send/recv from rank 0. Please check rank 0 logs for faulty "
                 f"rank.\n Original exception: \n{exc}") from exc
+
+
+def _exhausted(ms: int, arrived: list[int]) -> str:
+    """torch's text for a monitored barrier whose time ran out on rank 0 between ranks."""
+    processed = (f"Successfully processed ranks: {', '.join(str(r) for r in arrived)}"
+                 if arrived else "No ranks successfully processed in monitoredBarrier.")
+    return f"Rank 0 timed out in monitoredBarrier after {ms} ms.\n{processed}"
 
 
 class _BarrierOpts:

@@ -26,7 +26,7 @@ _TITLES = {
     "allgather": "all_gather", "allgather_coalesced": "all_gather",
     "all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter",
     "alltoall": "all_to_all", "alltoall_base": "all_to_all",
-    "monitored_barrier": "barrier", "recv_anysource": "recv",
+    "monitored_barrier": "barrier", "recv_anysource": "recvAnySource",
 }
 
 
@@ -43,9 +43,11 @@ def _nelems(tensors: Sequence[torch.Tensor]) -> int:
 
 
 def begin(backend_name: str, op_name: str, group: tuple[str, int, int],
-          inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], peer: int = -1) -> Any:
+          inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], peer: int = -1,
+          recorded: Sequence[torch.Tensor] | None = None) -> Any:
     """Open the range of an operation being issued (call only when ``profiler_on()``);
-    :func:`end` closes it. ``group``: its (name, this rank, size)."""
+    :func:`end` closes it. ``group``: its (name, this rank, size); ``recorded``: the tensors
+    whose shapes the range records, as torch's does (``inputs`` when None)."""
     ins = [t for t in inputs if all(t is not o for o in outputs)] or list(outputs)
     dtype = outputs[0].dtype if outputs else (ins[0].dtype if ins else None)
     args: dict[str, Any] = {
@@ -58,7 +60,8 @@ def begin(backend_name: str, op_name: str, group: tuple[str, int, int],
     }
     if peer >= 0:
         args["Peer"] = peer
-    span = _RecordFunctionFast(title(backend_name, op_name), list(inputs), args)
+    span = _RecordFunctionFast(title(backend_name, op_name),
+                               list(inputs if recorded is None else recorded), args)
     span.__enter__()
     return span
 

@@ -50,7 +50,7 @@ class Words:
 
     def timed_out(self, call: CollectiveCall, elapsed_s: float, report: str) -> str:
         """A socket wait ran past the deadline; ``report`` says who did not arrive."""
-        return f"{self.what(call)} timed out after {timedelta(seconds=round(elapsed_s))}: {report}"
+        return f"{self.what(call)} {_timed_out(elapsed_s)}: {report}"
 
     def stalled(self, call: CollectiveCall, waited_s: float, report: str) -> str:
         """The stall warning, logged while a collective waits long."""
@@ -180,6 +180,13 @@ def _fingerprint(entry: dict[str, Any]) -> str:
             f"TensorShape=[{shapes}], TensorDtypes=[{dtypes}])")
 
 
+def _timed_out(waited_s: float) -> str:
+    """'timed out after 0:00:30 (Timed out waiting 30000ms: the collective's timeout)': our
+    words, then the phrase torch's gloo uses, which users' and tools' checks look for."""
+    return (f"timed out after {timedelta(seconds=round(waited_s))} (Timed out waiting "
+            f"{round(waited_s * 1000)}ms: the collective's timeout)")
+
+
 def _seconds(waited_s: float) -> str:
     return f"{waited_s:.0f} s" if waited_s >= 10 else f"{waited_s:.1f} s"
 
@@ -211,7 +218,7 @@ class ShmWords:
 
     def timed_out(self, desc: Any, me: int, waited_s: float, late: list[int],
                   where: list[str]) -> str:
-        return (f"{self.what(desc, me)} timed out after {timedelta(seconds=round(waited_s))}: "
+        return (f"{self.what(desc, me)} {_timed_out(waited_s)}: "
                 f"ranks {late} did not arrive ({'; '.join(where)})")
 
     def stalled(self, desc: Any, me: int, waited_s: float, late: list[int],

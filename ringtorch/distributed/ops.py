@@ -31,7 +31,7 @@ from ringtorch.collectives.process_group import ProcessGroup
 from ringtorch.collectives.reduce_op import ReduceOp
 from ringtorch.collectives.work import Work
 from ringtorch.distributed import _args as a
-from ringtorch.distributed import groups
+from ringtorch.distributed import _sparse, groups
 from ringtorch.distributed._backend import Backend
 from ringtorch.distributed._world import GroupMember
 
@@ -113,7 +113,33 @@ def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: ProcessGroup
         t = torch.view_as_real(t)
     group = a.group_or_default(group)
     opts = _options(AllreduceOptions, reduceOp=op, asyncOp=async_op)
-    return _finish(group.allreduce([t], opts), async_op)
+    # the group refuses a sparse tensor (NotImplementedError): catching that spares every
+    # dense call a layout check
+    try:
+        work = group.allreduce([t], opts)
+    except NotImplementedError:
+        if not t.is_sparse:
+            raise
+        return _all_reduce_sparse(t, op, group, async_op)
+    return _finish(work, async_op)
+
+
+def _all_reduce_sparse(t: torch.Tensor, op: Any, group: ProcessGroup | None,
+                       async_op: bool) -> Work | None:
+    """A sparse COO tensor's all_reduce (SUM only, as gloo's), over all-gathers; it is done
+    when this returns, so ``async_op`` gets a completed Work."""
+    _sparse.check_op(op)
+    group = a.group_or_default(group)
+
+    def gather(out: torch.Tensor, inp: torch.Tensor) -> None:
+        group.all_gather_single(out, inp, AllgatherOptions(asyncOp=False)).wait()
+
+    _sparse.all_reduce(t, group.size(), gather)
+    if not async_op:
+        return None
+    work = Work("allreduce", -1, None, [t], group.group_name)
+    work.run()
+    return work
 
 
 def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = ReduceOp.SUM,

@@ -67,7 +67,8 @@ def _check_live_ranks(results: list[dict], victim: int) -> list[str]:
         res = results[rank]
         assert res["dist_error"], (rank, res)
         first_line = res["message"].splitlines()[0]
-        assert re.search(rf"all_reduce #1 .*timed out after 0:00:04: ranks \[{victim}\] did "
+        assert re.search(rf"all_reduce #1 .*timed out after 0:00:04 \(Timed out waiting \d+ms: the "
+                         rf"collective's timeout\): ranks \[{victim}\] did "
                          rf"not arrive", first_line), (rank, first_line)
         assert res["elapsed"] <= ranks.TIMEOUT_S + BOUND_S, (rank, res)
         lines.append(first_line)

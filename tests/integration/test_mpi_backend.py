@@ -176,8 +176,8 @@ def test_groups_run_collectives_at_once_from_their_own_threads(sub_world: list[d
 def test_a_receive_nobody_answers_times_out_and_the_group_goes_on(multi_world: list[dict]) -> None:
     timed_out = _case(multi_world, "timeout/recv")[0]
     assert timed_out["error"][0] == "DistBackendError"
-    assert re.fullmatch(r"recv from rank 1 \(tag 99\) on group 'default' timed out after \d+\.\d s",
-                        timed_out["error"][1])
+    assert re.fullmatch(r"recv from rank 1 \(tag 99\) on group 'default' timed out after \d+\.\d s "
+                        r"\(Timed out waiting \d+ms\)", timed_out["error"][1])
     assert 0.3 <= timed_out["seconds"] < 10
     for r in _case(multi_world, "timeout/recv_then_barrier"):
         assert "error" not in r
@@ -189,7 +189,8 @@ def test_under_serialized_mpi_a_late_collective_times_out_and_aborts_the_group(
     first, last = _case(world2, "timeout/collective")
     for r, seconds in ((first, 0.3), (last, 1.0)):
         assert r["error"][0] == "DistBackendError"
-        assert re.fullmatch(r"barrier on group 'default' timed out after \d+\.\d s, and MPI cannot "
+        assert re.fullmatch(r"barrier on group 'default' timed out after \d+\.\d s \(Timed out "
+                            r"waiting \d+ms\), and MPI cannot "
                             r"take the operation back, so the group cannot be used any more",
                             r["error"][1])
         assert seconds <= r["seconds"] < seconds + 10

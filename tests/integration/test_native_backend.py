@@ -123,7 +123,8 @@ def test_timeout_names_the_missing_rank_and_where_it_is_and_warns_while_stalled(
         assert name == "DistBackendError", res
         # the first rank to time out aborts the group; the other may learn it from its frame
         assert re.fullmatch(r"(all_reduce #2 on group 'to' failed: the group was aborted: )?"
-                            r"all_reduce #2 on group 'to' timed out after 0:00:0\d: ranks \[2\] "
+                            r"all_reduce #2 on group 'to' timed out after 0:00:0\d \(Timed out waiting "
+                            r"\d+ms: the collective's timeout\): ranks \[2\] "
                             r"did not arrive \(rank 2 is at broadcast #1 \(finished\)\)",
                             message), message
         assert res["after"] < 6.0, res

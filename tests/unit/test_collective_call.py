@@ -90,7 +90,8 @@ def test_shared_memory_words_match_the_socket_words():
     assert words.where(1, from_descriptor(-1, 0, 0, 0)) == "rank 1 is at no collective yet"
     assert words.timed_out(mine, 0, 61.2, [1], ["rank 1 is at no collective yet"]) == (
         "broadcast #2 (float32, 16 bytes, root 0) on group 'g' (rank 0) timed out after "
-        "0:01:01: ranks [1] did not arrive (rank 1 is at no collective yet)")
+        "0:01:01 (Timed out waiting 61200ms: the collective's timeout): ranks [1] did not "
+        "arrive (rank 1 is at no collective yet)")
 
 
 def test_dtype_codes_are_unique_and_cover_every_dtype_the_tests_use():

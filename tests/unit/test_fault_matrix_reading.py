@@ -10,7 +10,8 @@ from ringtorch.testing.fault_matrix import Cell, named_hosts, named_ranks, shm_f
 
 @pytest.mark.parametrize("line, ranks", [
     ("all_reduce #10 on group '0' failed: rank 3 closed its connection to rank 0", [3, 0]),
-    ("timed out after 0:00:06: ranks [2, 3] did not arrive (rank 2 did not answer)", [2, 3]),
+    ("timed out after 0:00:06 (Timed out waiting 6001ms: the collective's timeout): ranks "
+     "[2, 3] did not arrive (rank 2 did not answer)", [2, 3]),
     ("RPC to worker 'worker1' (rank 1) failed: ... on worker 'worker1' (rank 1)", [1]),
     ("Read error [172.20.51.2]:42639: Connection reset by peer", []),
     ("the process was killed by a signal; ranking 4 is not a rank", []),

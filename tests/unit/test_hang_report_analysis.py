@@ -155,7 +155,8 @@ def test_the_stacks_header_round_trips() -> None:
 
 
 @pytest.mark.parametrize(("message", "expected"), [
-    ("all_reduce #1 on group '0' timed out after 0:00:03: ranks [2] did not arrive", True),
+    ("all_reduce #1 on group '0' timed out after 0:00:03 (Timed out waiting 3000ms: the "
+     "collective's timeout): ranks [2] did not arrive", True),
     ("collective mismatch on group '0': rank 1 called broadcast #1", True),
     ("all_reduce #1 failed: the group was aborted: rank 1 (pid 9) died", False),
 ])

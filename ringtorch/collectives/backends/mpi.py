@@ -204,7 +204,9 @@ class MpiBackend(Backend):
 
     def _give_up(self, what: str, request: Any, status: Any, elapsed: float,
                  cancellable: bool) -> None:
-        message = f"{what} on group '{self.ctx.group_name}' timed out after {elapsed:.1f} s"
+        # ringtorch's words, then torch's gloo phrase, which users' checks look for
+        message = (f"{what} on group '{self.ctx.group_name}' timed out after {elapsed:.1f} s "
+                   f"(Timed out waiting {round(elapsed * 1000)}ms)")
         if cancellable:
             self._mpi_call(what, request.Cancel)
             give_up_at = time.monotonic() + 1.0
