@@ -20,6 +20,7 @@ from ringtorch.collectives.reduce_op import RedOpType, ReduceOp
 from ringtorch.collectives.work import Work
 from ringtorch.distributed import _args as a
 from ringtorch.distributed import groups
+from ringtorch.distributed._device_staging import staged
 from ringtorch.distributed.ops import (
     _real,
     all_gather_single,
@@ -32,6 +33,7 @@ from ringtorch.distributed.ops import (
             "please revisit our documentation later at "
             "https://pytorch.org/docs/main/distributed.html#collective-functions",
             category=FutureWarning)
+@staged(reads=("tensors",), writes=("tensors",))
 def all_reduce_coalesced(tensors: Any, op: Any = ReduceOp.SUM,
                          group: ProcessGroup | None = None, async_op: bool = False) -> Any:
     """All-reduce several tensors of one dtype in one collective (deprecated in torch).
@@ -77,6 +79,7 @@ def _all_gather_base(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
             "please revisit our documentation later at "
             "https://pytorch.org/docs/main/distributed.html#collective-functions",
             category=FutureWarning)
+@staged(reads=("input_tensor_list",), writes=("output_tensor_lists",))
 def all_gather_coalesced(output_tensor_lists: list[list[torch.Tensor]],
                          input_tensor_list: list[torch.Tensor],
                          group: ProcessGroup | None = None, async_op: bool = False) -> Any:

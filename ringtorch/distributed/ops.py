@@ -33,6 +33,7 @@ from ringtorch.collectives.work import Work
 from ringtorch.distributed import _args as a
 from ringtorch.distributed import _sparse, groups
 from ringtorch.distributed._backend import Backend
+from ringtorch.distributed._device_staging import staged
 from ringtorch.distributed._world import GroupMember
 
 _COMPLEX_DENIED = (ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT, ReduceOp.BAND, ReduceOp.BOR,
@@ -75,6 +76,7 @@ def _real(t: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(t) if t.is_complex() else t
 
 
+@staged(reads=("tensor",), writes=("tensor",))
 def broadcast(tensor: torch.Tensor, src: int | None = None, group: ProcessGroup | None = None,
               async_op: bool = False, group_src: int | None = None) -> Work | None:
     """Copy ``tensor`` from rank ``src`` (global) or ``group_src`` into every rank's ``tensor``.
@@ -93,6 +95,7 @@ def broadcast(tensor: torch.Tensor, src: int | None = None, group: ProcessGroup 
     return _finish(group.broadcast([_real(t)], opts), async_op)
 
 
+@staged(reads=("tensor",), writes=("tensor",))
 def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: ProcessGroup | None = None,
                async_op: bool = False) -> Work | None:
     """Reduce ``tensor`` across every rank with ``op``, in place; every rank gets the same
@@ -142,6 +145,7 @@ def _all_reduce_sparse(t: torch.Tensor, op: Any, group: ProcessGroup | None,
     return work
 
 
+@staged(reads=("tensor",), writes=("tensor",))
 def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = ReduceOp.SUM,
            group: ProcessGroup | None = None, async_op: bool = False,
            group_dst: int | None = None) -> Work | None:
@@ -163,6 +167,7 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = ReduceOp.SUM,
     return _finish(group.reduce([t], opts), async_op)
 
 
+@staged(reads=("tensor",), writes=("tensor_list",))
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
                group: ProcessGroup | None = None, async_op: bool = False) -> Work | None:
     """Gather every rank's ``tensor`` into every rank's ``tensor_list`` (one per rank, in
@@ -180,6 +185,7 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
     return _finish(group.allgather([[_real(o) for o in outs]], [_real(t)], opts), async_op)
 
 
+@staged(reads=("input_tensor",), writes=("output_tensor",))
 def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                       group: ProcessGroup | None = None, async_op: bool = False) -> Work | None:
     """Gather every rank's ``input_tensor`` into ``output_tensor``, concatenated or stacked
@@ -204,6 +210,7 @@ def _validate_output_list_for_rank(my_rank: int, dst: int, gather_list: Any) -> 
                          "ranks.")
 
 
+@staged(reads=("tensor",), writes=("gather_list",))
 def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None,
            dst: int | None = None, group: ProcessGroup | None = None, async_op: bool = False,
            group_dst: int | None = None) -> Work | None:
@@ -226,6 +233,7 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None,
     return _finish(group.gather(output, [_real(t)], opts), async_op)
 
 
+@staged(reads=("scatter_list",), writes=("tensor",))
 def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None,
             src: int | None = None, group: ProcessGroup | None = None, async_op: bool = False,
             group_src: int | None = None) -> Work | None:
@@ -255,6 +263,7 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
     return _finish(group.scatter(outputs, inputs, opts), async_op)
 
 
+@staged(reads=("input_list",), writes=("output",))
 def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any = ReduceOp.SUM,
                    group: ProcessGroup | None = None, async_op: bool = False) -> Work | None:
     """Reduce ``input_list`` element-wise across ranks; rank i's ``output`` gets element i."""
@@ -272,6 +281,7 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any
                    async_op)
 
 
+@staged(reads=("input",), writes=("output",))
 def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op: Any = ReduceOp.SUM,
                           group: ProcessGroup | None = None,
                           async_op: bool = False) -> Work | None:
@@ -289,6 +299,7 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op: Any = R
     return _finish(group.reduce_scatter_single(_real(out), _real(inp), opts), async_op)
 
 
+@staged(reads=("input",), writes=("output",))
 def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
                       output_split_sizes: list[int] | None = None,
                       input_split_sizes: list[int] | None = None,
@@ -309,6 +320,7 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
     return _finish(work, async_op)
 
 
+@staged(reads=("input_tensor_list",), writes=("output_tensor_list",))
 def all_to_all(output_tensor_list: list[torch.Tensor], input_tensor_list: list[torch.Tensor],
                group: ProcessGroup | None = None, async_op: bool = False) -> Work | None:
     """Send ``input_tensor_list[j]`` to rank j; receive rank j's into

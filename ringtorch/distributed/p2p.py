@@ -18,6 +18,7 @@ from ringtorch.collectives.process_group import ProcessGroup
 from ringtorch.collectives.work import Work
 from ringtorch.distributed import _args as a
 from ringtorch.distributed import groups
+from ringtorch.distributed._device_staging import staged
 
 
 def _real(t: torch.Tensor) -> torch.Tensor:
@@ -35,6 +36,7 @@ def _isend(tensor: Any, dst: int | None, group: Any, tag: int, group_dst: int | 
     return group.send([_real(t)], group_dst, tag, async_op=async_op)
 
 
+@staged(reads=("tensor",), writes=())
 def isend(tensor: torch.Tensor, dst: int | None = None, group: ProcessGroup | None = None,
           tag: int = 0, group_dst: int | None = None) -> Work | None:
     """Start sending ``tensor`` to rank ``dst`` (global; or ``group_dst``); returns its Work.
@@ -59,6 +61,7 @@ def _irecv(tensor: Any, src: int | None, group: Any, tag: int, group_src: int | 
     return group.recv([_real(t)], group_src, tag, async_op=async_op)
 
 
+@staged(reads=(), writes=("tensor",))
 def irecv(tensor: torch.Tensor, src: int | None = None, group: ProcessGroup | None = None,
           tag: int = 0, group_src: int | None = None) -> Work | None:
     """Start receiving into ``tensor`` from rank ``src`` (global; or ``group_src``; any rank
@@ -66,6 +69,7 @@ def irecv(tensor: torch.Tensor, src: int | None = None, group: ProcessGroup | No
     return _irecv(tensor, src, group, tag, group_src, async_op=True)
 
 
+@staged(reads=("tensor",), writes=())
 def send(tensor: torch.Tensor, dst: int | None = None, group: ProcessGroup | None = None,
          tag: int = 0, group_dst: int | None = None) -> None:
     """Send ``tensor`` to rank ``dst`` (global; or ``group_dst``) and return once it is sent.
@@ -86,6 +90,7 @@ def send(tensor: torch.Tensor, dst: int | None = None, group: ProcessGroup | Non
     return None
 
 
+@staged(reads=(), writes=("tensor",))
 def recv(tensor: torch.Tensor, src: int | None = None, group: ProcessGroup | None = None,
          tag: int = 0, group_src: int | None = None) -> int:
     """Receive into ``tensor`` from rank ``src`` (global; or ``group_src``; any rank when
