@@ -136,9 +136,12 @@ def run(rank: int, ws: int) -> dict[str, Any]:
     _coalesced(rank, ws, d, out)
     if ws > 1:
         _batch(rank, ws, d, out)
+    # the ordering cases keep streams busy for a while: worlds 1 and 2 are enough for them
+    if ws == 2:
         _ordering_across_ranks(rank, ws, rt, d, out)
-    _ordering_local(rank, ws, rt, d, out)
-    _closed(rank, ws, rt, d, out)
+    if ws <= 2:
+        _ordering_local(rank, ws, rt, d, out)
+        _closed(rank, ws, rt, d, out)
     dist.destroy_process_group()
     return out
 

@@ -23,6 +23,9 @@ WORLDS = [("sim", 1), ("sim", 2), ("sim", 3), ("sim", 4),
           pytest.param("cuda", 1, marks=pytest.mark.gpu(1)),
           pytest.param("cuda", 2, marks=pytest.mark.gpu(1))]
 MULTI = [w for w in WORLDS if (w.values if hasattr(w, "values") else w)[1] > 1]
+# the ordering cases (streams kept busy for a while) run in worlds 1 and 2 only
+SMALL = [w for w in WORLDS if (w.values if hasattr(w, "values") else w)[1] <= 2]
+PAIRS = [w for w in WORLDS if (w.values if hasattr(w, "values") else w)[1] == 2]
 MODES = ["sync", "async"]
 N = 6
 
@@ -111,14 +114,14 @@ def test_coalesced_forms_on_device_tensors(runtime: str, ws: int) -> None:
                     f"all_gather_coalesced rank {rank}")
 
 
-@pytest.mark.parametrize(("runtime", "ws"), WORLDS)
+@pytest.mark.parametrize(("runtime", "ws"), SMALL)
 def test_work_queued_on_the_current_stream_before_the_call_is_included(runtime: str,
                                                                         ws: int) -> None:
     for rank, res in enumerate(results(runtime, ws)):
         _eq(res["order/queued_work_included"], _sum(ws, 4, 80), f"rank {rank}")
 
 
-@pytest.mark.parametrize(("runtime", "ws"), WORLDS)
+@pytest.mark.parametrize(("runtime", "ws"), SMALL)
 def test_an_operation_on_a_second_stream_orders_with_that_stream(runtime: str,
                                                                  ws: int) -> None:
     for rank, res in enumerate(results(runtime, ws)):
@@ -126,7 +129,7 @@ def test_an_operation_on_a_second_stream_orders_with_that_stream(runtime: str,
         _eq(res["order/first_stream"], _sum(ws, 4, 81), f"rank {rank}")
 
 
-@pytest.mark.parametrize(("runtime", "ws"), MULTI)
+@pytest.mark.parametrize(("runtime", "ws"), PAIRS)
 def test_wait_does_not_block_the_host_but_later_stream_work_sees_the_result(
         runtime: str, ws: int) -> None:
     res = results(runtime, ws)[0]
@@ -134,7 +137,7 @@ def test_wait_does_not_block_the_host_but_later_stream_work_sees_the_result(
     _eq(res["order/async_result"], _sum(ws, 4, 90), "rank 0")
 
 
-@pytest.mark.parametrize(("runtime", "ws"), MULTI)
+@pytest.mark.parametrize(("runtime", "ws"), PAIRS)
 def test_a_synchronous_call_returns_with_the_current_stream_ordered_after_its_copy_back(
         runtime: str, ws: int) -> None:
     res = results(runtime, ws)[1]
@@ -142,12 +145,12 @@ def test_a_synchronous_call_returns_with_the_current_stream_ordered_after_its_co
     _eq(res["order/sync_result"], R.values(0, 4, 92), "rank 1")
 
 
-@pytest.mark.parametrize(("runtime", "ws"), MULTI)
+@pytest.mark.parametrize(("runtime", "ws"), PAIRS)
 def test_the_caller_may_free_its_tensor_after_wait(runtime: str, ws: int) -> None:
     _eq(results(runtime, ws)[0]["order/after_free"], np.full(4, 7.0, np.float32), "rank 0")
 
 
-@pytest.mark.parametrize(("runtime", "ws"), WORLDS)
+@pytest.mark.parametrize(("runtime", "ws"), SMALL)
 def test_while_the_feature_is_closed_device_tensors_get_todays_behaviour(runtime: str,
                                                                          ws: int) -> None:
     for rank, res in enumerate(results(runtime, ws)):
