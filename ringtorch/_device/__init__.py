@@ -59,9 +59,8 @@ def runtime() -> DeviceRuntime:
 
 def made(name: str) -> DeviceRuntime | None:
     """The runtime ``name`` ("cuda" or "sim") if this process has made it, else None; never
-    makes one (so never initialises CUDA)."""
-    with _state.lock:
-        return _state.runtimes.get(name)
+    makes one (so never initialises CUDA). Lock-free (a dict read): every collective asks."""
+    return _state.runtimes.get(name)
 
 
 __all__ = ["DeviceEvent", "DeviceRuntime", "DeviceStream", "IpcBuffer", "made", "runtime"]

@@ -113,14 +113,13 @@ def _release(rt: DeviceRuntime, buffers: list[_Buffer], event: DeviceEvent | Non
                         break
 
 
-def _device_runtime(values: Any) -> DeviceRuntime | None:
+def _device_runtime(values: Any, sim: DeviceRuntime | None) -> DeviceRuntime | None:
     """The runtime of the first device tensor among ``values`` (tensors, lists of them,
-    lists of lists)."""
-    sim = _device.made("sim")
+    lists of lists); ``sim``: the simulated runtime if this process made one."""
     for t in values:
         if type(t) is not torch.Tensor:
             if isinstance(t, (list, tuple)):
-                found = _device_runtime(t)
+                found = _device_runtime(t, sim)
                 if found is not None:
                     return found
             continue
@@ -250,23 +249,37 @@ class StagedWork(Work):
 
 
 def staged(reads: tuple[str, ...] = (), writes: tuple[str, ...] = ()) -> Callable[[Any], Any]:
-    """Decorate a facade entry point: its parameters ``reads`` (read by the operation) and
-    ``writes`` (written by it) may hold device tensors or lists of them."""
+    """Mark a facade entry point: its parameters ``reads`` (read by the operation) and
+    ``writes`` (written by it) may hold device tensors or lists of them. The function is
+    returned as it is (no wrapper: a frame more would cost every host call); its body starts
+    with ``if (rt := device_runtime(...)) is not None: return staged_call(rt, fn, locals())``.
+    """
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        signature = inspect.signature(fn)
-        names = tuple(dict.fromkeys(reads + writes))
-
-        @functools.wraps(fn)
-        def entry(*args: Any, **kwargs: Any) -> Any:
-            rt = _device_runtime(args + tuple(kwargs.values()))
-            if rt is None or not opened():
-                return fn(*args, **kwargs)
-            return _run(rt, fn, signature.bind(*args, **kwargs), names, reads, writes)
-
-        return entry
+        fn._staging = (tuple(inspect.signature(fn).parameters), reads, writes)  # type: ignore[attr-defined]
+        return fn
 
     return decorate
+
+
+def device_runtime(*values: Any) -> DeviceRuntime | None:
+    """The runtime to stage a call on when one of ``values`` (tensors, lists of them) is a
+    device tensor and the feature is open; None otherwise (host tensors: the common case,
+    a type check per value)."""
+    rt = _device_runtime(values, _device.made("sim"))
+    if rt is None or not opened():
+        return None
+    return rt
+
+
+def staged_call(rt: DeviceRuntime, fn: Callable[..., Any], params: dict[str, Any]) -> Any:
+    """Run the entry point ``fn`` (marked with :func:`staged`) with its parameters
+    ``params`` (its ``locals()`` at entry), staged on ``rt``."""
+    names, reads, writes = fn._staging  # type: ignore[attr-defined]
+    kwargs = {name: params[name] for name in names if name in params}
+    # the inner call sees host tensors only, so it runs the entry point's own body (a
+    # deprecated alias warns once, at the user's call)
+    return _run(rt, inspect.unwrap(fn), kwargs, reads, writes)
 
 
 def _first_device(rt: DeviceRuntime, values: list[Any]) -> torch.Tensor:
@@ -293,15 +306,15 @@ def _settled(stage: _Stage, fut: torch.futures.Future) -> Any:
     return value
 
 
-def _run(rt: DeviceRuntime, fn: Callable[..., Any], bound: inspect.BoundArguments,
-         names: tuple[str, ...], reads: tuple[str, ...], writes: tuple[str, ...]) -> Any:
-    present = [n for n in names if n in bound.arguments]
-    stage = _Stage(rt, rt.device_index(_first_device(rt, [bound.arguments[n] for n in present])))
+def _run(rt: DeviceRuntime, fn: Callable[..., Any], kwargs: dict[str, Any],
+         reads: tuple[str, ...], writes: tuple[str, ...]) -> Any:
+    present = [n for n in dict.fromkeys(reads + writes) if n in kwargs]
+    stage = _Stage(rt, rt.device_index(_first_device(rt, [kwargs[n] for n in present])))
     for name in present:
-        bound.arguments[name] = stage.swap(bound.arguments[name], name in reads, name in writes)
+        kwargs[name] = stage.swap(kwargs[name], name in reads, name in writes)
     stage.copy_in()
     try:
-        result = fn(*bound.args, **bound.kwargs)
+        result = fn(**kwargs)
     except BaseException:
         stage.copy_back(failed=True)
         raise

@@ -20,7 +20,7 @@ from ringtorch.collectives.reduce_op import RedOpType, ReduceOp
 from ringtorch.collectives.work import Work
 from ringtorch.distributed import _args as a
 from ringtorch.distributed import groups
-from ringtorch.distributed._device_staging import staged
+from ringtorch.distributed._device_staging import device_runtime, staged, staged_call
 from ringtorch.distributed.ops import (
     _real,
     all_gather_single,
@@ -41,6 +41,8 @@ def all_reduce_coalesced(tensors: Any, op: Any = ReduceOp.SUM,
     Returns:
         With ``async_op``, a Future (as torch returns); otherwise None.
     """
+    if (rt := device_runtime(tensors)) is not None:  # device tensors: staged
+        return staged_call(rt, all_reduce_coalesced, locals())
     if _is_buffer_like(tensors):
         tensors = [tensors]
     ts = a.check_tensor_list(tensors, "tensor")
@@ -85,6 +87,8 @@ def all_gather_coalesced(output_tensor_lists: list[list[torch.Tensor]],
                          group: ProcessGroup | None = None, async_op: bool = False) -> Any:
     """Several all_gathers in one collective (deprecated in torch); ``async_op`` gives a
     Future, as in torch."""
+    if (rt := device_runtime(output_tensor_lists, input_tensor_list)) is not None:  # device tensors: staged
+        return staged_call(rt, all_gather_coalesced, locals())
     if a.not_in_group(group):
         a.warn_not_in_group("all_gather_coalesced")
         return None

@@ -33,7 +33,7 @@ from ringtorch.collectives.work import Work
 from ringtorch.distributed import _args as a
 from ringtorch.distributed import _sparse, groups
 from ringtorch.distributed._backend import Backend
-from ringtorch.distributed._device_staging import staged
+from ringtorch.distributed._device_staging import device_runtime, staged, staged_call
 from ringtorch.distributed._world import GroupMember
 
 _COMPLEX_DENIED = (ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT, ReduceOp.BAND, ReduceOp.BOR,
@@ -84,6 +84,8 @@ def broadcast(tensor: torch.Tensor, src: int | None = None, group: ProcessGroup 
     Returns:
         The Work with ``async_op``; otherwise None (also None on a rank outside ``group``).
     """
+    if (rt := device_runtime(tensor)) is not None:  # device tensors: staged
+        return staged_call(rt, broadcast, locals())
     group = a.group_or_default(group)
     group_src = a.canonical_rank(group, src, group_src)
     t = a.check_single_tensor(tensor, "tensor")
@@ -105,6 +107,8 @@ def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: ProcessGroup
         ValueError: ``op`` is MAX/MIN/PRODUCT/BAND/BOR/BXOR and ``tensor`` is complex.
         RuntimeError: ``op`` has no meaning for the dtype (BAND on floats, AVG on ints).
     """
+    if (rt := device_runtime(tensor)) is not None:  # device tensors: staged
+        return staged_call(rt, all_reduce, locals())
     t = a.check_single_tensor(tensor, "tensor")
     if a.not_in_group(group):
         a.warn_not_in_group("all_reduce")
@@ -152,6 +156,8 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = ReduceOp.SUM,
     """Reduce ``tensor`` across ranks into rank ``dst``'s (global; or ``group_dst``) tensor.
 
     Only ``dst``'s tensor is defined afterwards (others may hold partial results)."""
+    if (rt := device_runtime(tensor)) is not None:  # device tensors: staged
+        return staged_call(rt, reduce, locals())
     group = a.group_or_default(group)
     group_dst = a.canonical_rank(group, dst, group_dst)
     t = a.check_single_tensor(tensor, "tensor")
@@ -173,6 +179,8 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
     """Gather every rank's ``tensor`` into every rank's ``tensor_list`` (one per rank, in
     group-rank order). The list's tensors may differ in size (ringtorch sends uneven parts;
     gloo refuses them)."""
+    if (rt := device_runtime(tensor_list, tensor)) is not None:  # device tensors: staged
+        return staged_call(rt, all_gather, locals())
     outs = a.check_tensor_list(tensor_list, "tensor_list")
     t = a.check_single_tensor(tensor, "tensor")
     a.ensure_same_dtype(outs, t)
@@ -190,6 +198,8 @@ def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                       group: ProcessGroup | None = None, async_op: bool = False) -> Work | None:
     """Gather every rank's ``input_tensor`` into ``output_tensor``, concatenated or stacked
     along the first dimension (same size on every rank)."""
+    if (rt := device_runtime(output_tensor, input_tensor)) is not None:  # device tensors: staged
+        return staged_call(rt, all_gather_single, locals())
     inp = a.check_single_tensor(input_tensor, "input_tensor")
     out = a.check_single_tensor(output_tensor, "output_tensor")
     if a.not_in_group(group):
@@ -216,6 +226,8 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None,
            group_dst: int | None = None) -> Work | None:
     """Gather every rank's ``tensor`` into ``gather_list`` on rank ``dst`` (global rank 0 by
     default); other ranks pass no list."""
+    if (rt := device_runtime(tensor, gather_list)) is not None:  # device tensors: staged
+        return staged_call(rt, gather, locals())
     t = a.check_single_tensor(tensor, "tensor")
     outs = a.check_tensor_list(gather_list, "gather_list") if gather_list else []
     a.ensure_same_dtype(t, outs)
@@ -239,6 +251,8 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
             group_src: int | None = None) -> Work | None:
     """Send ``scatter_list[i]`` from rank ``src`` (global rank 0 by default) into rank i's
     ``tensor``; other ranks pass no list (or an empty one)."""
+    if (rt := device_runtime(tensor, scatter_list)) is not None:  # device tensors: staged
+        return staged_call(rt, scatter, locals())
     t = a.check_single_tensor(tensor, "tensor")
     ins = a.check_tensor_list(scatter_list, "scatter_list") if scatter_list else []
     a.ensure_same_dtype(t, ins)
@@ -267,6 +281,8 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
 def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any = ReduceOp.SUM,
                    group: ProcessGroup | None = None, async_op: bool = False) -> Work | None:
     """Reduce ``input_list`` element-wise across ranks; rank i's ``output`` gets element i."""
+    if (rt := device_runtime(output, input_list)) is not None:  # device tensors: staged
+        return staged_call(rt, reduce_scatter, locals())
     out = a.check_single_tensor(output, "output")
     ins = a.check_tensor_list(input_list, "input_list")
     a.ensure_same_dtype(out, ins)
@@ -287,6 +303,8 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op: Any = R
                           async_op: bool = False) -> Work | None:
     """Reduce ``input`` (world size x ``output``, concatenated or stacked) across ranks; rank
     i's ``output`` gets slice i."""
+    if (rt := device_runtime(output, input)) is not None:  # device tensors: staged
+        return staged_call(rt, reduce_scatter_single, locals())
     out = a.check_single_tensor(output, "output")
     inp = a.check_single_tensor(input, "input")
     if a.not_in_group(group):
@@ -306,6 +324,8 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
                       group: ProcessGroup | None = None, async_op: bool = False) -> Work | None:
     """Split ``input`` along dim 0 (``input_split_sizes``, or evenly), send part j to rank j,
     and concatenate what each rank sends here into ``output`` (``output_split_sizes``)."""
+    if (rt := device_runtime(output, input)) is not None:  # device tensors: staged
+        return staged_call(rt, all_to_all_single, locals())
     if a.not_in_group(group):
         a.warn_not_in_group("all_to_all_single")
         return None
@@ -325,6 +345,8 @@ def all_to_all(output_tensor_list: list[torch.Tensor], input_tensor_list: list[t
                group: ProcessGroup | None = None, async_op: bool = False) -> Work | None:
     """Send ``input_tensor_list[j]`` to rank j; receive rank j's into
     ``output_tensor_list[j]``."""
+    if (rt := device_runtime(output_tensor_list, input_tensor_list)) is not None:  # device tensors: staged
+        return staged_call(rt, all_to_all, locals())
     if a.not_in_group(group):
         a.warn_not_in_group("all_to_all")
         return None

@@ -18,7 +18,7 @@ from ringtorch.collectives.process_group import ProcessGroup
 from ringtorch.collectives.work import Work
 from ringtorch.distributed import _args as a
 from ringtorch.distributed import groups
-from ringtorch.distributed._device_staging import staged
+from ringtorch.distributed._device_staging import device_runtime, staged, staged_call
 
 
 def _real(t: torch.Tensor) -> torch.Tensor:
@@ -44,6 +44,8 @@ def isend(tensor: torch.Tensor, dst: int | None = None, group: ProcessGroup | No
     Do not modify ``tensor`` before the Work completes. Unlike ``send``, a rank may isend to
     itself (an ``irecv`` from itself takes the message).
     """
+    if (rt := device_runtime(tensor)) is not None:  # device tensors: staged
+        return staged_call(rt, isend, locals())
     return _isend(tensor, dst, group, tag, group_dst, async_op=True)
 
 
@@ -66,6 +68,8 @@ def irecv(tensor: torch.Tensor, src: int | None = None, group: ProcessGroup | No
           tag: int = 0, group_src: int | None = None) -> Work | None:
     """Start receiving into ``tensor`` from rank ``src`` (global; or ``group_src``; any rank
     when neither is given); returns its Work (``work._source_rank()`` names the sender)."""
+    if (rt := device_runtime(tensor)) is not None:  # device tensors: staged
+        return staged_call(rt, irecv, locals())
     return _irecv(tensor, src, group, tag, group_src, async_op=True)
 
 
@@ -77,6 +81,8 @@ def send(tensor: torch.Tensor, dst: int | None = None, group: ProcessGroup | Non
     Raises:
         ValueError: ``dst`` is this rank, or not a rank of ``group``.
     """
+    if (rt := device_runtime(tensor)) is not None:  # device tensors: staged
+        return staged_call(rt, send, locals())
     group = a.group_or_default(group)
     group_dst = a.canonical_rank(group, dst, group_dst)
     if a.not_in_group(group):
@@ -99,6 +105,8 @@ def recv(tensor: torch.Tensor, src: int | None = None, group: ProcessGroup | Non
     Returns:
         The sender's global rank; -1 on a rank outside ``group``.
     """
+    if (rt := device_runtime(tensor)) is not None:  # device tensors: staged
+        return staged_call(rt, recv, locals())
     work = _irecv(tensor, src, group, tag, group_src, async_op=False)
     if work is None:
         return -1
