@@ -1,10 +1,12 @@
 """Collectives and point-to-point operations on device tensors, staged through pinned host
 memory in the order of the caller's current stream (as torch's gloo does with CUDA tensors).
 
-An entry point of the facade decorated with :func:`staged` names the parameters it reads and
-writes. When one of them holds a device tensor (a CUDA tensor; in the simulator a tensor made
-by ``SimRuntime.empty``) and the feature ``cuda_tensors`` is open (``_device.confirmed``, or
-``RINGTORCH_DEVICE_UNCONFIRMED=1`` for tests and the GPU check), the call runs as:
+An entry point of the facade marked with :func:`staged` names the parameters it reads and
+writes, and starts with ``if (rt := device_runtime(...)) is not None: return staged_call(rt,
+fn, locals())``. When one of them holds a device tensor (a CUDA tensor; in the simulator a
+tensor made by ``SimRuntime.empty``) and the feature ``cuda_tensors`` is open
+(``_device.confirmed``, or ``RINGTORCH_DEVICE_UNCONFIRMED=1`` for tests and the GPU check),
+the call runs as (``staged_call`` runs the entry point itself on the host buffers):
 
 1. an event recorded on the caller's current stream; a staging stream (one per device) waits
    on it, so work already queued on the current stream is included;
