@@ -252,6 +252,11 @@ DEVICE_RUNTIME = _knob(
     "else the simulated one), cuda, or sim (streams run by threads over CPU memory; for "
     "tests)",
 )
+DEVICE_UNCONFIRMED = _knob(
+    "RINGTORCH_DEVICE_UNCONFIRMED", False, _parse_bool,
+    "for tests and the GPU check only: open the device features that no recorded GPU run has "
+    "confirmed yet (collectives on CUDA tensors); off, such tensors are rejected as before",
+)
 NCCL_LIBRARY = _knob(
     "RINGTORCH_NCCL_LIBRARY", "", str,
     "path of the NCCL library (libnccl.so.2) to bind; empty: the one torch has loaded, else "

@@ -57,4 +57,10 @@ def runtime() -> DeviceRuntime:
         return made
 
 
-__all__ = ["DeviceEvent", "DeviceRuntime", "DeviceStream", "IpcBuffer", "runtime"]
+def made(name: str) -> DeviceRuntime | None:
+    """The runtime ``name`` ("cuda" or "sim") if this process has made it, else None; never
+    makes one (so never initialises CUDA). Lock-free (a dict read): every collective asks."""
+    return _state.runtimes.get(name)
+
+
+__all__ = ["DeviceEvent", "DeviceRuntime", "DeviceStream", "IpcBuffer", "made", "runtime"]

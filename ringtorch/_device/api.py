@@ -94,6 +94,13 @@ class DeviceRuntime(Protocol):
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype, device: int) -> torch.Tensor:
         """Uninitialised device memory on GPU ``device`` that :meth:`export` can share."""
 
+    def is_device(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is this runtime's device memory (a CUDA tensor; in the simulator
+        a view of memory made by :meth:`empty`). Never initialises CUDA."""
+
+    def device_index(self, tensor: torch.Tensor) -> int:
+        """The GPU index of a device tensor (one for which :meth:`is_device` is True)."""
+
     def pinned_empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """Uninitialised page-locked host memory (the source/target of async copies)."""
 

@@ -32,6 +32,12 @@ class CudaRuntime:
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype, device: int) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, device=self.device(device))
 
+    def is_device(self, tensor: torch.Tensor) -> bool:
+        return bool(tensor.is_cuda)
+
+    def device_index(self, tensor: torch.Tensor) -> int:
+        return int(tensor.get_device())
+
     def pinned_empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, pin_memory=True)
 

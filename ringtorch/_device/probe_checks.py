@@ -117,6 +117,12 @@ def runtime_contract() -> dict[str, Any]:
     rt = runtime()
     x = rt.empty((1024,), torch.float32, 0)
     first, second = rt.new_stream(0), rt.new_stream(0)
+    # CUDA loads a kernel's module at its first launch, which may wait for the device to go
+    # idle: every kernel timed below runs once first, so the busy stream stays busy
+    rt.busy(first, 0.001)
+    rt.launch(first, lambda: x.fill_(0.0))
+    rt.launch(first, lambda: x.mul_(1.0))
+    first.synchronize()
     event = rt.new_event()
     if not event.query():
         raise AssertionError("an event never recorded is not complete")

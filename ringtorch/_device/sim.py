@@ -216,6 +216,14 @@ class SimRuntime:
             self._segments.pop(key, None)
         _sim_shm.unlink(path)
 
+    def is_device(self, tensor: torch.Tensor) -> bool:
+        if not self._segments or tensor.layout is not torch.strided:
+            return False  # no device memory made yet (or no storage): spares a lookup
+        return tensor.untyped_storage().data_ptr() in self._segments
+
+    def device_index(self, tensor: torch.Tensor) -> int:
+        return 0  # the simulator has one device
+
     def pinned_empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype)
 

@@ -20,6 +20,7 @@ from ringtorch.collectives.reduce_op import RedOpType, ReduceOp
 from ringtorch.collectives.work import Work
 from ringtorch.distributed import _args as a
 from ringtorch.distributed import groups
+from ringtorch.distributed._device_staging import device_runtime, staged, staged_call
 from ringtorch.distributed.ops import (
     _real,
     all_gather_single,
@@ -32,6 +33,7 @@ from ringtorch.distributed.ops import (
             "please revisit our documentation later at "
             "https://pytorch.org/docs/main/distributed.html#collective-functions",
             category=FutureWarning)
+@staged(reads=("tensors",), writes=("tensors",))
 def all_reduce_coalesced(tensors: Any, op: Any = ReduceOp.SUM,
                          group: ProcessGroup | None = None, async_op: bool = False) -> Any:
     """All-reduce several tensors of one dtype in one collective (deprecated in torch).
@@ -39,6 +41,8 @@ def all_reduce_coalesced(tensors: Any, op: Any = ReduceOp.SUM,
     Returns:
         With ``async_op``, a Future (as torch returns); otherwise None.
     """
+    if (rt := device_runtime(tensors)) is not None:  # device tensors: staged
+        return staged_call(rt, all_reduce_coalesced, locals())
     if _is_buffer_like(tensors):
         tensors = [tensors]
     ts = a.check_tensor_list(tensors, "tensor")
@@ -77,11 +81,14 @@ def _all_gather_base(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
             "please revisit our documentation later at "
             "https://pytorch.org/docs/main/distributed.html#collective-functions",
             category=FutureWarning)
+@staged(reads=("input_tensor_list",), writes=("output_tensor_lists",))
 def all_gather_coalesced(output_tensor_lists: list[list[torch.Tensor]],
                          input_tensor_list: list[torch.Tensor],
                          group: ProcessGroup | None = None, async_op: bool = False) -> Any:
     """Several all_gathers in one collective (deprecated in torch); ``async_op`` gives a
     Future, as in torch."""
+    if (rt := device_runtime(output_tensor_lists, input_tensor_list)) is not None:  # device tensors: staged
+        return staged_call(rt, all_gather_coalesced, locals())
     if a.not_in_group(group):
         a.warn_not_in_group("all_gather_coalesced")
         return None

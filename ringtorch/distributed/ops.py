@@ -33,6 +33,7 @@ from ringtorch.collectives.work import Work
 from ringtorch.distributed import _args as a
 from ringtorch.distributed import _sparse, groups
 from ringtorch.distributed._backend import Backend
+from ringtorch.distributed._device_staging import device_runtime, staged, staged_call
 from ringtorch.distributed._world import GroupMember
 
 _COMPLEX_DENIED = (ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT, ReduceOp.BAND, ReduceOp.BOR,
@@ -75,6 +76,7 @@ def _real(t: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(t) if t.is_complex() else t
 
 
+@staged(reads=("tensor",), writes=("tensor",))
 def broadcast(tensor: torch.Tensor, src: int | None = None, group: ProcessGroup | None = None,
               async_op: bool = False, group_src: int | None = None) -> Work | None:
     """Copy ``tensor`` from rank ``src`` (global) or ``group_src`` into every rank's ``tensor``.
@@ -82,6 +84,8 @@ def broadcast(tensor: torch.Tensor, src: int | None = None, group: ProcessGroup 
     Returns:
         The Work with ``async_op``; otherwise None (also None on a rank outside ``group``).
     """
+    if (rt := device_runtime(tensor)) is not None:  # device tensors: staged
+        return staged_call(rt, broadcast, locals())
     group = a.group_or_default(group)
     group_src = a.canonical_rank(group, src, group_src)
     t = a.check_single_tensor(tensor, "tensor")
@@ -93,6 +97,7 @@ def broadcast(tensor: torch.Tensor, src: int | None = None, group: ProcessGroup 
     return _finish(group.broadcast([_real(t)], opts), async_op)
 
 
+@staged(reads=("tensor",), writes=("tensor",))
 def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: ProcessGroup | None = None,
                async_op: bool = False) -> Work | None:
     """Reduce ``tensor`` across every rank with ``op``, in place; every rank gets the same
@@ -102,6 +107,8 @@ def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: ProcessGroup
         ValueError: ``op`` is MAX/MIN/PRODUCT/BAND/BOR/BXOR and ``tensor`` is complex.
         RuntimeError: ``op`` has no meaning for the dtype (BAND on floats, AVG on ints).
     """
+    if (rt := device_runtime(tensor)) is not None:  # device tensors: staged
+        return staged_call(rt, all_reduce, locals())
     t = a.check_single_tensor(tensor, "tensor")
     if a.not_in_group(group):
         a.warn_not_in_group("all_reduce")
@@ -142,12 +149,15 @@ def _all_reduce_sparse(t: torch.Tensor, op: Any, group: ProcessGroup | None,
     return work
 
 
+@staged(reads=("tensor",), writes=("tensor",))
 def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = ReduceOp.SUM,
            group: ProcessGroup | None = None, async_op: bool = False,
            group_dst: int | None = None) -> Work | None:
     """Reduce ``tensor`` across ranks into rank ``dst``'s (global; or ``group_dst``) tensor.
 
     Only ``dst``'s tensor is defined afterwards (others may hold partial results)."""
+    if (rt := device_runtime(tensor)) is not None:  # device tensors: staged
+        return staged_call(rt, reduce, locals())
     group = a.group_or_default(group)
     group_dst = a.canonical_rank(group, dst, group_dst)
     t = a.check_single_tensor(tensor, "tensor")
@@ -163,11 +173,14 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = ReduceOp.SUM,
     return _finish(group.reduce([t], opts), async_op)
 
 
+@staged(reads=("tensor",), writes=("tensor_list",))
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
                group: ProcessGroup | None = None, async_op: bool = False) -> Work | None:
     """Gather every rank's ``tensor`` into every rank's ``tensor_list`` (one per rank, in
     group-rank order). The list's tensors may differ in size (ringtorch sends uneven parts;
     gloo refuses them)."""
+    if (rt := device_runtime(tensor_list, tensor)) is not None:  # device tensors: staged
+        return staged_call(rt, all_gather, locals())
     outs = a.check_tensor_list(tensor_list, "tensor_list")
     t = a.check_single_tensor(tensor, "tensor")
     a.ensure_same_dtype(outs, t)
@@ -180,10 +193,13 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
     return _finish(group.allgather([[_real(o) for o in outs]], [_real(t)], opts), async_op)
 
 
+@staged(reads=("input_tensor",), writes=("output_tensor",))
 def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                       group: ProcessGroup | None = None, async_op: bool = False) -> Work | None:
     """Gather every rank's ``input_tensor`` into ``output_tensor``, concatenated or stacked
     along the first dimension (same size on every rank)."""
+    if (rt := device_runtime(output_tensor, input_tensor)) is not None:  # device tensors: staged
+        return staged_call(rt, all_gather_single, locals())
     inp = a.check_single_tensor(input_tensor, "input_tensor")
     out = a.check_single_tensor(output_tensor, "output_tensor")
     if a.not_in_group(group):
@@ -204,11 +220,14 @@ def _validate_output_list_for_rank(my_rank: int, dst: int, gather_list: Any) -> 
                          "ranks.")
 
 
+@staged(reads=("tensor",), writes=("gather_list",))
 def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None,
            dst: int | None = None, group: ProcessGroup | None = None, async_op: bool = False,
            group_dst: int | None = None) -> Work | None:
     """Gather every rank's ``tensor`` into ``gather_list`` on rank ``dst`` (global rank 0 by
     default); other ranks pass no list."""
+    if (rt := device_runtime(tensor, gather_list)) is not None:  # device tensors: staged
+        return staged_call(rt, gather, locals())
     t = a.check_single_tensor(tensor, "tensor")
     outs = a.check_tensor_list(gather_list, "gather_list") if gather_list else []
     a.ensure_same_dtype(t, outs)
@@ -226,11 +245,14 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None,
     return _finish(group.gather(output, [_real(t)], opts), async_op)
 
 
+@staged(reads=("scatter_list",), writes=("tensor",))
 def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None,
             src: int | None = None, group: ProcessGroup | None = None, async_op: bool = False,
             group_src: int | None = None) -> Work | None:
     """Send ``scatter_list[i]`` from rank ``src`` (global rank 0 by default) into rank i's
     ``tensor``; other ranks pass no list (or an empty one)."""
+    if (rt := device_runtime(tensor, scatter_list)) is not None:  # device tensors: staged
+        return staged_call(rt, scatter, locals())
     t = a.check_single_tensor(tensor, "tensor")
     ins = a.check_tensor_list(scatter_list, "scatter_list") if scatter_list else []
     a.ensure_same_dtype(t, ins)
@@ -255,9 +277,12 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
     return _finish(group.scatter(outputs, inputs, opts), async_op)
 
 
+@staged(reads=("input_list",), writes=("output",))
 def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any = ReduceOp.SUM,
                    group: ProcessGroup | None = None, async_op: bool = False) -> Work | None:
     """Reduce ``input_list`` element-wise across ranks; rank i's ``output`` gets element i."""
+    if (rt := device_runtime(output, input_list)) is not None:  # device tensors: staged
+        return staged_call(rt, reduce_scatter, locals())
     out = a.check_single_tensor(output, "output")
     ins = a.check_tensor_list(input_list, "input_list")
     a.ensure_same_dtype(out, ins)
@@ -272,11 +297,14 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any
                    async_op)
 
 
+@staged(reads=("input",), writes=("output",))
 def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op: Any = ReduceOp.SUM,
                           group: ProcessGroup | None = None,
                           async_op: bool = False) -> Work | None:
     """Reduce ``input`` (world size x ``output``, concatenated or stacked) across ranks; rank
     i's ``output`` gets slice i."""
+    if (rt := device_runtime(output, input)) is not None:  # device tensors: staged
+        return staged_call(rt, reduce_scatter_single, locals())
     out = a.check_single_tensor(output, "output")
     inp = a.check_single_tensor(input, "input")
     if a.not_in_group(group):
@@ -289,12 +317,15 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op: Any = R
     return _finish(group.reduce_scatter_single(_real(out), _real(inp), opts), async_op)
 
 
+@staged(reads=("input",), writes=("output",))
 def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
                       output_split_sizes: list[int] | None = None,
                       input_split_sizes: list[int] | None = None,
                       group: ProcessGroup | None = None, async_op: bool = False) -> Work | None:
     """Split ``input`` along dim 0 (``input_split_sizes``, or evenly), send part j to rank j,
     and concatenate what each rank sends here into ``output`` (``output_split_sizes``)."""
+    if (rt := device_runtime(output, input)) is not None:  # device tensors: staged
+        return staged_call(rt, all_to_all_single, locals())
     if a.not_in_group(group):
         a.warn_not_in_group("all_to_all_single")
         return None
@@ -309,10 +340,13 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
     return _finish(work, async_op)
 
 
+@staged(reads=("input_tensor_list",), writes=("output_tensor_list",))
 def all_to_all(output_tensor_list: list[torch.Tensor], input_tensor_list: list[torch.Tensor],
                group: ProcessGroup | None = None, async_op: bool = False) -> Work | None:
     """Send ``input_tensor_list[j]`` to rank j; receive rank j's into
     ``output_tensor_list[j]``."""
+    if (rt := device_runtime(output_tensor_list, input_tensor_list)) is not None:  # device tensors: staged
+        return staged_call(rt, all_to_all, locals())
     if a.not_in_group(group):
         a.warn_not_in_group("all_to_all")
         return None

@@ -18,6 +18,7 @@ from ringtorch.collectives.process_group import ProcessGroup
 from ringtorch.collectives.work import Work
 from ringtorch.distributed import _args as a
 from ringtorch.distributed import groups
+from ringtorch.distributed._device_staging import device_runtime, staged, staged_call
 
 
 def _real(t: torch.Tensor) -> torch.Tensor:
@@ -35,6 +36,7 @@ def _isend(tensor: Any, dst: int | None, group: Any, tag: int, group_dst: int | 
     return group.send([_real(t)], group_dst, tag, async_op=async_op)
 
 
+@staged(reads=("tensor",), writes=())
 def isend(tensor: torch.Tensor, dst: int | None = None, group: ProcessGroup | None = None,
           tag: int = 0, group_dst: int | None = None) -> Work | None:
     """Start sending ``tensor`` to rank ``dst`` (global; or ``group_dst``); returns its Work.
@@ -42,6 +44,8 @@ def isend(tensor: torch.Tensor, dst: int | None = None, group: ProcessGroup | No
     Do not modify ``tensor`` before the Work completes. Unlike ``send``, a rank may isend to
     itself (an ``irecv`` from itself takes the message).
     """
+    if (rt := device_runtime(tensor)) is not None:  # device tensors: staged
+        return staged_call(rt, isend, locals())
     return _isend(tensor, dst, group, tag, group_dst, async_op=True)
 
 
@@ -59,13 +63,17 @@ def _irecv(tensor: Any, src: int | None, group: Any, tag: int, group_src: int | 
     return group.recv([_real(t)], group_src, tag, async_op=async_op)
 
 
+@staged(reads=(), writes=("tensor",))
 def irecv(tensor: torch.Tensor, src: int | None = None, group: ProcessGroup | None = None,
           tag: int = 0, group_src: int | None = None) -> Work | None:
     """Start receiving into ``tensor`` from rank ``src`` (global; or ``group_src``; any rank
     when neither is given); returns its Work (``work._source_rank()`` names the sender)."""
+    if (rt := device_runtime(tensor)) is not None:  # device tensors: staged
+        return staged_call(rt, irecv, locals())
     return _irecv(tensor, src, group, tag, group_src, async_op=True)
 
 
+@staged(reads=("tensor",), writes=())
 def send(tensor: torch.Tensor, dst: int | None = None, group: ProcessGroup | None = None,
          tag: int = 0, group_dst: int | None = None) -> None:
     """Send ``tensor`` to rank ``dst`` (global; or ``group_dst``) and return once it is sent.
@@ -73,6 +81,8 @@ def send(tensor: torch.Tensor, dst: int | None = None, group: ProcessGroup | Non
     Raises:
         ValueError: ``dst`` is this rank, or not a rank of ``group``.
     """
+    if (rt := device_runtime(tensor)) is not None:  # device tensors: staged
+        return staged_call(rt, send, locals())
     group = a.group_or_default(group)
     group_dst = a.canonical_rank(group, dst, group_dst)
     if a.not_in_group(group):
@@ -86,6 +96,7 @@ def send(tensor: torch.Tensor, dst: int | None = None, group: ProcessGroup | Non
     return None
 
 
+@staged(reads=(), writes=("tensor",))
 def recv(tensor: torch.Tensor, src: int | None = None, group: ProcessGroup | None = None,
          tag: int = 0, group_src: int | None = None) -> int:
     """Receive into ``tensor`` from rank ``src`` (global; or ``group_src``; any rank when
@@ -94,6 +105,8 @@ def recv(tensor: torch.Tensor, src: int | None = None, group: ProcessGroup | Non
     Returns:
         The sender's global rank; -1 on a rank outside ``group``.
     """
+    if (rt := device_runtime(tensor)) is not None:  # device tensors: staged
+        return staged_call(rt, recv, locals())
     work = _irecv(tensor, src, group, tag, group_src, async_op=False)
     if work is None:
         return -1

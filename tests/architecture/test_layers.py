@@ -39,7 +39,8 @@ ALLOWED: dict[str, set[str]] = {
     "ringtorch.collectives": {"ringtorch._wire", "ringtorch._buffers", "ringtorch._observe"},
     "ringtorch.futures": set(),
     "ringtorch.distributed": {"ringtorch.collectives", "ringtorch.rendezvous", "ringtorch.store",
-                              "ringtorch._buffers", "ringtorch._observe"},
+                              "ringtorch._buffers", "ringtorch._observe",
+                              "ringtorch._device"},  # staging device tensors
     "ringtorch.distributed.rpc": {"ringtorch.rendezvous", "ringtorch.store", "ringtorch._wire",
                                   "ringtorch._buffers", "ringtorch.futures",
                                   "ringtorch._observe"},

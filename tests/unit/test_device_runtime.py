@@ -141,6 +141,15 @@ def test_a_pinned_buffer_round_trips_through_the_device(rt: DeviceRuntime) -> No
     assert torch.equal(host_out, expected * 2.0)
 
 
+def test_is_device_tells_device_memory_from_host_memory(rt: DeviceRuntime) -> None:
+    x = rt.empty((4, 6), torch.float32, 0)
+    assert rt.is_device(x) and rt.is_device(x[1:, ::2]) and rt.is_device(x.view(torch.int32))
+    assert rt.device_index(x) == 0 and rt.device_index(x[2]) == 0
+    assert not rt.is_device(torch.zeros(4, 6))
+    assert not rt.is_device(rt.pinned_empty((4,), torch.float32))
+    assert not rt.is_device(torch.zeros(4, 6).to_sparse())
+
+
 def test_use_stream_makes_a_stream_current_for_the_block(rt: DeviceRuntime) -> None:
     stream = rt.new_stream(0)
     default = rt.current_stream(0)
