@@ -65,9 +65,6 @@ LEFT_OUT = {
                                                                     "supported",
     "torch.distributed.elastic.rendezvous.etcd_server": "etcd backends are not supported",
     "torch.distributed.elastic.rendezvous.etcd_store": "etcd backends are not supported",
-    "torch.distributed.elastic.utils.data": "ElasticDistributedSampler and CyclingIterator: not "
-                                            "provided yet (ringtorch.utils.data has "
-                                            "DistributedSampler)",
     "torch.distributed.elastic.utils.process_state": "torch agent's /proc helpers",
     "torch.distributed.optim.apply_optimizer_in_backward": "optimizer-in-backward hooks of "
                                                            "FSDP: " + _LATER,
