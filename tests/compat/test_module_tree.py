@@ -47,7 +47,6 @@ LEFT_OUT = {
     "torch.distributed.elastic.events": "torch elastic's event sinks; ringrun reports through "
                                         "its own failure summary",
     "torch.distributed.elastic.metrics": "torch elastic's metric sinks (same reason)",
-    "torch.distributed.elastic.timer": "worker expiry timers: not provided yet",
     "torch.distributed.elastic.multiprocessing.api": "torch's process contexts; ringtorch's "
                                                      "supervision is ringtorch._workers",
     "torch.distributed.elastic.multiprocessing.redirects": "torch's process contexts (same)",
