@@ -3,7 +3,8 @@ a node started late joins at the next round (world N -> 2N), and a node whose la
 signalled leaves gracefully (2N -> N). Neither counts as a restart: every launcher runs with
 ``--max-restarts 0``, so a counted restart would end the job.
 
-Two ringrun agents on this machine, both in the test's directory, run docs/launching.md's
+Two ringrun agents on this machine (and once on two network namespaces, as two hosts), both in
+the test's directory, run docs/launching.md's
 elastic_demo.py: each worker appends (world, rank, the sum of an all_reduce of ones over the
 world, restart count, node) to worlds.jsonl once per round, and they all stop at one step once
 the test creates the file ``stop``.
@@ -19,8 +20,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ringtorch.testing import wait_for
 from ringtorch.testing.harness import job_port
+from ringtorch.testing.netns import TwoHosts
 
 SECRET = "0123456789abcdef" * 4
 
@@ -36,15 +40,21 @@ def demo_program() -> str:
     return program.group(1)
 
 
-def start_node(tmp_path: Path, port: int, nproc: int) -> subprocess.Popen[str]:
-    """One node's ringrun in an elastic job of 1 to 2 nodes (it admits a newcomer at once)."""
+def node_args(tmp_path: Path, endpoint: str, nproc: int, conf: str = "") -> list[str]:
+    """ringrun's command line for one node of an elastic job of 1 to 2 nodes (it admits a
+    newcomer at once)."""
     script = tmp_path / "elastic_demo.py"
     script.write_text(demo_program())
     args = ["--nnodes", "1:2", "--nproc-per-node", str(nproc), "--max-restarts", "0",
             "--monitor-interval", "0.2", "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "elastic",
-            "--rdzv-conf", "join_timeout=60,last_call_timeout=0", str(script)]
-    return subprocess.Popen([sys.executable, "-m", "ringtorch.launcher", *args],
+            "--rdzv-endpoint", endpoint, "--rdzv-id", "elastic",
+            "--rdzv-conf", f"join_timeout=60,last_call_timeout=0{conf}", str(script)]
+    return [sys.executable, "-m", "ringtorch.launcher", *args]
+
+
+def start_node(tmp_path: Path, port: int, nproc: int) -> subprocess.Popen[str]:
+    """One node's ringrun on this host."""
+    return subprocess.Popen(node_args(tmp_path, f"127.0.0.1:{port}", nproc),
                             env={**os.environ, "RINGTORCH_SECRET": SECRET}, cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
@@ -115,3 +125,28 @@ def test_a_node_that_leaves_gracefully_shrinks_the_world_back(tmp_path: Path) ->
             "it") in first_err, first_err
     assert ("ringrun: received SIGTERM: stopped 1 running worker(s); this node left the job, "
             "the other nodes go on without it") in second_err, second_err
+
+
+@pytest.mark.netns
+def test_a_late_node_on_another_host_grows_the_world(tmp_path: Path) -> None:
+    """The same across two network namespaces: each node reaches the other only through its
+    address on the switch (the store's host is forced: neither address is the hostname's)."""
+    with TwoHosts() as hosts:
+        endpoint = f"{hosts.addresses[0]}:{job_port()}"
+        env = {"RINGTORCH_SECRET": SECRET}
+        nodes = [hosts.run(0, node_args(tmp_path, endpoint, 1, ",is_host=1"), env=env,
+                           cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           text=True)]
+        try:
+            wait_for(lambda: reports(tmp_path, 1), 90, "host 0's worker")
+            nodes.append(hosts.run(1, node_args(tmp_path, endpoint, 1, ",is_host=0"), env=env,
+                                   cwd=tmp_path, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE, text=True))
+            grown = wait_for(lambda: len(reports(tmp_path, 2)) == 2 and reports(tmp_path, 2),
+                             90, "both hosts' workers in a world of 2")
+        finally:
+            results = stop_all(tmp_path, nodes)
+    assert [code for code, _ in results] == [0, 0], results
+    assert [(r["rank"], r["sum"], r["restart"]) for r in grown] == [(0, 2.0, "0"),
+                                                                  (1, 2.0, "0")]
+    assert sorted(r["node"] for r in grown) == ["0", "1"]
