@@ -230,3 +230,26 @@ def test_the_elastic_helpers_program_in_the_docs_runs(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     assert "exit codes: [-9, 0]" in result.stdout
     assert result.stdout.endswith("elastic helpers: all checks passed\n"), result.stdout
+
+
+def _run_once_record(package: str, directory: Path) -> tuple[list[tuple[str, str | None]], int,
+                                                            list[tuple[int, str]]]:
+    timer = _import(package)
+    pipe = str(directory / f"{package}.pipe")
+    events: list[tuple[str, str | None]] = []
+    server = timer.FileTimerServer(pipe, "run", max_interval=0.2, log_event=lambda name, req:
+                                   events.append((name, None if req is None else req.scope_id)))
+    server.start()
+    client = timer.FileTimerClient(pipe, signal=0)  # expired, but with no signal to reap it
+    client.acquire("expired", time.time() - 1)
+    client.acquire("released", time.time() + 100)
+    client.release("released")
+    server.run_once()
+    return events, server._request_count, sorted(server._timers)
+
+
+def test_file_server_run_once_events_and_unsignalled_timers_as_torchs(tmp_path: Path) -> None:
+    ours, theirs = _run_once_record(OURS, tmp_path), _run_once_record(TORCH, tmp_path)
+    # the expired timer had no signal: reported, its worker (this process) left alone, and
+    # its timers dropped all the same
+    assert ours == theirs == ([("watchdog started", None), ("timer expired", "expired")], 3, [])
