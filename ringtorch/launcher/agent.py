@@ -203,6 +203,8 @@ class Agent:
         node = group.assignment.group_rank
         if action is Action.RESTART:
             self.remaining_restarts -= 1
+        elif action is Action.REJOIN and self.rendezvous.peer_left():
+            say("a node left the job: restarting the worker group in a new round without it")
         elif action is Action.REJOIN:
             say("node(s) waiting to join: restarting the worker group in a new round to admit "
                 "them")
@@ -244,7 +246,8 @@ class Agent:
                 group=group_state(codes), remaining_restarts=self.remaining_restarts,
                 nodes_waiting=self.rendezvous.num_nodes_waiting(),
                 job_closed=self.rendezvous.closed_reason() is not None,
-                peer_restart=self.rendezvous.restart_requested(), signal=self._signal))
+                peer_restart=self.rendezvous.restart_requested(),
+                peer_left=self.rendezvous.peer_left(), signal=self._signal))
             if action is not Action.WATCH:
                 return action
 
@@ -259,6 +262,13 @@ class Agent:
         name = signal.Signals(sig).name
         running = 0 if self._group is None else sum(
             1 for code in self._group.exit_codes() if code is None)
+        # Leave first, stop the workers after: the other nodes must know of the leave before
+        # their workers lose their peers here.
+        if self._group is not None and self.rendezvous.leave():
+            self._stop_group(sig)
+            say(f"received {name}: stopped {running} running worker(s); this node left the "
+                f"job, the other nodes go on without it")
+            return 128 + sig
         if self._group is not None and sig in (signal.SIGINT, signal.SIGTERM):
             hang.report_group(f"ringrun received {name}", self._group, self._keep_files)
         self._stop_group(sig)

@@ -9,17 +9,31 @@ never pickles:
     closed              why a node gave up on the job; everyone stops
     closed_seen         counter of nodes that read ``closed`` (its writer waits for them)
     r{R}/joined         counter: each node's ``add(1)`` is its arrival number in round R
+    r{R}/members        counter: nodes of round R-1 that joined round R (after ``joined``)
     r{R}/frozen         the number of nodes N of round R, set once by compare_set
     r{R}/node{i}        node i's {"nproc", "addr", "host"}
     r{R}/master         node 0's {"addr", "port"} for the workers' own store
-    r{R}/restart        set by a member that leaves round R to restart: the others follow
+    r{R}/restart        set by a member that leaves round R for a new one: "restart N" when
+                        node N restarts its workers (the others follow, and count it),
+                        "rejoin N" when the membership changes (the others follow, free)
+    r{R}/left           counter: members of round R that left the job gracefully
     r{R}/done           counter of nodes whose workers succeeded (the exit barrier)
 
 A round freezes as soon as ``--nnodes`` MAX nodes have joined, or ``last_call_timeout``
 seconds after MIN have (``--rdzv-conf last_call_timeout=S``, default 30), at the count of that
 moment; nodes that arrive after it are late and wait in round R+1, which makes the healthy
-nodes of round R restart to admit them while the job has room for more nodes. Node ranks are
-arrival numbers; global ranks follow node ranks (node i's workers come after node i-1's).
+nodes of round R restart to admit them while the job has room for more nodes. Round R+1
+freezes only once every node of round R that has not left has joined it too (or
+``heartbeat_timeout`` seconds, default 30, after the first of them did: the others are taken
+as dead), so that a newcomer waits for the running nodes instead of starting a job of its
+own. Node ranks are arrival numbers; global ranks follow node ranks (node i's workers come
+after node i-1's).
+
+A node whose launcher is signalled leaves the job gracefully when the others keep at least
+``--nnodes`` MIN nodes without it and it does not host the store: it counts itself in
+``r{R}/left`` before stopping its workers, and the others restart theirs in a new round
+without it, free of charge (torch's agent keeps the rendezvous open too, for scaling events).
+Otherwise it closes the job, as a node that gives up does.
 """
 
 from __future__ import annotations
@@ -83,6 +97,7 @@ class C10dRendezvous(NodeRendezvous):
         self.join_timeout = float(conf.get("join_timeout", 600))
         self.last_call_timeout = float(conf.get("last_call_timeout", 30))
         self.close_timeout = float(conf.get("close_timeout", 300))
+        self.heartbeat_timeout = float(conf.get("heartbeat_timeout", 30))
         self._is_host_conf = conf.get("is_host")
         self.prefix = f"ringrun/{config.run_id}/"
         self.store: Any = None
@@ -134,12 +149,16 @@ class C10dRendezvous(NodeRendezvous):
         try:
             if self.store is None:
                 self._connect()
-            if self.round:  # we leave a round we were part of: make its members follow
-                self.store.set(self._key("restart", self.round), str(self.node_rank))
-            round_ = self.round + 1 if self.round else int(self._peek("latest") or b"1")
+            member_of = self.round  # the round this node leaves (0: none)
+            if member_of:  # make the other members follow
+                kind = "rejoin" if self.num_nodes_waiting() or self.peer_left() else "restart"
+                self.store.set(self._key("restart", member_of), f"{kind} {self.node_rank}")
+            round_ = member_of + 1 if member_of else int(self._peek("latest") or b"1")
             while True:
                 self._raise_if_closed()
                 arrival = int(self.store.add(self._key("joined", round_), 1))
+                if member_of and round_ == member_of + 1:
+                    self.store.add(self._key("members", round_), 1)  # after joined: see below
                 nnodes = self._wait_frozen(round_, arrival, deadline, stop)
                 if arrival <= nnodes:
                     break
@@ -155,16 +174,25 @@ class C10dRendezvous(NodeRendezvous):
     def _wait_frozen(self, round_: int, arrival: int, deadline: float,
                      stop: Callable[[], bool]) -> int:
         low, high = self.config.min_nodes, self.config.max_nodes
-        if arrival == high:
+        expected = self._expected_members(round_)
+        if arrival == high and not expected:
             self._freeze(round_, high)
         enough_since: float | None = None
+        members_since: float | None = None
         while True:
             frozen = self._peek("frozen", round_)
             if frozen is not None:
                 return int(frozen)
+            # members before joined: a member adds to joined first, so every member counted
+            # here is in the count read next
+            members = self._count("members", round_) if expected else 0
             count = self._count("joined", round_)
             now = time.monotonic()
-            if count >= low:
+            if members:
+                members_since = members_since or now
+            members_in = members >= expected or (
+                members_since is not None and now - members_since >= self.heartbeat_timeout)
+            if count >= low and members_in:
                 enough_since = enough_since or now
                 if count >= high or now - enough_since >= self.last_call_timeout:
                     self._freeze(round_, min(count, high))
@@ -178,6 +206,14 @@ class C10dRendezvous(NodeRendezvous):
                     f"{round_} at {self.host}:{self.port}: {count} joined, --nnodes needs at "
                     f"least {low}")
             time.sleep(_POLL_S)
+
+    def _expected_members(self, round_: int) -> int:
+        """How many nodes of round ``round_ - 1`` are still in the job (they will join
+        ``round_`` when they notice it); 0 when that round never formed."""
+        frozen = self._peek("frozen", round_ - 1) if round_ > 1 else None
+        if frozen is None:
+            return 0
+        return max(int(frozen) - self._count("left", round_ - 1), 0)
 
     def _freeze(self, round_: int, nnodes: int) -> None:
         self.store.compare_set(self._key("frozen", round_), "", str(nnodes))
@@ -234,9 +270,33 @@ class C10dRendezvous(NodeRendezvous):
         if self.store is None or not self.round or self._closed:
             return False
         try:
-            return self._peek("restart", self.round) is not None
+            value = self._peek("restart", self.round)
         except (DistError, OSError):
             return False
+        return value is not None and not value.startswith(b"rejoin")
+
+    def peer_left(self) -> bool:
+        """See base class."""
+        if self.store is None or not self.round or self._closed:
+            return False
+        try:
+            return self._count("left", self.round) > 0
+        except (DistError, OSError):
+            return False
+
+    def leave(self) -> bool:
+        """See base class: not the store's host (the store would go with it), and only while
+        the others keep ``--nnodes`` MIN nodes."""
+        if self.store is None or not self.round or self._closed is not None or self.is_host:
+            return False
+        try:
+            left = int(self.store.add(self._key("left", self.round), 1))
+            if self.nnodes - left >= self.config.min_nodes:
+                return True
+            self.store.add(self._key("left", self.round), -1)  # not ours to leave: undo
+        except (DistError, OSError):
+            pass
+        return False
 
     def closed_reason(self) -> str | None:
         """See base class."""
@@ -270,7 +330,8 @@ class C10dRendezvous(NodeRendezvous):
         try:
             self.store.add(self._key("done", self.round), 1)
             deadline = time.monotonic() + self.close_timeout
-            while self.is_host and self._count("done", self.round) < self.nnodes:
+            while self.is_host and (self._count("done", self.round)
+                                    < self.nnodes - self._count("left", self.round)):
                 if self.closed_reason() or stop() or time.monotonic() >= deadline:
                     return
                 time.sleep(_POLL_S)

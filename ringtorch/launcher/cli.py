@@ -86,7 +86,8 @@ _VALUE_FLAGS: list[tuple[list[str], Any, Any, str]] = [
     (_both("--rdzv-endpoint"), str, "", "Rendezvous endpoint HOST[:PORT] (c10d)."),
     (_both("--rdzv-id"), str, "none", "Job id shared by the nodes of one job."),
     (_both("--rdzv-conf"), str, "", "Rendezvous options KEY=VALUE,... (join_timeout, "
-                                    "last_call_timeout, close_timeout, is_host)."),
+                                    "last_call_timeout, close_timeout, heartbeat_timeout, "
+                                    "is_host)."),
     (_both("--max-restarts"), int, 0, "Worker group restarts before giving up."),
     (_both("--monitor-interval"), float, 0.1, "Seconds between looks at the workers."),
     (_both("--start-method"), str, "spawn", "Accepted for torchrun compatibility; workers are "

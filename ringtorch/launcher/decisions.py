@@ -14,6 +14,10 @@ lets a table of cases (tests/unit/test_launcher_decisions.py) pin the policy dow
   on the failing node);
 - healthy, but new nodes wait to join: restart into a new round to admit them (free of
   charge, as in torch: membership changes do not count as restarts);
+- another node left the round gracefully (its launcher was signalled and the job keeps at
+  least its minimum of nodes): restart into a new round without it, free of charge too, even
+  when our workers failed meanwhile (they lost their peers on that node: the leave, not a
+  fault, ended them);
 - otherwise keep watching.
 """
 
@@ -37,7 +41,7 @@ class Action(enum.Enum):
     WATCH = "watch"  # nothing to do; look again after the monitor interval
     FINISH = "finish"  # the job succeeded on this node
     RESTART = "restart"  # stop the group, count one restart, rendezvous again
-    REJOIN = "rejoin"  # stop the group, rendezvous again to admit waiting nodes (free)
+    REJOIN = "rejoin"  # stop the group, rendezvous again to admit or drop nodes (free)
     GIVE_UP = "give_up"  # stop the group, report the failure, exit non-zero
     STOP_FOR_PEER = "stop_for_peer"  # another node gave up: stop the group, exit non-zero
     STOP_FOR_SIGNAL = "stop_for_signal"  # the launcher was signalled: stop the group, exit
@@ -52,6 +56,7 @@ class Observation:
     nodes_waiting: int = 0
     job_closed: bool = False  # another node gave up and closed the rendezvous
     peer_restart: bool = False  # another node of our round left it to restart its workers
+    peer_left: bool = False  # another node of our round left the job gracefully
     signal: int | None = None  # a signal the launcher received (SIGINT, SIGTERM, ...)
 
 
@@ -60,6 +65,8 @@ def decide(obs: Observation) -> Action:
     if obs.signal is not None:
         return Action.STOP_FOR_SIGNAL
     if obs.group is GroupState.FAILED:
+        if obs.peer_left and not obs.job_closed:
+            return Action.REJOIN
         restartable = obs.remaining_restarts > 0 and not obs.job_closed
         return Action.RESTART if restartable else Action.GIVE_UP
     if obs.job_closed:
@@ -68,7 +75,7 @@ def decide(obs: Observation) -> Action:
         return Action.FINISH
     if obs.peer_restart:
         return Action.RESTART if obs.remaining_restarts > 0 else Action.GIVE_UP
-    if obs.nodes_waiting > 0:
+    if obs.nodes_waiting > 0 or obs.peer_left:
         return Action.REJOIN
     return Action.WATCH
 

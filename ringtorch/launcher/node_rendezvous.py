@@ -47,9 +47,19 @@ class NodeRendezvous:
         """Another node of the current round left it to restart its workers."""
         return False
 
+    def peer_left(self) -> bool:
+        """Another node of the current round left the job gracefully (see :meth:`leave`)."""
+        return False
+
     def closed_reason(self) -> str | None:
         """Why another node closed the job, or None while it is open."""
         return None
+
+    def leave(self) -> bool:
+        """Leave the job gracefully, if the others can go on without this node: True when
+        they will (they restart their workers in a new round without it), False when the
+        job cannot lose this node (the caller then closes it)."""
+        return False
 
     def close(self, reason: str) -> None:
         """Tell the other nodes this node gave up on the job."""

@@ -47,7 +47,6 @@ LEFT_OUT = {
     "torch.distributed.elastic.events": "torch elastic's event sinks; ringrun reports through "
                                         "its own failure summary",
     "torch.distributed.elastic.metrics": "torch elastic's metric sinks (same reason)",
-    "torch.distributed.elastic.timer": "worker expiry timers: not provided yet",
     "torch.distributed.elastic.multiprocessing.api": "torch's process contexts; ringtorch's "
                                                      "supervision is ringtorch._workers",
     "torch.distributed.elastic.multiprocessing.redirects": "torch's process contexts (same)",
@@ -65,9 +64,6 @@ LEFT_OUT = {
                                                                     "supported",
     "torch.distributed.elastic.rendezvous.etcd_server": "etcd backends are not supported",
     "torch.distributed.elastic.rendezvous.etcd_store": "etcd backends are not supported",
-    "torch.distributed.elastic.utils.data": "ElasticDistributedSampler and CyclingIterator: not "
-                                            "provided yet (ringtorch.utils.data has "
-                                            "DistributedSampler)",
     "torch.distributed.elastic.utils.process_state": "torch agent's /proc helpers",
     "torch.distributed.optim.apply_optimizer_in_backward": "optimizer-in-backward hooks of "
                                                            "FSDP: " + _LATER,

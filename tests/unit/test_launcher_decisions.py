@@ -73,3 +73,27 @@ def test_a_peer_restart_restarts_this_node_too(group: GroupState, remaining: int
 ])
 def test_group_state_summarises_exit_codes(codes: list[int | None], expected: GroupState) -> None:
     assert group_state(codes) is expected
+
+
+# (group, remaining restarts, a peer left our round gracefully, job closed, signal) -> action
+PEER_LEFT_CASES = [
+    (H, 0, True, False, None, Action.REJOIN),  # go on without it, free of charge
+    (F, 0, True, False, None, Action.REJOIN),  # our workers lost their peers there: no fault
+    (F, 2, True, False, None, Action.REJOIN),  # ...and no restart spent on it
+    (S, 0, True, False, None, Action.FINISH),
+    (F, 1, True, True, None, Action.GIVE_UP),  # closed: the job ends, no new round
+    (F, 0, True, True, None, Action.GIVE_UP),
+    (H, 1, True, True, None, Action.STOP_FOR_PEER),
+    (H, 1, True, False, signal.SIGTERM, Action.STOP_FOR_SIGNAL),
+]
+
+
+@pytest.mark.parametrize(("group", "remaining", "peer_left", "closed", "sig", "expected"),
+                         PEER_LEFT_CASES)
+def test_a_graceful_leave_of_a_peer_makes_a_free_new_round(group: GroupState, remaining: int,
+                                                           peer_left: bool, closed: bool,
+                                                           sig: int | None,
+                                                           expected: Action) -> None:
+    obs = Observation(group=group, remaining_restarts=remaining, peer_left=peer_left,
+                      job_closed=closed, signal=sig)
+    assert decide(obs) is expected
