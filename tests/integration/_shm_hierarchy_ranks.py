@@ -19,6 +19,7 @@ from ringtorch._wire.channel import TcpChannel, UnixChannel
 from ringtorch.collectives.backends.native import NativeBackend
 from ringtorch.collectives.reduce_op import ReduceOp
 from ringtorch.collectives.transports import hierarchy as shm_hierarchy
+from ringtorch.testing import wait_for
 from tests.integration import _shm_ranks
 
 
@@ -81,6 +82,10 @@ def late_rank(rank: int, world_size: int, hosts: str, late: int,
     b.broadcast(torch.zeros(4), 0, 1, time.monotonic() + 20)
     if rank == late:
         _shm_ranks.wait_until_the_others_are_done(rank, world_size, marker_dir)
+        # the rank that gave up tells the others from a thread of its own, so its marker can
+        # come before its abort frame; arrive only once the abort has: a late rank reading
+        # the data sent before the abort could otherwise still complete the all_reduce
+        wait_for(lambda: b.abort_state.cause is not None, 30, "the others' abort to arrive")
     try:
         b.all_reduce(torch.zeros(4), ReduceOp.SUM, 2, time.monotonic() + 1.0)
         error = ("no error", "")
