@@ -3,15 +3,15 @@ call), made once when it is issued and filled in as it runs.
 
 Its identity (kind, group, op name, sequence number, bytes, peer, detail), its deadline, its
 user's call site, its stamps (issued, started, finished), its outcome, the collective as the
-backend runs it (``call``), how it travelled (``route``), and its profiler range and tensors
-while it runs. The Work a group hands back wraps it, the backend attaches to it what it
+backend runs it (``call``), how it travelled (``route``), and its profiler range while it
+runs. The Work a group hands back wraps it, the backend attaches to it what it
 learns, and the flight recorder's ring keeps a reference to it: the dump, the hang report,
 the timeline and the end-of-job summary all read these same objects.
 
-The rules this module keeps: an operation holds no tensor once it has finished (``done``
-drops them and its profiler range), so the ring keeps nothing alive but the small object
-itself; and a field is written by the one thread that runs that part of the operation,
-so nothing here locks.
+The rules this module keeps: an operation holds no tensor once it has finished (whoever
+completes it drops its profiler range, which holds its inputs), so the ring keeps nothing
+alive but the small object itself; and a field is written by the one thread that runs that
+part of the operation, so nothing here locks.
 
 Why the stamps are float seconds of ``time.monotonic()``: the deadline and the backend's
 progress board are float seconds of that clock, so they take an operation's start stamp as
@@ -55,13 +55,11 @@ class Operation:
             returns ``(transport, algorithm)`` (the backend), or None.
         error: ``"Type: first line"`` of the error it ended with ("" otherwise).
         profile: its torch.profiler range while one is open (None otherwise).
-        tensors: the tensors it works on while it runs (None once finished).
         id: the flight recorder's running number of it (-1 while not recorded).
     """
 
     __slots__ = ("kind", "group", "op", "seq", "nbytes", "peer", "detail", "site", "enqueued",
-                 "started", "finished", "deadline", "call", "route", "error", "profile",
-                 "tensors", "id")
+                 "started", "finished", "deadline", "call", "route", "error", "profile", "id")
 
     def __init__(self, kind: str, group: str, op: str, nbytes: int = -1,
                  peer: int | str = -1, detail: str = "") -> None:
@@ -75,7 +73,7 @@ class Operation:
         self.site = NO_SITE
         self.enqueued = _now()
         self.started = self.finished = self.deadline = 0.0
-        self.call = self.route = self.profile = self.tensors = None
+        self.call = self.route = self.profile = None
         self.error = ""
         self.id = -1
 

@@ -35,7 +35,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from operator import attrgetter, itemgetter
+from itertools import compress
+from operator import attrgetter, itemgetter, not_
 from typing import Any
 
 from ringtorch import _config
@@ -60,6 +61,7 @@ VERSION = 1
  DETAIL, ID) = range(15)
 
 _by_id = attrgetter("id")
+_finished_of = attrgetter("finished")
 
 
 def _ns(position: int) -> property:
@@ -335,11 +337,11 @@ class FlightRecorder:
         if count is None:
             return
         batch = self._late + fresh if self._late else fresh
-        done: list[Operation] = []
-        late: list[Operation] = []
-        for o in batch:  # one look at every stamp: each goes to exactly one of the two lists
-            (done if o.finished else late).append(o)
-        self._late = late
+        # one look at every stamp (other threads may finish operations meanwhile): each goes
+        # to exactly one of the two lists
+        stamps = list(map(_finished_of, batch))
+        done = list(compress(batch, stamps))
+        self._late = list(compress(batch, map(not_, stamps))) if len(done) < len(batch) else []
         if done:
             try:
                 count(done)

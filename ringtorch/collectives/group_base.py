@@ -167,7 +167,8 @@ class GroupBase:
         for the operation, where they are not ``described`` (torch's gloo records the inputs
         only, e.g. an all_gather's input tensor and not its outputs).
         """
-        seconds = self._seconds(getattr(opts, "timeout", None))
+        timeout = getattr(opts, "timeout", None)
+        seconds = self._timeout_s if timeout is None else self._seconds(timeout)
         check = self.collective_check
         fingerprint = ([(tuple(t.shape) if shapes else (), t.dtype) for t in described]
                        if check else [])

@@ -38,6 +38,10 @@ class Work:
         seq: the group's sequence number of the collective (-1 for point-to-point).
     """
 
+    # One is made per operation, on its path: slots spare the instance a dictionary.
+    __slots__ = ("operation", "_run_fn", "_outputs", "_exception", "_source_rank_value",
+                 "_done", "_event", "_lock", "_future", "_on_finish", "lane", "__weakref__")
+
     def __init__(self, op_name: str, seq: int, run: Callable[[Work], Any] | None,
                  outputs: list[torch.Tensor] | None = None, group_name: str = "",
                  operation: Operation | None = None) -> None:
@@ -47,17 +51,17 @@ class Work:
         self.operation = operation
         self._run_fn = run
         self._outputs: list[torch.Tensor] = outputs if outputs is not None else []
-        self._exception: BaseException | None = None
         self._source_rank_value = -1
         self._done = False
         # Made only when someone waits before completion: most synchronous Works complete
         # on the caller's thread before anyone waits, and an Event costs microseconds.
+        self._exception: BaseException | None = None
         self._event: threading.Event | None = None
-        self._lock = threading.Lock()
         self._future: Any = None
         self._on_finish: list[Callable[[], None]] | None = None
         # The lane it is queued on (set by Lane.submit), whose help_until a wait calls first.
         self.lane: Any = None
+        self._lock = threading.Lock()
 
     @property
     def op_name(self) -> str:
@@ -123,10 +127,9 @@ class Work:
         if RECORDER.listeners and o.id >= 0:
             RECORDER.tell(o)
         profile = o.profile
-        if profile is not None:
+        if profile is not None:  # dropped: it holds the inputs, and the ring keeps o
             o.profile = None
             profiling.end(profile)
-        o.tensors = None  # a finished operation keeps no tensor alive (the ring holds it)
         if event is not None:
             event.set()
         if future is not None:
