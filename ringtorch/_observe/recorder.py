@@ -1,40 +1,34 @@
 """The flight recorder: every rank's bounded ring of its last operations, always on.
 
-Each collective, point-to-point operation and RPC call gets one ``Record`` when the user
-issues it: the group, the operation, the user's call site, and its timestamps (enqueued,
-started, finished) and outcome, filled in as it runs. The collective's identity (dtype,
-bytes, root, reduction: the ``CollectiveCall``) is attached by the backend when it starts, as
-the object itself, not copied; how it travelled (transport, algorithm) is asked of the
-backend only when the ring is dumped. So recording costs one small list (see ``Record``)
-appended to the ring, two clock reads of its own (a collective's start stamp is also its
-deadline's reference) and one look at the user's frame per operation (``bench/recorder.py``
-measures it), and a dump, which is rare, does the formatting and the numbering.
+Each collective, point-to-point operation and RPC call is one ``Operation`` (operation.py),
+made when the user issues it and filled in as it runs; the recorder's ring keeps a reference
+to it. Recording an operation costs the look at the user's frame (its call site), a running
+number and one store into the ring: the operation itself exists whether or not anything
+records it (``bench/recorder.py`` measures it). A dump, which is rare, copies the ring and does
+the formatting; how an operation travelled (transport, algorithm) is asked of the backend
+only then.
 
-Why the ring is a list that is trimmed rather than a circular array: an append is the
-cheapest store Python has, and it needs no running number or index arithmetic per
-operation. The list grows to ``capacity + TRIM_EVERY`` records, then its oldest
-``TRIM_EVERY`` go in one step; a record's running number is its position plus the number
-trimmed before it, worked out when the ring is read. The summary's counter
-(``count_with``) is handed the records in batches from the ring itself: one length check
-per operation serves both.
-
-Why stamps are float seconds of ``time.monotonic()``: the deadline and the backend's
-progress board are float seconds of that clock, so they take a record's start stamp as it
-is; an integer stamp would need a conversion on the operation's path. Readers get
-nanoseconds (``Record.enqueued``, ...), as the dump and the timeline write them.
+Why the ring is a ``collections.deque`` with a ``maxlen``: it is a fixed-size circular
+buffer written in C, so a store is one call that no other thread can interrupt, and the
+oldest reference leaves as the newest comes in, with nothing to trim or move. (A list
+written at ``number % size`` needs the number and the store in two steps, and a thread
+switched out between them for a while leaves a slot that a hand-over cannot tell from an old
+one.) The running number comes from an ``itertools.count``, atomic under the GIL: numbers
+are unique, and a dump sorts by them.
 
 The rule this module keeps: the recorder never blocks on anything slow and never raises into
-the operation it records. Writers do not lock (an append is atomic under the GIL), except the
-thread whose append reaches the next mark (every ``COUNT_EVERY`` operations when counting,
-else every ``TRIM_EVERY``), which hands the new records to the counter and trims the ring,
-and may wait for a snapshot of the counts in progress (tens of microseconds, every few
-seconds). A dump copies the ring first and may see an operation half updated, which it
-reports as it finds it. ``RECORDER`` is the process's one recorder (this subsystem's one state
-object).
+the operation it records. Writers do not lock, except the thread whose append to the
+counter's queue reaches ``COUNT_EVERY`` (only while the summary counts), which hands those
+records to the counter, and may wait for a snapshot of the counts in progress (tens of
+microseconds, every few seconds). A dump copies the ring first and may see an operation half
+updated, which it reports as it finds it. ``RECORDER`` is the process's one recorder (this
+subsystem's one state object).
 """
 
 from __future__ import annotations
 
+import collections
+import itertools
 import os
 import socket
 import sys
@@ -42,44 +36,32 @@ import threading
 import time
 from collections.abc import Callable
 from itertools import compress
-from operator import itemgetter, not_
+from operator import attrgetter, itemgetter, not_
 from typing import Any
 
 from ringtorch import _config
+from ringtorch._observe.operation import COLLECTIVE, NO_SITE, P2P, RPC, Operation
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _now = time.monotonic
 _getframe = sys._getframe
 # How many codes' verified call sites the recorder remembers (see FlightRecorder._walk).
 _VERIFIED_MAX = 1024
-# How many records leave the ring at once (fewer when the capacity is smaller): the ring
-# holds at most capacity + TRIM_EVERY, and the trim moves the others' references down.
-TRIM_EVERY = 256
 # How many records issued between two hand-overs to the counter (see
 # FlightRecorder.count_with): few enough that the records handed over are still in the
 # processor's caches (counting records thousands of operations old costs a cache miss each).
 COUNT_EVERY = 64
 
-# What a record is about.
-COLLECTIVE = "collective"
-P2P = "p2p"
-RPC = "rpc"
-
 FORMAT = "ringtorch-flight-record"
 VERSION = 1
 
 
-# A record is a plain list, its fields at these positions. Writers on the operation's path
-# store by position (``entry[STARTED] = now``); readers take a ``Record``, which names them.
-# ID is only in the copies ``records()`` makes: a live record has no running number.
+# A Record (a dump's copy of an operation) is a list, its fields at these positions.
 (KIND, GROUP, OP, SITE, ENQUEUED, STARTED, FINISHED, SEQ, CALL, ROUTE, ERROR, NBYTES, PEER,
  DETAIL, ID) = range(15)
-# A site: (code, instruction offset) of the user's frame, or NO_SITE. One tuple per call site,
-# shared by every record made there: a record allocates nothing for its site.
-NO_SITE: tuple[Any, int] = (None, 0)
 
-
-_finished_of = itemgetter(FINISHED)
+_by_id = attrgetter("id")
+_finished_of = attrgetter("finished")
 
 
 def _ns(position: int) -> property:
@@ -90,13 +72,10 @@ def _ns(position: int) -> property:
 
 
 class Record(list):  # type: ignore[type-arg]
-    """A copy of one record (a list, see the positions above) that names its fields.
-
-    Why a record is a list and not an object with attributes: one is made for every
-    operation, on the operation's path, and Python builds a list display in a third of the
-    time it takes to construct an instance (``bench/recorder.py`` measures the recorder's
-    cost per operation). ``Record.of(entry, id)`` copies the list, so later writes to the
-    live record do not show in it: dumps and the timeline read a record once.
+    """A copy of one operation, as the dump, the hang report and the timeline read it (a list,
+    see the positions above, that names its fields). ``Record.of(operation, id)`` copies the
+    fields, so later writes to the live operation do not show in it: readers read a record
+    once.
 
     Fields:
         id: the recorder's running number of the record (gaps: older ones were dropped).
@@ -105,10 +84,8 @@ class Record(list):  # type: ignore[type-arg]
         op: the operation as the user called it ("allreduce", "send", "rpc_sync", ...).
         code, lasti: the user's frame that issued it: its code and the offset of the calling
             instruction (the line is looked up from it when dumped); code is None when no
-            Python frame issued it (e.g. an autograd hook on torch's engine thread). The
-            live record keeps the pair as one shared tuple (SITE).
-        enqueued, started, finished: ``time.monotonic_ns()`` stamps (0: not yet); the live
-            record keeps them as ``time.monotonic()`` seconds (0.0: not yet).
+            Python frame issued it (e.g. an autograd hook on torch's engine thread).
+        enqueued, started, finished: ``time.monotonic_ns()`` stamps (0: not yet).
         seq: the group's sequence number of a collective (-1 until it is known, and for p2p).
         peer: the other rank of a p2p operation, the callee of an RPC (-1 otherwise).
         nbytes: bytes of the operation when the caller knows them (-1 otherwise).
@@ -138,9 +115,10 @@ class Record(list):  # type: ignore[type-arg]
     detail = property(itemgetter(DETAIL))
 
     @classmethod
-    def of(cls, entry: list[Any], number: int) -> Record:
-        """A copy of the live record ``entry``, numbered ``number``."""
-        return cls([*entry[:ID], number])
+    def of(cls, o: Operation, number: int) -> Record:
+        """A copy of the live operation ``o``, numbered ``number``."""
+        return cls([o.kind, o.group, o.op, o.site, o.enqueued, o.started, o.finished, o.seq,
+                    o.call, o.route, o.error, o.nbytes, o.peer, o.detail, number])
 
     def size(self) -> int:
         """Bytes of the operation: as the caller gave them, else the call's (-1: unknown)."""
@@ -172,15 +150,6 @@ class Record(list):  # type: ignore[type-arg]
         return "running" if self.started else "queued"
 
 
-def failed(entry: list[Any], error: BaseException) -> None:
-    """Keep the first line of the error a record's operation ended with; never raises."""
-    try:
-        text = str(error).strip().splitlines()
-        entry[ERROR] = f"{type(error).__name__}: {text[0] if text else ''}"
-    except Exception:  # a broken __str__ must not break the operation
-        entry[ERROR] = type(error).__name__
-
-
 def line_of(code: Any, lasti: int) -> int:
     """The source line of the instruction at byte offset ``lasti`` of ``code``."""
     for start, end, line in code.co_lines():
@@ -190,23 +159,23 @@ def line_of(code: Any, lasti: int) -> int:
 
 
 class FlightRecorder:
-    """The ring of the last ``capacity`` records (0: recording is off).
+    """The ring of the last ``capacity`` operations (0: recording is off).
 
-    ``listeners`` are called with each record as it finishes (the timeline's writer is one);
-    they run on the operation's thread, so they must be quick and must not raise. A counter
-    (``count_with``: the summary's totals) gets the newest records in batches instead.
+    ``listeners`` are called with each operation as it finishes (the timeline's writer is
+    one); they run on the operation's thread, so they must be quick and must not raise. A
+    counter (``count_with``: the summary's totals) gets the newest records in batches instead.
     """
 
     def __init__(self, capacity: int | None = None) -> None:
         self._settled = capacity is not None
-        self.listeners: list[Callable[[list[Any]], None]] = []
-        self._count: Callable[[list[list[Any]]], None] | None = None
-        # Held while the ring is trimmed or replaced and its records handed over; a dump and
-        # a snapshot of the counts hold it too.
+        self.listeners: list[Callable[[Operation], None]] = []
+        self._count: Callable[[list[Operation]], None] | None = None
+        # Held while the ring is replaced and its records handed over; a dump and a snapshot
+        # of the counts hold it too.
         self.count_lock = threading.RLock()
-        self._late: list[list[Any]] = []  # handed over unfinished: counted once finished
-        self._ring: list[list[Any]] = []
-        self._counted = self._dropped = 0
+        self._late: list[Operation] = []  # handed over unfinished: counted once finished
+        # The records not yet handed to the counter (None while nothing counts).
+        self._fresh: list[Operation] | None = None
         self.configure(_config.FLIGHT_RECORDER.get() if capacity is None else capacity)
         self._settled = capacity is not None
 
@@ -228,26 +197,21 @@ class FlightRecorder:
         self._settled = True
         with self.count_lock:
             if self._count is not None:  # the old ring's records not yet handed over
-                self._hand_over(self._ring[self._counted - self._dropped:])
+                self._hand_over()
             self.capacity = capacity
             self.on = capacity > 0
-            self._ring = []  # see the module docstring: oldest first, trimmed by _maintain
-            self._trim_by = max(1, min(capacity, TRIM_EVERY))
-            self._trim_at = capacity + self._trim_by
-            self._dropped = 0  # records trimmed from this ring so far
-            self._counted = 0  # records of this ring handed to the counter (or kept aside)
-            self._set_due()
+            self._ring: collections.deque[Operation] = collections.deque(maxlen=capacity)
+            self._numbers = itertools.count()
         # Call sites found by a full walk (see _walk); they hold their code objects, so an
         # id here is never one of a code object that has since been freed.
         self._verified: dict[int, tuple[Any, set[int]]] = {}
         # The last verified site: a loop issuing from one line finds it here, without the
-        # table's look-up, and its records share this tuple.
+        # table's look-up, and its operations share this tuple.
         self._last_site: tuple[Any, int] = (None, -1)
 
-    def record(self, kind: str, group: str, op: str, hint: int = 3, peer: int | str = -1,
-               nbytes: int = -1, detail: str = "") -> list[Any]:
-        """A new record of an operation being issued (call only when ``on``): the live
-        list, whose fields its operation's path stores by position (see ``Record``).
+    def add(self, o: Operation, hint: int = 3) -> None:
+        """Record the operation ``o`` being issued (call only when ``on``): look up its call
+        site, number it and keep a reference in the ring.
 
         Its call site is the caller's first frame outside ringtorch (none when no Python
         frame issued it, e.g. an autograd hook on torch's engine thread). ``hint`` is how
@@ -263,16 +227,25 @@ class FlightRecorder:
                 site = self._site_of(frame, hint)
         except ValueError:  # a shallower stack than the hint
             site = self._walk(hint)
-        entry = [kind, group, op, site, _now(), 0.0, 0.0, -1, None, None, "", nbytes, peer,
-                 detail]
-        ring = self._ring  # one read: a concurrent configure() swaps the whole ring
-        ring.append(entry)
-        if len(ring) >= self._due:
-            self._maintain(ring)
-        return entry
+        o.site = site
+        o.id = next(self._numbers)
+        self._ring.append(o)
+        fresh = self._fresh
+        if fresh is not None:  # the summary counts: its queue, handed over in batches
+            fresh.append(o)
+            if len(fresh) >= COUNT_EVERY:
+                self._maintain(fresh)
+
+    def record(self, kind: str, group: str, op: str, hint: int = 3, peer: int | str = -1,
+               nbytes: int = -1, detail: str = "") -> Operation:
+        """A new operation, recorded (call only when ``on``): what an issuer that has made
+        no Operation of its own calls (``hint`` as in ``add``, counting from this call)."""
+        o = Operation(kind, group, op, nbytes, peer, detail)
+        self.add(o, hint + 1)
+        return o
 
     def _site_of(self, frame: Any, hint: int) -> tuple[Any, int]:
-        """The site of an operation whose frame ``hint + 1`` above ``record``'s caller is
+        """The site of an operation whose frame ``hint + 1`` above ``add``'s caller is
         ``frame`` and not the last site: from the table of verified sites, else walked."""
         code, lasti = frame.f_code, frame.f_lasti
         known = self._verified.get(id(code))
@@ -283,11 +256,11 @@ class FlightRecorder:
 
     def _walk(self, hint: int) -> tuple[Any, int]:
         """The (code, instruction offset) of the user's frame that issued the operation,
-        found by walking the stack from the bottom (``record`` tries the cache first).
+        found by walking the stack from the bottom (``add`` tries the cache first).
 
         Looking at a frame makes Python build a frame object for it, which for the
         short-lived frames of ringtorch's own entry points costs more than the rest of the
-        record. So ``record`` looks only at the frame ``hint + 1`` above its caller, where
+        record. So ``add`` looks only at the frame ``hint + 1`` above its caller, where
         the user's frame is when the call came in through a public entry point, and accepts
         it when the same instruction of the same code was found to be the call site by this
         walk before (``_verified``: code id -> (code, instruction offsets)). An instruction
@@ -299,7 +272,7 @@ class FlightRecorder:
         at ``hint + 1`` is remembered (at most ``_VERIFIED_MAX`` codes; the table starts
         over when full).
         """
-        frame, depth = sys._getframe(2), 1  # depth counts from its caller: record()'s is 1
+        frame, depth = sys._getframe(2), 1  # depth counts from its caller: add()'s is 1
         while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
             frame, depth = frame.f_back, depth + 1
         if frame is None:
@@ -315,36 +288,31 @@ class FlightRecorder:
             self._last_site = site
         return site
 
-    def _maintain(self, ring: list[list[Any]]) -> None:
-        """Hand the counter the records issued since its last hand-over, every
-        ``COUNT_EVERY`` records while they are still in the processor's caches, and let the
-        oldest records leave a full ring (``record`` calls it when the ring reaches
-        ``_due``)."""
+    def _maintain(self, fresh: list[Operation]) -> None:
+        """Hand the counter the records queued for it, every ``COUNT_EVERY`` records while
+        they are still in the processor's caches (``add`` calls it)."""
         with self.count_lock:
-            if ring is not self._ring or len(ring) < self._due:
-                return  # replaced, or done meanwhile by another thread
-            if self._count is not None:
-                end = len(ring)  # once: other threads' appends may go on meanwhile
-                self._counted, start = self._dropped + end, self._counted - self._dropped
-                self._hand_over(ring[start:end])
-            if len(ring) >= self._trim_at:  # the records leaving were handed over just now
-                del ring[:self._trim_by]  # only here, under the lock; appends go on at the end
-                self._dropped += self._trim_by
-            self._set_due()
+            if fresh is self._fresh and len(fresh) >= COUNT_EVERY:  # else done meanwhile
+                self._hand_over()
 
-    def _set_due(self) -> None:
-        """The ring's length at which ``record`` calls ``_maintain`` next (the lock held)."""
-        due = self._trim_at
-        if self._count is not None:
-            due = min(due, self._counted - self._dropped + COUNT_EVERY)
-        self._due = due
+    def _hand_over(self) -> None:
+        """Give the counter the records queued for it (the lock held). Other threads append
+        to the queue meanwhile, at its end; the records taken leave from its front, each a
+        single step, so none is lost or handed over twice."""
+        fresh = self._fresh
+        if fresh is None:
+            return
+        end = len(fresh)
+        batch = fresh[:end]
+        del fresh[:end]
+        self._give(batch)
 
-    def count_with(self, count: Callable[[list[list[Any]]], None] | None) -> None:
+    def count_with(self, count: Callable[[list[Operation]], None] | None) -> None:
         """Hand every finished record, once, to ``count`` (None: stop): the summary's totals.
 
         Why in batches and not by a listener: a call per record on the operation's path
         costs more than the counting itself. So every ``COUNT_EVERY`` records the thread
-        whose append reaches that mark hands the records issued since the last hand-over to
+        whose number reaches that mark hands the records issued since the last hand-over to
         ``count`` in one call, while they are still in the caches, and before any of them
         can leave the ring. One still running then is kept aside and handed over once
         finished (a record has finished when it has its finish stamp, stamped after its
@@ -355,23 +323,22 @@ class FlightRecorder:
         with self.count_lock:
             self._count = count
             self._late = []
-            self._counted = self._dropped + len(self._ring)
-            self._set_due()
+            self._fresh = [] if count is not None else None
 
     @property
-    def counter(self) -> Callable[[list[list[Any]]], None] | None:
+    def counter(self) -> Callable[[list[Operation]], None] | None:
         """What ``count_with`` installed (None: nothing counts)."""
         return self._count
 
-    def _hand_over(self, fresh: list[list[Any]]) -> None:
-        """Give the counter the finished records of ``fresh`` and the finished ones kept
+    def _give(self, fresh: list[Operation]) -> None:
+        """Give the counter the finished operations of ``fresh`` and the finished ones kept
         aside (the count lock held); keep the unfinished ones aside."""
         count = self._count
         if count is None:
             return
         batch = self._late + fresh if self._late else fresh
-        # one look at every stamp (other threads may finish records meanwhile): each record
-        # goes to exactly one of the two lists
+        # one look at every stamp (other threads may finish operations meanwhile): each goes
+        # to exactly one of the two lists
         stamps = list(map(_finished_of, batch))
         done = list(compress(batch, stamps))
         self._late = list(compress(batch, map(not_, stamps))) if len(done) < len(batch) else []
@@ -381,38 +348,36 @@ class FlightRecorder:
             except Exception:  # counting must never break the operation
                 pass
 
-    def uncounted(self) -> list[list[Any]]:
+    def uncounted(self) -> list[Operation]:
         """The finished records not yet handed to the counter (for a snapshot: the totals
         are what was handed over plus these)."""
         with self.count_lock:
-            present = self._late + self._ring[self._counted - self._dropped:]
-            return [entry for entry in present if entry[FINISHED]]
+            return [o for o in self._late + list(self._fresh or ()) if o.finished]
 
-    def finished(self, entry: list[Any], error: BaseException | None) -> None:
-        """Keep ``error`` (if any), stamp the record finished and tell the listeners; never
+    def finished(self, o: Operation, error: BaseException | None) -> None:
+        """Keep ``error`` (if any), stamp the operation finished and tell the listeners; never
         raises. The error is kept before the stamp: whoever sees the stamp sees the error."""
         if error is not None:
-            failed(entry, error)
-        entry[FINISHED] = _now()
+            o.failed(error)
+        o.finished = _now()
         if self.listeners:
-            self.tell(entry)
+            self.tell(o)
 
-    def tell(self, entry: list[Any]) -> None:
-        """Call the listeners with a record just finished; never raises. A Work stamps its
-        record itself and calls this only when there are listeners."""
+    def tell(self, o: Operation) -> None:
+        """Call the listeners with an operation just finished; never raises. A Work stamps
+        its operation itself and calls this only when there are listeners."""
         for listener in self.listeners:
             try:
-                listener(entry)
+                listener(o)
             except Exception:  # observing must never break the operation
                 pass
 
     def records(self) -> list[Record]:
         """The last ``capacity`` records, oldest first, numbered (copies: later writes do
         not show)."""
-        with self.count_lock:  # the numbering needs the ring and its trimmed count together
-            present, first = list(self._ring), self._dropped
-        skip = max(0, len(present) - self.capacity)
-        return [Record.of(entry, first + skip + i) for i, entry in enumerate(present[skip:])]
+        present = list(self._ring)  # one C call: no thread appends meanwhile
+        present.sort(key=_by_id)  # a thread may have stored its number a little late
+        return [Record.of(o, o.id) for o in present]
 
     def dump(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """The ring as a JSON-serialisable dict (format: docs/observability.md)."""
@@ -481,5 +446,5 @@ RECORDER = FlightRecorder()
 
 __all__ = ["CALL", "COLLECTIVE", "COUNT_EVERY", "DETAIL", "ENQUEUED", "ERROR", "FINISHED",
            "FORMAT", "GROUP", "ID", "KIND", "NBYTES", "NO_SITE", "OP", "P2P", "PEER", "RECORDER",
-           "ROUTE", "RPC", "SEQ", "SITE", "STARTED", "TRIM_EVERY", "VERSION", "FlightRecorder",
-           "Record", "dtype_name", "env_int", "failed", "line_of", "to_dict"]
+           "ROUTE", "RPC", "SEQ", "SITE", "STARTED", "VERSION", "FlightRecorder",
+           "Operation", "Record", "dtype_name", "env_int", "line_of", "to_dict"]

@@ -34,18 +34,8 @@ from typing import Any
 
 from ringtorch import _config
 from ringtorch._observe.files import write_json
-from ringtorch._observe.recorder import (
-    CALL,
-    ERROR,
-    FINISHED,
-    KIND,
-    NBYTES,
-    OP,
-    RECORDER,
-    STARTED,
-    FlightRecorder,
-    env_int,
-)
+from ringtorch._observe.operation import Operation
+from ringtorch._observe.recorder import RECORDER, FlightRecorder, env_int
 
 FORMAT = "ringtorch-rank-summary"
 VERSION = 1
@@ -69,13 +59,13 @@ class Totals:
         self._exit_hooked = False
         self.started_ns = time.time_ns()
 
-    def add_all(self, records: list[list[Any]]) -> None:
+    def add_all(self, records: list[Operation]) -> None:
         """Count finished records (the recorder hands them over in batches: see
         ``FlightRecorder.count_with``; quick, never raises)."""
         self._add_to(self._table, records)
 
     @staticmethod
-    def _add_to(table: dict[str, list[Any]], records: list[list[Any]]) -> None:
+    def _add_to(table: dict[str, list[Any]], records: list[Operation]) -> None:
         """Add ``records`` to ``table``.
 
         A batch is mostly runs of one operation (a training loop's all_reduces), so the sums
@@ -85,19 +75,20 @@ class Totals:
         run: str | None = None
         kind, calls, failed, nbytes, spent = "", 0, 0, 0, 0.0
         for rec in records:
-            if rec[OP] is not run:  # op names are the code's literals: one object each
+            if rec.op is not run:  # op names are the code's literals: one object each
                 if run is not None:
                     _add_run(table, run, kind, calls, failed, nbytes, spent)
-                run, kind, calls, failed, nbytes, spent = rec[OP], rec[KIND], 0, 0, 0, 0.0
-            size = rec[NBYTES]
+                run, kind, calls, failed, nbytes, spent = rec.op, rec.kind, 0, 0, 0, 0.0
+            size = rec.nbytes
             if size < 0:  # a collective's size is its call's; an RPC's is not known
-                call = rec[CALL]  # (nor is the size of a call the MPI backend leaves at -1)
+                call = rec.call  # (nor is the size of a call the MPI backend leaves at -1)
                 size = call.nbytes if call is not None and call.nbytes > 0 else 0
             calls += 1
             nbytes += size
-            if rec[STARTED]:  # a record that never started spent no time inside
-                spent += rec[FINISHED] - rec[STARTED]
-            if rec[ERROR]:
+            started = rec.started
+            if started:  # a record that never started spent no time inside
+                spent += rec.finished - started
+            if rec.error:
                 failed += 1
         if run is not None:
             _add_run(table, run, kind, calls, failed, nbytes, spent)

@@ -27,6 +27,7 @@ from typing import Any
 
 from ringtorch import _config
 from ringtorch._observe.files import write_json
+from ringtorch._observe.operation import Operation
 from ringtorch._observe.recorder import COLLECTIVE, P2P, RECORDER, Record, dtype_name
 
 FORMAT = "ringtorch-trace"
@@ -122,7 +123,7 @@ class Tracer:
             self.first_drop_ns = _now()
         self.dropped += 1
 
-    def _on_record(self, rec: list[Any]) -> None:
+    def _on_record(self, rec: Operation) -> None:
         """The recorder's listener (on only while tracing): keep the finished record, with
         the thread that ran it. The hot path of tracing, hence written out flat."""
         items = self._items

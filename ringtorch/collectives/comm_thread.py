@@ -127,8 +127,9 @@ class Lane:
     def submit(self, work: Work, *, inline: bool, collective: bool = False) -> None:
         """Queue ``work``, or run it now on this thread if ``inline`` and the lane is idle.
 
-        With ``collective``, ``work.seq`` is set to the lane's next sequence number under the
-        lane's lock, so that sequence order is execution order even with several threads.
+        With ``collective``, the Work's operation's ``seq`` is set to the lane's next
+        sequence number under the lane's lock, so that sequence order is execution order
+        even with several threads.
 
         Raises:
             DistBackendError: the lane was closed (its group was shut down or aborted); the
@@ -138,7 +139,7 @@ class Lane:
             if self._closed is not None:
                 raise DistBackendError(str(self._closed))
             if collective:
-                work.seq = self.next_seq
+                work.operation.seq = self.next_seq
                 self.next_seq += 1
             self._submitted += 1
             run_here = inline and not self._busy and not self._queue
@@ -207,6 +208,8 @@ class Lane:
                     self._busy = False
                     self._completed += 1
                     self._owner = None
+            # not kept while the thread waits for the next: its tensors belong to the user
+            del work
 
     def _drain(self) -> None:
         while True:
@@ -222,6 +225,7 @@ class Lane:
             finally:
                 with self._lock:
                     self._completed += 1
+            del work  # not kept while the thread waits for the next
 
     def pending(self) -> int:
         """How many Works wait in the queue (not counting one that runs)."""

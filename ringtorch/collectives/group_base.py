@@ -9,7 +9,6 @@ call is synchronous and the lane idle, else on the group's communication thread.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -17,7 +16,8 @@ from typing import Any
 import torch
 
 from ringtorch._errors import DistBackendError
-from ringtorch._observe.recorder import COLLECTIVE, RECORDER, SEQ, STARTED
+from ringtorch._observe.operation import COLLECTIVE, Operation
+from ringtorch._observe.recorder import RECORDER
 from ringtorch.collectives import profiling
 from ringtorch.collectives.backends.base import Backend
 from ringtorch.collectives.call import CollectiveCall, facade_call
@@ -167,33 +167,32 @@ class GroupBase:
         for the operation, where they are not ``described`` (torch's gloo records the inputs
         only, e.g. an all_gather's input tensor and not its outputs).
         """
-        seconds = self._seconds(getattr(opts, "timeout", None))
+        timeout = getattr(opts, "timeout", None)
+        seconds = self._timeout_s if timeout is None else self._seconds(timeout)
         check = self.collective_check
         fingerprint = ([(tuple(t.shape) if shapes else (), t.dtype) for t in described]
                        if check else [])
+        o = Operation(COLLECTIVE, self._group_name, op_name)
+        on = RECORDER.on
 
         def run(work: Work) -> Any:
-            rec = work.record
-            if rec is not None:  # the backend attaches its call to the record of this seq
-                rec[SEQ] = work.seq
+            # the start stamp, just taken (same clock), is the deadline's reference
+            deadline = o.deadline = o.started + seconds
+            if on:  # the backend attaches its call to the operation of this seq
                 backend = self._backend
                 if backend is not None:
-                    backend.record = rec
-                # the record's start stamp, just taken (same clock): spares a clock read
-                deadline = rec[STARTED] + seconds
-            else:
-                deadline = time.monotonic() + seconds
+                    backend.record = o
             if check is not None:
-                check(self, facade_call(op_name, work.seq, self._group_name, deadline),
+                check(self, facade_call(op_name, o.seq, self._group_name, deadline),
                       fingerprint)
-            return fn(work.seq, deadline)
+            return fn(o.seq, deadline)
 
-        work = Work(op_name, -1, run, outputs, self._group_name)
-        if RECORDER.on:
-            work.record = RECORDER.record(COLLECTIVE, self._group_name, op_name)
+        work = Work(op_name, -1, run, outputs, operation=o)
+        if on:
+            RECORDER.add(o)
         if profiling.profiler_on():
-            work.profile = profiling.begin(self._backend_name, op_name, self._profile_id(),
-                                           described, outputs, recorded=recorded)
+            o.profile = profiling.begin(self._backend_name, op_name, self._profile_id(),
+                                        described, outputs, recorded=recorded)
         self._collectives.submit(work, inline=not getattr(opts, "asyncOp", True),
                                  collective=True)
         return work

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from ringtorch._errors import DistBackendError
-from ringtorch._observe.recorder import P2P, RECORDER
+from ringtorch._observe.operation import P2P, Operation
+from ringtorch._observe.recorder import RECORDER
 from ringtorch.collectives import checks, profiling
 from ringtorch.collectives.comm_thread import Lane
 from ringtorch.collectives.group_base import GroupBase
@@ -140,16 +141,16 @@ class P2POps(GroupBase):
                 lane = Lane(f"ringtorch-pg{self._group_name}-{key[0]}{key[1]}t{key[2]}",
                             pool=self._pool)
                 self._p2p_lanes[key] = lane
-        work = Work(op_name, -1, run, outputs, self._group_name)
+        peer = -1 if key[1] is None else key[1]
+        o = Operation(P2P, self._group_name, op_name,
+                      outputs[0].numel() * outputs[0].element_size(), peer, f"tag {key[2]}")
+        work = Work(op_name, -1, run, outputs, operation=o)
         if RECORDER.on:
             # the public entry point (dist.send, ...) is four frames up: it calls a helper
-            work.record = RECORDER.record(P2P, self._group_name, op_name, 4,
-                                          -1 if key[1] is None else key[1],
-                                          outputs[0].numel() * outputs[0].element_size(),
-                                          f"tag {key[2]}")
+            RECORDER.add(o, 4)
         if profiling.profiler_on():
-            work.profile = profiling.begin(self._backend_name, op_name, self._profile_id(),
-                                           outputs, outputs, peer=-1 if key[1] is None else key[1])
+            o.profile = profiling.begin(self._backend_name, op_name, self._profile_id(),
+                                        outputs, outputs, peer=peer)
         lane.submit(work, inline=not async_op)
         return work
 

@@ -20,45 +20,64 @@ from typing import Any
 import torch
 
 from ringtorch._errors import DistBackendError
-from ringtorch._observe.recorder import ENQUEUED, FINISHED, RECORDER, STARTED, failed
+from ringtorch._observe.operation import COLLECTIVE, Operation
+from ringtorch._observe.recorder import RECORDER
 from ringtorch.collectives import profiling
 
 _now = time.monotonic
 
 
 class Work:
-    """One operation of a ProcessGroup (see the module docstring).
+    """One operation of a ProcessGroup (see the module docstring): the handle of its
+    ``Operation`` (``operation``), which says what it is and how it went.
 
     Attributes:
-        op_name: what the operation is ("all_reduce", "send", ...), for messages.
+        operation: the operation's object (identity, stamps, outcome; what the flight
+            recorder keeps).
+        op_name: what the operation is ("allreduce", "send", ...), for messages.
         seq: the group's sequence number of the collective (-1 for point-to-point).
     """
 
-    # Its torch.profiler range, open while it runs: set only while a profiler is active, so
-    # the class default spares every other Work a store.
-    profile: Any = None
-    # Its flight-recorder record, set by the group when the recorder is on (the class
-    # default, None, when it is off: the group's store is then the only one).
-    record: list[Any] | None = None
+    # One is made per operation, on its path: slots spare the instance a dictionary.
+    __slots__ = ("operation", "_run_fn", "_outputs", "_exception", "_source_rank_value",
+                 "_done", "_event", "_lock", "_future", "_on_finish", "lane", "__weakref__")
 
     def __init__(self, op_name: str, seq: int, run: Callable[[Work], Any] | None,
-                 outputs: list[torch.Tensor] | None = None, group_name: str = "") -> None:
-        self.op_name = op_name
-        self.seq = seq
-        self.group_name = group_name
+                 outputs: list[torch.Tensor] | None = None, group_name: str = "",
+                 operation: Operation | None = None) -> None:
+        if operation is None:
+            operation = Operation(COLLECTIVE, group_name, op_name)
+            operation.seq = seq
+        self.operation = operation
         self._run_fn = run
         self._outputs: list[torch.Tensor] = outputs if outputs is not None else []
-        self._exception: BaseException | None = None
         self._source_rank_value = -1
         self._done = False
         # Made only when someone waits before completion: most synchronous Works complete
         # on the caller's thread before anyone waits, and an Event costs microseconds.
+        self._exception: BaseException | None = None
         self._event: threading.Event | None = None
-        self._lock = threading.Lock()
         self._future: Any = None
         self._on_finish: list[Callable[[], None]] | None = None
         # The lane it is queued on (set by Lane.submit), whose help_until a wait calls first.
         self.lane: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def op_name(self) -> str:
+        return self.operation.op
+
+    @property
+    def seq(self) -> int:
+        return self.operation.seq
+
+    @seq.setter
+    def seq(self, value: int) -> None:
+        self.operation.seq = value
+
+    @property
+    def group_name(self) -> str:
+        return self.operation.group
 
     # -- run by the group ---------------------------------------------------------------------
 
@@ -71,13 +90,12 @@ class Work:
     def run(self, at_once: bool = False) -> None:
         """Run the operation on this thread and complete the Work; never raises.
 
-        The operation function gets this Work (for its ``seq``); an int it returns is the
-        source rank of a receive. ``at_once``: the caller's thread runs it as it issues it
-        (a synchronous operation on an idle group), so its record's issue stamp is its start
-        stamp too, which spares a clock read."""
-        rec = self.record
-        if rec is not None:
-            rec[STARTED] = rec[ENQUEUED] if at_once else _now()
+        The operation function gets this Work (for its ``operation``); an int it returns is
+        the source rank of a receive. ``at_once``: the caller's thread runs it as it issues
+        it (a synchronous operation on an idle group), so its issue stamp is its start stamp
+        too, which spares a clock read."""
+        o = self.operation
+        o.started = o.enqueued if at_once else _now()
         try:
             result = self._run_fn(self) if self._run_fn is not None else None
             if isinstance(result, int):
@@ -102,15 +120,16 @@ class Work:
             self._run_fn = None
             self._done = True
             event, future = self._event, self._future
-        rec = self.record
-        if rec is not None:  # the recorder's finished(), written out: one call fewer
-            if exc is not None:
-                failed(rec, exc)
-            rec[FINISHED] = _now()
-            if RECORDER.listeners:
-                RECORDER.tell(rec)
-        if self.profile is not None:
-            profiling.end(self.profile)
+        o = self.operation
+        if exc is not None:  # kept before the stamp: whoever sees the stamp sees the error
+            o.failed(exc)
+        o.finished = _now()
+        if RECORDER.listeners and o.id >= 0:
+            RECORDER.tell(o)
+        profile = o.profile
+        if profile is not None:  # dropped: it holds the inputs, and the ring keeps o
+            o.profile = None
+            profiling.end(profile)
         if event is not None:
             event.set()
         if future is not None:

@@ -48,6 +48,35 @@ def capacity_bound(rank: int, ws: int, capacity: int, calls: int) -> dict[str, A
     return record
 
 
+def tensors_left_alive(rank: int, ws: int) -> dict[str, Any]:
+    """Collectives (plain, and under torch.profiler, whose range records the inputs) and a
+    p2p pair on tensors the rank then drops: which of them are still alive while the ring
+    holds every operation, and whether the ring holds the very objects the Works wrapped."""
+    import weakref
+
+    from torch.autograd.profiler import profile
+
+    from ringtorch._observe.recorder import RECORDER
+
+    dist.init_process_group("gloo")
+    tensors = [torch.ones(256), torch.ones(64), torch.zeros(2 * ws), torch.ones(8),
+               torch.ones(5) if rank == 0 else torch.zeros(5)]
+    dist.all_reduce(tensors[0])
+    dist.broadcast(tensors[1], src=0)
+    with profile(record_shapes=True):
+        dist.all_gather_into_tensor(tensors[2], torch.ones(2))
+        dist.all_reduce(tensors[3])
+    work = dist.isend(tensors[4], dst=1) if rank == 0 else dist.irecv(tensors[4], src=0)
+    work.wait()
+    operation = work.operation
+    refs = [weakref.ref(t) for t in tensors]
+    del tensors, work
+    alive = [i for i, ref in enumerate(refs) if ref() is not None]
+    ring = list(RECORDER._ring)
+    dist.destroy_process_group()
+    return {"alive": alive, "held": any(o is operation for o in ring), "entries": len(ring)}
+
+
 def failed_collective(rank: int, ws: int) -> dict[str, Any]:
     """Rank 1 calls a different collective at the same sequence number: both fail."""
     dist.init_process_group("gloo")

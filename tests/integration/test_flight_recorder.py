@@ -72,6 +72,14 @@ def test_the_ring_keeps_only_the_last_operations() -> None:
     assert record["dropped"] == 22
 
 
+def test_the_ring_holds_the_operations_themselves_and_keeps_no_tensor_alive() -> None:
+    # the Works' tensors are dropped by the rank: once finished, an operation the ring still
+    # holds must not keep them (nor its profiler range, which records its inputs)
+    for result in run_ranks(ranks.tensors_left_alive, 2):
+        assert result["held"] and result["entries"] == 5
+        assert result["alive"] == []
+
+
 def test_a_failed_collective_is_recorded_as_failed_with_its_error() -> None:
     records = run_ranks(ranks.failed_collective, 2)
     for record, op in zip(records, ["allreduce", "broadcast"], strict=True):

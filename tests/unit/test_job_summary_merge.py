@@ -14,30 +14,21 @@ from random import Random
 from types import SimpleNamespace
 
 from ringtorch import _config
-from ringtorch._observe.recorder import (
-    CALL,
-    COUNT_EVERY,
-    ERROR,
-    FINISHED,
-    KIND,
-    NBYTES,
-    OP,
-    STARTED,
-    FlightRecorder,
-)
+from ringtorch._observe.operation import Operation
+from ringtorch._observe.recorder import COUNT_EVERY, FlightRecorder
 from ringtorch._observe.summary import format_summary, read_summaries, stragglers
 from ringtorch._observe.totals import Totals
 
 
 def _record(kind: str, op: str, started: int, finished: int, nbytes: int = -1,
-            call_bytes: int | None = None, error: str = "") -> list:
+            call_bytes: int | None = None, error: str = "") -> Operation:
     """A finished record; ``started`` and ``finished`` in nanoseconds (records keep seconds)."""
     rec = FlightRecorder(4).record(kind, "0", op)
-    rec[STARTED], rec[FINISHED], rec[NBYTES] = started * 1e-9, finished * 1e-9, nbytes
+    rec.started, rec.finished, rec.nbytes = started * 1e-9, finished * 1e-9, nbytes
     if call_bytes is not None:
-        rec[CALL] = SimpleNamespace(nbytes=call_bytes)
+        rec.call = SimpleNamespace(nbytes=call_bytes)
     if error:
-        rec[ERROR] = error
+        rec.error = error
     return rec
 
 
@@ -90,21 +81,21 @@ def test_a_batch_of_mixed_records_counts_as_each_record_added_up_one_by_one() ->
             rec = _record(kind, op, started, finished,
                           call_bytes=None if not started else 4 * random.randrange(1, 512))
         if i % 11 == 0:
-            rec[ERROR] = "DistBackendError: peer gone"
+            rec.error = "DistBackendError: peer gone"
         records.append(rec)
     expected: dict[str, dict] = {}
     for rec in records:
-        op = rec[OP]
-        entry = expected.setdefault(op, {"kind": rec[KIND], "calls": 0, "failed": 0,
+        op = rec.op
+        entry = expected.setdefault(op, {"kind": rec.kind, "calls": 0, "failed": 0,
                                          "bytes": 0, "time_ns": 0})
         entry["calls"] += 1
-        entry["failed"] += 1 if rec[ERROR] else 0
-        if rec[NBYTES] >= 0:
-            entry["bytes"] += rec[NBYTES]
-        elif rec[CALL] is not None:
-            entry["bytes"] += rec[CALL].nbytes
-        if rec[STARTED]:
-            entry["time_ns"] += round((rec[FINISHED] - rec[STARTED]) * 1e9)
+        entry["failed"] += 1 if rec.error else 0
+        if rec.nbytes >= 0:
+            entry["bytes"] += rec.nbytes
+        elif rec.call is not None:
+            entry["bytes"] += rec.call.nbytes
+        if rec.started:
+            entry["time_ns"] += round((rec.finished - rec.started) * 1e9)
     totals = Totals()
     totals.add_all(records[:150])
     totals.add_all(records[150:])
@@ -115,16 +106,16 @@ def test_a_batch_of_mixed_records_counts_as_each_record_added_up_one_by_one() ->
         assert abs(found[op]["time_ns"] - entry["time_ns"]) <= 1, op
 
 
-def _issue(recorder: FlightRecorder, op: str = "send") -> list:
+def _issue(recorder: FlightRecorder, op: str = "send") -> Operation:
     rec = recorder.record("p2p", "0", op, nbytes=8)
-    rec[STARTED] = 10e-9
+    rec.started = 10e-9
     return rec
 
 
-def _finish(rec: list, error: str = "") -> None:
+def _finish(rec: Operation, error: str = "") -> None:
     """As an operation's path finishes its record: the error first, then the stamp."""
-    rec[ERROR] = error
-    rec[FINISHED] = 13e-9
+    rec.error = error
+    rec.finished = 13e-9
 
 
 def _calls(totals: Totals, op: str = "send") -> int:

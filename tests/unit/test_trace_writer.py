@@ -17,7 +17,7 @@ import pytest
 
 from ringtorch import _config
 from ringtorch._observe import clock, trace_merge
-from ringtorch._observe.recorder import COLLECTIVE, RECORDER, STARTED
+from ringtorch._observe.recorder import COLLECTIVE, RECORDER
 from ringtorch._observe.trace import TRACER, Clock, Tracer
 from ringtorch.launcher import trace_merge as launcher_trace
 from ringtorch.launcher.config import LaunchConfig
@@ -32,7 +32,7 @@ def tracer(tmp_path: Path) -> Iterator[Tracer]:
 
 def _finish_one(op: str) -> None:
     rec = RECORDER.record(COLLECTIVE, "0", op)
-    rec[STARTED] = time.monotonic()
+    rec.started = time.monotonic()
     RECORDER.finished(rec, None)
 
 

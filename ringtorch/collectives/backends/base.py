@@ -56,8 +56,9 @@ class Backend(ABC):
 
     def __init__(self, ctx: BackendContext) -> None:
         self.ctx = ctx
-        # The flight-recorder record of the collective the group is about to run (set by
-        # the group before each collective; the backend attaches its CollectiveCall to it).
+        # The Operation of the collective the group is about to run, while the flight
+        # recorder is on (set by the group before each collective; the backend attaches its
+        # CollectiveCall and itself, as the route, to it).
         self.record: Any = None
 
     def route(self, record: Any) -> tuple[str, str]:

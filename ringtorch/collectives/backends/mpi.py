@@ -39,7 +39,6 @@ import torch
 from ringtorch._buffers import address, as_bytes
 from ringtorch._config import MPI_CHECK
 from ringtorch._errors import DistBackendError
-from ringtorch._observe.recorder import CALL, ROUTE, SEQ
 from ringtorch.collectives.backends import mpi_env
 from ringtorch.collectives.backends.base import Backend, BackendContext
 from ringtorch.collectives.call import (
@@ -234,9 +233,9 @@ class MpiBackend(Backend):
             sig = self._calls.signature(name, dtype, redop, root)
             found = self._agreements[key] = (sig, agreement_fields(sig))
         sig, (kind, red, code, root) = found
-        if rec is not None and rec[SEQ] == seq and rec[CALL] is None:  # the flight recorder's
-            rec[CALL] = new_call(sig, seq, nbytes, deadline)
-            rec[ROUTE] = self
+        if rec is not None and rec.seq == seq and rec.call is None:  # the flight recorder's
+            rec.call = new_call(sig, seq, nbytes, deadline)
+            rec.route = self
         if not self._check:
             return
         record = AGREEMENT.pack(seq, kind, red, code, nbytes, root)  # call.agreement_record

@@ -30,7 +30,6 @@ from ringtorch import _config
 from ringtorch._buffers import as_bytes, typed_view
 from ringtorch._errors import DistBackendError, PeerLostError
 from ringtorch._observe.hang_ask import HANG
-from ringtorch._observe.recorder import CALL, ROUTE, SEQ, STARTED
 from ringtorch._wire import mailbox as mb
 from ringtorch._wire.errors import DeadlineExceeded, PeerClosedError, PeerUnreachableError
 from ringtorch._wire.mesh import FrameMismatch, PeerMesh
@@ -199,11 +198,11 @@ class NativeBackend(Backend):
         if self._closed or self.abort_state.cause is not None:
             self._check_usable(self._words.what(call))
         board = self._board
-        rec = self.record
-        if rec is not None and rec[SEQ] == call.seq and rec[CALL] is None:
-            rec[CALL] = call
-            rec[ROUTE] = self
-            board.start = rec[STARTED]  # its start stamp, just taken (same clock)
+        o = self.record
+        if o is not None and o.seq == call.seq and o.call is None:
+            o.call = call
+            o.route = self
+            board.start = o.started  # its start stamp, just taken (same clock)
         else:
             board.start = time.monotonic()
         board.call = call

@@ -16,7 +16,8 @@ import torch
 from torch._C._autograd import _profiler_enabled as profiler_on
 from torch._C._profiler import _RecordFunctionFast
 
-from ringtorch._observe.recorder import ENQUEUED, RECORDER, RPC, STARTED
+from ringtorch._observe.operation import RPC, Operation
+from ringtorch._observe.recorder import RECORDER
 from ringtorch.distributed.rpc import messages
 from ringtorch.distributed.rpc._interfaces import Agent, RunningAgent
 from ringtorch.distributed.rpc._state import STATE, current_agent
@@ -71,7 +72,7 @@ def prepare(to: Any, func: Any, timeout: float) -> tuple[RunningAgent, WorkerInf
 
 
 def record(agent: RunningAgent, op: str, dst: WorkerInfo, func: Any,
-           hint: int = 3) -> list[Any] | None:
+           hint: int = 3) -> Operation | None:
     """The flight recorder's record of a call the user is making (None when it is off).
 
     ``hint``: FlightRecorder.record's, counting this function as 1 and the public entry
@@ -81,7 +82,7 @@ def record(agent: RunningAgent, op: str, dst: WorkerInfo, func: Any,
         return None
     rec = RECORDER.record(RPC, agent.get_worker_info().name, op, hint, dst.name, -1,
                           function_name(func))
-    rec[STARTED] = rec[ENQUEUED]  # a call is under way as soon as it is issued
+    rec.started = rec.enqueued  # a call is under way as soon as it is issued
     return rec
 
 
@@ -92,7 +93,7 @@ def function_name(func: Any) -> str:
     return f"{module}.{name}" if module else name
 
 
-def finish_on(future: Future[Any], rec: list[Any] | None) -> None:
+def finish_on(future: Future[Any], rec: Operation | None) -> None:
     """Stamp ``rec`` finished when ``future`` completes.
 
     The stamp is registered as torch's plain callback, not through Future.add_done_callback,
