@@ -10,6 +10,7 @@ import torch
 import ringtorch.distributed as dist
 import ringtorch.distributed.rpc as rpc
 from ringtorch.distributed import flight_recorder
+from ringtorch.testing import wait_for
 
 
 def _line_of(marker: str) -> int:
@@ -71,6 +72,12 @@ def tensors_left_alive(rank: int, ws: int) -> dict[str, Any]:
     operation = work.operation
     refs = [weakref.ref(t) for t in tensors]
     del tensors, work
+    # an async Work's lane thread still holds it for the moment between completing it (which
+    # wakes wait()) and returning from it: wait, bounded, for every tensor to go
+    try:
+        wait_for(lambda: all(ref() is None for ref in refs), 5, "the tensors to be freed")
+    except TimeoutError:
+        pass
     alive = [i for i, ref in enumerate(refs) if ref() is not None]
     ring = list(RECORDER._ring)
     dist.destroy_process_group()
