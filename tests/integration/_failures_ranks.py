@@ -23,7 +23,7 @@ def _side_store() -> Any:
                     timedelta(seconds=60))
 
 
-def _error(fn: Any, *args: Any, **kwargs: Any) -> Any:
+def error_of(fn: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -87,7 +87,7 @@ def bad_arguments(rank: int, ws: int) -> dict[str, Any]:
         "wait_timeout": lambda: dist.irecv(torch.zeros(1), src=rank, tag=77).wait(
             timedelta(milliseconds=200)),
     }
-    out = {name: _error(fn) for name, fn in cases.items()}
+    out = {name: error_of(fn) for name, fn in cases.items()}
     out["seq_unchanged"] = pg._get_sequence_number_for_group() == seq_before
     after = torch.full((3,), float(rank + 1))
     dist.all_reduce(after)
@@ -95,7 +95,7 @@ def bad_arguments(rank: int, ws: int) -> dict[str, Any]:
     if ws == 4:
         pair = dist.new_group([0, 1])
         if rank in (0, 1):
-            out["outside_group"] = _error(dist.broadcast, t, src=3, group=pair)
+            out["outside_group"] = error_of(dist.broadcast, t, src=3, group=pair)
     dist.barrier()
     dist.destroy_process_group()
     return out
@@ -109,7 +109,7 @@ def monitored(rank: int, ws: int, late: list[int], wait_all: bool) -> dict[str, 
     if rank in late:
         signals.wait(["rank 0 gave up"])
     start = time.monotonic()
-    error = _error(dist.monitored_barrier, timeout=timedelta(seconds=1),
+    error = error_of(dist.monitored_barrier, timeout=timedelta(seconds=1),
                    wait_all_ranks=wait_all)
     elapsed = time.monotonic() - start
     if rank == 0:
@@ -135,17 +135,17 @@ def detail_mismatch(rank: int, ws: int, case: str) -> dict[str, Any]:
     dist.init_process_group("gloo", timeout=timedelta(seconds=2))
     out: dict[str, Any] = {"level": dist.get_debug_level().name}
     if case == "shape":
-        out["error"] = _error(dist.all_reduce, torch.zeros(2 + rank))
+        out["error"] = error_of(dist.all_reduce, torch.zeros(2 + rank))
     elif case == "op":
-        out["error"] = (_error(dist.all_reduce, torch.zeros(2)) if rank == 0
-                        else _error(dist.broadcast, torch.zeros(2), src=0))
+        out["error"] = (error_of(dist.all_reduce, torch.zeros(2)) if rank == 0
+                        else error_of(dist.broadcast, torch.zeros(2), src=0))
     elif case == "dtype":
-        out["error"] = _error(dist.all_reduce, torch.zeros(2, dtype=torch.float32 if rank == 0
+        out["error"] = error_of(dist.all_reduce, torch.zeros(2, dtype=torch.float32 if rank == 0
                                                              else torch.float64))
     elif case == "missing":  # rank 1 leaves only once rank 0's all_reduce has timed out
         signals = _side_store()
         if rank == 0:
-            out["error"] = _error(dist.all_reduce, torch.zeros(2))
+            out["error"] = error_of(dist.all_reduce, torch.zeros(2))
             signals.set("rank 0 timed out", "1")
         else:
             out["error"] = None
@@ -221,12 +221,12 @@ def _make_loop(store: Any, rank: int, size: int, timeout: timedelta) -> BackendI
 def backends(rank: int, ws: int) -> dict[str, Any]:
     """Backend names: unknown, unavailable (nccl), user-registered."""
     out: dict[str, Any] = {
-        "unknown": _error(dist.init_process_group, "nosuch", rank=0, world_size=1,
+        "unknown": error_of(dist.init_process_group, "nosuch", rank=0, world_size=1,
                           store=dist.HashStore()),
-        "nccl": _error(dist.init_process_group, "nccl", rank=0, world_size=1,
+        "nccl": error_of(dist.init_process_group, "nccl", rank=0, world_size=1,
                        store=dist.HashStore()),
         "still_uninitialized": dist.is_initialized(),
-        "timeout_type": _error(dist.init_process_group, "gloo", timeout=30, rank=0,
+        "timeout_type": error_of(dist.init_process_group, "gloo", timeout=30, rank=0,
                                world_size=1, store=dist.HashStore()),
         "available": (dist.is_available(), dist.is_gloo_available(), dist.is_nccl_available(),
                       dist.is_backend_available("gloo"), dist.is_backend_available("nosuch")),
@@ -236,7 +236,7 @@ def backends(rank: int, ws: int) -> dict[str, Any]:
         dist.Backend.register_backend("loop", _make_loop, devices=["cpu"])
     dist.init_process_group(rank=0, world_size=1, store=dist.HashStore())
     out["no_backend"] = (dist.get_backend(), dist.get_backend_config(),
-                         dist.group.WORLD.name(), _error(dist.monitored_barrier))
+                         dist.group.WORLD.name(), error_of(dist.monitored_barrier))
     dist.destroy_process_group()
     dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
     out["gloo_config"] = dist.get_backend_config()

@@ -7,10 +7,11 @@ Inputs are pure functions of the rank (:func:`inputs`), so the driver can rebuil
 from __future__ import annotations
 
 import importlib
-import warnings
 from typing import Any
 
 import torch
+
+from tests.integration._failures_ranks import error_of
 
 
 def _coo(indices: Any, values: Any, size: tuple[int, ...], **kwargs: Any) -> torch.Tensor:
@@ -45,15 +46,6 @@ def _state(t: torch.Tensor) -> tuple[Any, ...]:
             t._values().tolist())
 
 
-def _error(fn: Any, *args: Any, **kwargs: Any) -> tuple[str, str] | None:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            fn(*args, **kwargs)
-    except Exception as exc:
-        return type(exc).__name__, str(exc)
-    return None
-
 
 def sparse(rank: int, ws: int, library: str) -> dict[str, Any]:
     """Every case's all_reduce (synchronous, and one asynchronous), then the errors."""
@@ -67,14 +59,14 @@ def sparse(rank: int, ws: int, library: str) -> dict[str, Any]:
     work = dist.all_reduce(t, async_op=True)
     out["async"] = (work.wait(), _state(t))
     for op in ("MAX", "MIN", "PRODUCT", "AVG"):
-        out[f"op {op}"] = _error(dist.all_reduce, inputs(rank, "matrix"),
+        out[f"op {op}"] = error_of(dist.all_reduce, inputs(rank, "matrix"),
                                  op=getattr(dist.ReduceOp, op))
-    out["shapes differ"] = _error(dist.all_reduce, _coo([[0]], [1.0], (3 + rank,)))
-    out["sparse dims differ"] = _error(dist.all_reduce, inputs(rank, "matrix" if rank == 0
+    out["shapes differ"] = error_of(dist.all_reduce, _coo([[0]], [1.0], (3 + rank,)))
+    out["sparse dims differ"] = error_of(dist.all_reduce, inputs(rank, "matrix" if rank == 0
                                                                else "hybrid"))
     s = inputs(rank, "hybrid")
-    out["broadcast"] = _error(dist.broadcast, s, 0)
-    out["all_gather"] = _error(dist.all_gather, [torch.zeros(3, 2) for _ in range(ws)], s)
+    out["broadcast"] = error_of(dist.broadcast, s, 0)
+    out["all_gather"] = error_of(dist.all_gather, [torch.zeros(3, 2) for _ in range(ws)], s)
     t = inputs(rank, "matrix")  # the group still works
     dist.all_reduce(t)
     out["after"] = _state(t)

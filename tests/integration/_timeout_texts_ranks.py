@@ -8,7 +8,6 @@ return rank 0's (exception type, message) and None elsewhere.
 from __future__ import annotations
 
 import importlib
-import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -16,16 +15,7 @@ from typing import Any
 import torch
 
 from ringtorch.testing import wait_for
-
-
-def _error(fn: Any, *args: Any, **kwargs: Any) -> tuple[str, str] | None:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            fn(*args, **kwargs)
-    except Exception as exc:
-        return type(exc).__name__, str(exc)
-    return None
+from tests.integration._failures_ranks import error_of
 
 
 def missing_rank(rank: int, ws: int, library: str, case: str,
@@ -39,12 +29,12 @@ def missing_rank(rank: int, ws: int, library: str, case: str,
         wait_for(done.exists, 60, "rank 0's error")
         return None
     if case == "barrier":
-        error = _error(dist.barrier)
+        error = error_of(dist.barrier)
     elif case == "all_reduce":
-        error = _error(dist.all_reduce, torch.ones(4))
+        error = error_of(dist.all_reduce, torch.ones(4))
     elif case == "monitored":
-        error = _error(dist.monitored_barrier, timeout=timedelta(seconds=1))
+        error = error_of(dist.monitored_barrier, timeout=timedelta(seconds=1))
     else:
-        error = _error(dist.monitored_barrier, timeout=timedelta(seconds=0))
+        error = error_of(dist.monitored_barrier, timeout=timedelta(seconds=0))
     done.touch()
     return error
