@@ -21,8 +21,11 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_for(predicate: Callable[[], T], timeout: float = 10.0, what: str = "") -> T:
-    """Return ``predicate()``'s first truthy value, polling it every millisecond.
+def wait_for(predicate: Callable[[], T], timeout: float = 10.0, what: str = "", *,
+             interval: float = 0.001) -> T:
+    """Return ``predicate()``'s first truthy value, polling it every ``interval`` seconds
+    (a millisecond; longer where reading the state costs the process under test time it is
+    being measured on).
 
     Raises:
         TimeoutError: it was not truthy within ``timeout`` seconds; the message names
@@ -36,7 +39,7 @@ def wait_for(predicate: Callable[[], T], timeout: float = 10.0, what: str = "") 
         if time.monotonic() >= deadline:
             raise TimeoutError(f"waited {timeout} s for {what or predicate!r}; last value "
                                f"{value!r}")
-        time.sleep(0.001)
+        time.sleep(interval)
 
 
 def wait_for_thread_in(thread: threading.Thread, *functions: str, timeout: float = 10.0) -> None:

@@ -84,8 +84,13 @@ def test_a_thousand_idle_connections_keep_the_listener_threads_bounded() -> None
 
 def out_of_descriptors(rank: int, ws: int) -> dict[str, Any]:
     """Make 60 sockets, lower RLIMIT_NOFILE to leave 5 descriptors free, then connect them to
-    this worker's own listener: its accepts fail with EMFILE while connections wait."""
+    this worker's own listener: its accepts fail with EMFILE while connections wait.
+
+    The secret comes from the environment: with only the secret file, each handshake opens it,
+    and a handshake thread that takes the last descriptor first fails (freeing it) where the
+    accept should; under load that order won and the accepts paused once only."""
     log = _Log()
+    os.environ["RINGTORCH_SECRET"] = "out-of-descriptors test"
     start(rank, ws)
     port = agent_statistics().address["port"]
     clients = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(60)]
