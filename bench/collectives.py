@@ -84,23 +84,25 @@ class _Ringtorch:
 
         self.backend, self.sum, self.seq = backend, ReduceOp.SUM, 0
 
-    def _next(self) -> tuple[int, float]:
+    def _next(self) -> Any:
+        from ringtorch._observe.operation import issued
+
         self.seq += 1
-        return self.seq, time.monotonic() + 120
+        return issued("bench", self.seq, time.monotonic() + 120)
 
     def barrier(self) -> None:
-        self.backend.barrier(*self._next())
+        self.backend.barrier(self._next())
 
     def run(self, op: str, out: Any, inp: Any) -> None:
         b = self.backend
         if op == "all_reduce":
-            b.all_reduce(inp, self.sum, *self._next())
+            b.all_reduce(inp, self.sum, self._next())
         elif op == "broadcast":
-            b.broadcast(inp, 0, *self._next())
+            b.broadcast(inp, 0, self._next())
         elif op == "all_gather":
-            b.all_gather(out, inp, *self._next())
+            b.all_gather(out, inp, self._next())
         else:
-            b.reduce_scatter(out, inp, self.sum, *self._next())
+            b.reduce_scatter(out, inp, self.sum, self._next())
 
     def close(self) -> None:
         self.backend.close()

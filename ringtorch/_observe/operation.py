@@ -56,10 +56,15 @@ class Operation:
         error: ``"Type: first line"`` of the error it ended with ("" otherwise).
         profile: its torch.profiler range while one is open (None otherwise).
         id: the flight recorder's running number of it (-1 while not recorded).
+        warn_after: seconds after its start at which its next stall warning is due (-1.0:
+            not read yet; the backend reads the setting only if it waits that long).
+        scratch: what the backend running it must undo when it ends (NumPy's
+            floating-point error state), so that no backend keeps per-call state.
     """
 
     __slots__ = ("kind", "group", "op", "seq", "nbytes", "peer", "detail", "site", "enqueued",
-                 "started", "finished", "deadline", "call", "route", "error", "profile", "id")
+                 "started", "finished", "deadline", "call", "route", "error", "profile", "id",
+                 "warn_after", "scratch")
 
     def __init__(self, kind: str, group: str, op: str, nbytes: int = -1,
                  peer: int | str = -1, detail: str = "") -> None:
@@ -73,9 +78,13 @@ class Operation:
         self.site = NO_SITE
         self.enqueued = _now()
         self.started = self.finished = self.deadline = 0.0
-        self.call = self.route = self.profile = None
+        self.call: Any = None  # a CollectiveCall (collectives/ is above this layer)
+        self.route: Any = None
+        self.profile: Any = None
+        self.scratch: Any = None
         self.error = ""
         self.id = -1
+        self.warn_after = -1.0
 
     def failed(self, error: BaseException) -> None:
         """Keep the first line of the error the operation ended with; never raises."""
@@ -92,4 +101,14 @@ class Operation:
         return f"<Operation {self.kind} {self.op}{seq} on '{self.group}' {state}>"
 
 
-__all__ = ["COLLECTIVE", "NO_SITE", "P2P", "RPC", "Operation"]
+def issued(op: str, seq: int, deadline: float, group: str = "") -> Operation:
+    """A collective operation started now, for callers that drive a backend directly
+    (benchmarks, a backend's own tests): what a group's lane makes of an issued call."""
+    o = Operation(COLLECTIVE, group, op)
+    o.seq = seq
+    o.started = o.enqueued
+    o.deadline = deadline
+    return o
+
+
+__all__ = ["COLLECTIVE", "NO_SITE", "P2P", "RPC", "Operation", "issued"]

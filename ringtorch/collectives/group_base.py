@@ -29,7 +29,7 @@ from ringtorch.collectives.work import Work
 # facade op name, sequence number, group) and carries its deadline.
 CollectiveCheck = Callable[[Any, CollectiveCall, list[tuple[tuple[int, ...], torch.dtype]]],
                            None]
-RunFn = Callable[[int, float], Any]
+RunFn = Callable[[Operation], Any]
 
 
 class GroupBase:
@@ -173,22 +173,17 @@ class GroupBase:
         fingerprint = ([(tuple(t.shape) if shapes else (), t.dtype) for t in described]
                        if check else [])
         o = Operation(COLLECTIVE, self._group_name, op_name)
-        on = RECORDER.on
 
         def run(work: Work) -> Any:
             # the start stamp, just taken (same clock), is the deadline's reference
             deadline = o.deadline = o.started + seconds
-            if on:  # the backend attaches its call to the operation of this seq
-                backend = self._backend
-                if backend is not None:
-                    backend.record = o
             if check is not None:
                 check(self, facade_call(op_name, o.seq, self._group_name, deadline),
                       fingerprint)
-            return fn(o.seq, deadline)
+            return fn(o)
 
         work = Work(op_name, -1, run, outputs, operation=o)
-        if on:
+        if RECORDER.on:
             RECORDER.add(o)
         if profiling.profiler_on():
             o.profile = profiling.begin(self._backend_name, op_name, self._profile_id(),

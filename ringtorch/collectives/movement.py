@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ringtorch import _buffers
+from ringtorch._observe.operation import Operation
 from ringtorch.collectives import checks
 from ringtorch.collectives.group_base import GroupBase, RunFn
 from ringtorch.collectives.options import (
@@ -48,8 +49,8 @@ class MovementOps(GroupBase):
         main = _buffers.Staged(ts[opts.rootTensor], read=is_root, write=not is_root)
         others = [t for i, t in enumerate(ts) if i != opts.rootTensor] if len(ts) > 1 else ()
 
-        def run(seq: int, deadline: float) -> None:
-            self._backend_or_raise().broadcast(main.flat, root, seq, deadline)
+        def run(o: Operation) -> None:
+            self._backend_or_raise().broadcast(main.flat, root, o)
             main.finish()
             for t in others:
                 t.copy_(ts[opts.rootTensor])
@@ -85,16 +86,16 @@ class MovementOps(GroupBase):
         flat, finish = _buffers.pack(outs, read=False)
         n = src.flat.numel()
         if all(o.numel() == inp.numel() for o in outs):
-            def run(seq: int, deadline: float) -> None:
-                self._backend_or_raise().all_gather(flat, src.flat, seq, deadline)
+            def run(o: Operation) -> None:
+                self._backend_or_raise().all_gather(flat, src.flat, o)
                 finish()
             return run
         counts = [_buffers.real_view(o).numel() for o in outs]
 
-        def run_uneven(seq: int, deadline: float) -> None:
+        def run_uneven(o: Operation) -> None:
             repeated = src.flat.repeat(self._size)
             self._backend_or_raise().all_to_all(flat, repeated, counts, [n] * self._size,
-                                                seq, deadline)
+                                                o)
             finish()
         return run_uneven
 
@@ -110,8 +111,8 @@ class MovementOps(GroupBase):
         src = _buffers.Staged(inp, read=True, write=False)
         dst = _buffers.Staged(out, read=False, write=True)
 
-        def run(seq: int, deadline: float) -> None:
-            self._backend_or_raise().all_gather(dst.flat, src.flat, seq, deadline)
+        def run(o: Operation) -> None:
+            self._backend_or_raise().all_gather(dst.flat, src.flat, o)
             dst.finish()
 
         return self._collective("all_gather_single", opts, run, [inp, out], [out],
@@ -141,8 +142,8 @@ class MovementOps(GroupBase):
         total = packed_in.numel()
         gathered = torch.empty(total * self._size, dtype=packed_in.dtype)
 
-        def run(seq: int, deadline: float) -> None:
-            self._backend_or_raise().all_gather(gathered, packed_in, seq, deadline)
+        def run(o: Operation) -> None:
+            self._backend_or_raise().all_gather(gathered, packed_in, o)
             for r, lst in enumerate(outs):
                 _buffers.unpack(gathered[r * total:(r + 1) * total], lst)
 
@@ -191,8 +192,8 @@ class MovementOps(GroupBase):
         src = _buffers.Staged(inp, read=True, write=False)
         flat, finish = _buffers.pack(outs, read=False) if outs else (None, _nothing)
 
-        def run(seq: int, deadline: float) -> None:
-            self._backend_or_raise().gather(flat, src.flat, root, seq, deadline)
+        def run(o: Operation) -> None:
+            self._backend_or_raise().gather(flat, src.flat, root, o)
             finish()
 
         return self._collective("gather", opts, run, [inp], outs)
@@ -226,8 +227,8 @@ class MovementOps(GroupBase):
         dst = _buffers.Staged(out, read=False, write=True)
         flat = _buffers.pack(ins, read=True)[0] if ins else None
 
-        def run(seq: int, deadline: float) -> None:
-            self._backend_or_raise().scatter(dst.flat, flat, root, seq, deadline)
+        def run(o: Operation) -> None:
+            self._backend_or_raise().scatter(dst.flat, flat, root, o)
             dst.finish()
 
         return self._collective("scatter", opts, run, [out], [out], recorded=ins)
@@ -249,9 +250,9 @@ class MovementOps(GroupBase):
                                       self._size, "input")
         flat_out, flat_in = out_r.view(-1), in_r.view(-1)
 
-        def run(seq: int, deadline: float) -> None:
+        def run(o: Operation) -> None:
             self._backend_or_raise().all_to_all(flat_out, flat_in, out_counts, in_counts,
-                                                seq, deadline)
+                                                o)
 
         return self._collective("alltoall_base", opts, run, [out, inp], [out], shapes=False,
                                 recorded=[inp])
@@ -276,9 +277,9 @@ class MovementOps(GroupBase):
         in_counts = [_buffers.real_view(t).numel() for t in ins]
         out_counts = [_buffers.real_view(t).numel() for t in outs]
 
-        def run(seq: int, deadline: float) -> None:
+        def run(o: Operation) -> None:
             self._backend_or_raise().all_to_all(flat_out, flat_in, out_counts, in_counts,
-                                                seq, deadline)
+                                                o)
             finish()
 
         return self._collective("alltoall", opts, run, ins + outs, outs, shapes=False,
@@ -289,8 +290,8 @@ class MovementOps(GroupBase):
         if not isinstance(opts, BarrierOptions):
             opts = BarrierOptions(timeout=opts)
 
-        def run(seq: int, deadline: float) -> None:
-            self._backend_or_raise().barrier(seq, deadline)
+        def run(o: Operation) -> None:
+            self._backend_or_raise().barrier(o)
 
         return self._collective("barrier", opts, run, [], [])
 

@@ -177,8 +177,8 @@ class P2POps(GroupBase):
             raise TypeError(f"Expected timeout argument to be of type datetime.timedelta, "
                             f"got {limit}")
 
-        def run(seq: int, _deadline: float) -> None:
-            arrive, release = barrier_tags(seq)
+        def run(o: Operation) -> None:
+            arrive, release = barrier_tags(o.seq)
             if self._rank == 0:
                 self._barrier_root(limit, wait_all_ranks, arrive, release)
             else:

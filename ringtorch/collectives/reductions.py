@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 from ringtorch import _buffers
+from ringtorch._observe.operation import Operation
 from ringtorch.collectives import checks
 from ringtorch.collectives.group_base import GroupBase
 from ringtorch.collectives.options import (
@@ -52,8 +53,8 @@ class ReductionOps(GroupBase):
         staged = _buffers.Staged(t, read=True, write=True)
         op = opts.reduceOp
 
-        def run(seq: int, deadline: float) -> None:
-            self._backend_or_raise().all_reduce(staged.flat, op, seq, deadline)
+        def run(o: Operation) -> None:
+            self._backend_or_raise().all_reduce(staged.flat, op, o)
             staged.finish()
 
         return self._collective("allreduce", opts, run, [t], [t])
@@ -67,8 +68,8 @@ class ReductionOps(GroupBase):
         flat, finish = _buffers.pack(ts, read=True)
         op = opts.reduceOp
 
-        def run(seq: int, deadline: float) -> None:
-            self._backend_or_raise().all_reduce(flat, op, seq, deadline)
+        def run(o: Operation) -> None:
+            self._backend_or_raise().all_reduce(flat, op, o)
             finish()
 
         return self._collective("allreduce_coalesced", opts, run, ts, ts)
@@ -88,8 +89,8 @@ class ReductionOps(GroupBase):
         staged = _buffers.Staged(t, read=True, write=is_root)
         red = opts.reduceOp
 
-        def run(seq: int, deadline: float) -> None:
-            self._backend_or_raise().reduce(staged.flat, red, root, seq, deadline)
+        def run(o: Operation) -> None:
+            self._backend_or_raise().reduce(staged.flat, red, root, o)
             staged.finish()
 
         return self._collective("reduce", opts, run, [t], [t])
@@ -116,8 +117,8 @@ class ReductionOps(GroupBase):
         dst = _buffers.Staged(out, read=False, write=True)
         red = opts.reduceOp
 
-        def run(seq: int, deadline: float) -> None:
-            self._backend_or_raise().reduce_scatter(dst.flat, flat_in, red, seq, deadline)
+        def run(o: Operation) -> None:
+            self._backend_or_raise().reduce_scatter(dst.flat, flat_in, red, o)
             dst.finish()
 
         return self._collective("reduce_scatter", opts, run, [out, *ins], [out])
@@ -138,8 +139,8 @@ class ReductionOps(GroupBase):
         dst = _buffers.Staged(out, read=False, write=True)
         red = opts.reduceOp
 
-        def run(seq: int, deadline: float) -> None:
-            self._backend_or_raise().reduce_scatter(dst.flat, flat_in, red, seq, deadline)
+        def run(o: Operation) -> None:
+            self._backend_or_raise().reduce_scatter(dst.flat, flat_in, red, o)
             dst.finish()
 
         return self._collective("reduce_scatter_single", opts, run, [out, inp], [out])

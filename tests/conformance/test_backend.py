@@ -89,8 +89,8 @@ from store_backend import BackendContext, StoreBackend
 from ringtorch.testing import BackendConformanceError, check_backend
 
 class FromRankZero(StoreBackend):
-    def broadcast(self, buf, root, seq, deadline):
-        super().broadcast(buf, 0, seq, deadline)  # the bug: the root is ignored
+    def broadcast(self, buf, root, o):
+        super().broadcast(buf, 0, o)  # the bug: the root is ignored
 
 def make(store, rank, world_size, timeout):
     return FromRankZero(BackendContext(store, rank, world_size, timeout, "broken",

@@ -171,32 +171,31 @@ def no_detail_mismatch(rank: int, ws: int) -> dict[str, Any]:
 class _LoopBackend(BackendImpl):
     """A user backend for a group of one: every collective is a copy."""
 
-    def broadcast(self, buf: Any, root: int, seq: int, deadline: float) -> None:
+    def broadcast(self, buf: Any, root: int, o: Any) -> None:
         pass
 
-    def all_reduce(self, buf: Any, op: Any, seq: int, deadline: float) -> None:
+    def all_reduce(self, buf: Any, op: Any, o: Any) -> None:
         buf.mul_(10)  # visible proof that this backend ran
 
-    def reduce(self, buf: Any, op: Any, root: int, seq: int, deadline: float) -> None:
+    def reduce(self, buf: Any, op: Any, root: int, o: Any) -> None:
         pass
 
-    def all_gather(self, out: Any, inp: Any, seq: int, deadline: float) -> None:
+    def all_gather(self, out: Any, inp: Any, o: Any) -> None:
         out.copy_(inp)
 
-    def gather(self, out: Any, inp: Any, root: int, seq: int, deadline: float) -> None:
+    def gather(self, out: Any, inp: Any, root: int, o: Any) -> None:
         out.copy_(inp)
 
-    def scatter(self, out: Any, inp: Any, root: int, seq: int, deadline: float) -> None:
+    def scatter(self, out: Any, inp: Any, root: int, o: Any) -> None:
         out.copy_(inp)
 
-    def reduce_scatter(self, out: Any, inp: Any, op: Any, seq: int, deadline: float) -> None:
+    def reduce_scatter(self, out: Any, inp: Any, op: Any, o: Any) -> None:
         out.copy_(inp)
 
-    def all_to_all(self, out: Any, inp: Any, out_splits: Any, in_splits: Any, seq: int,
-                   deadline: float) -> None:
+    def all_to_all(self, out: Any, inp: Any, out_splits: Any, in_splits: Any, o: Any) -> None:
         out.copy_(inp)
 
-    def barrier(self, seq: int, deadline: float) -> None:
+    def barrier(self, o: Any) -> None:
         pass
 
     def send(self, buf: Any, dst: int, tag: int, deadline: float) -> None:

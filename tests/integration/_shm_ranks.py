@@ -24,6 +24,7 @@ import torch
 import torch.distributed as tdist
 
 from ringtorch import _config
+from ringtorch._observe.operation import issued
 from ringtorch.collectives.backends.base import BackendContext
 from ringtorch.collectives.backends.native import NativeBackend
 from ringtorch.collectives.reduce_op import ReduceOp, make_premul_sum
@@ -90,36 +91,36 @@ def run_case(b: NativeBackend, case: dict[str, Any], seq: int) -> Any:
     op, dtype, n, salt = case["op"], case["dtype"], case["n"], case["salt"]
     root = case.get("root", 0)
     make = random_input if case.get("random") else make_input
-    deadline = time.monotonic() + 30
+    o = issued(op, seq, time.monotonic() + 30)
     if op in ("all_reduce", "reduce"):
         t = make(dtype, r, salt, n)
         if op == "all_reduce":
-            b.all_reduce(t, redop(case["redop"]), seq, deadline)
+            b.all_reduce(t, redop(case["redop"]), o)
             return t
-        b.reduce(t, redop(case["redop"]), root, seq, deadline)
+        b.reduce(t, redop(case["redop"]), root, o)
         return t if r == root else None
     if op == "broadcast":
         t = make(dtype, r, salt, n)
-        b.broadcast(t, root, seq, deadline)
+        b.broadcast(t, root, o)
         return t
     if op == "all_gather":
         out = torch.empty(n * ws, dtype=dtype)
-        b.all_gather(out, make(dtype, r, salt, n), seq, deadline)
+        b.all_gather(out, make(dtype, r, salt, n), o)
         return out
     if op == "reduce_scatter":
         out = torch.empty(n, dtype=dtype)
-        b.reduce_scatter(out, make(dtype, r, salt, n * ws), redop(case["redop"]), seq, deadline)
+        b.reduce_scatter(out, make(dtype, r, salt, n * ws), redop(case["redop"]), o)
         return out
     if op == "gather":
         out = torch.empty(n * ws, dtype=dtype) if r == root else None
-        b.gather(out, make(dtype, r, salt, n), root, seq, deadline)
+        b.gather(out, make(dtype, r, salt, n), root, o)
         return out
     if op == "scatter":
         out = torch.empty(n, dtype=dtype)
-        b.scatter(out, make(dtype, r, salt, n * ws) if r == root else None, root, seq, deadline)
+        b.scatter(out, make(dtype, r, salt, n * ws) if r == root else None, root, o)
         return out
     if op == "barrier":
-        b.barrier(seq, deadline)
+        b.barrier(o)
         return None
     raise AssertionError(op)
 

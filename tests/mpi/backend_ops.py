@@ -34,6 +34,7 @@ if len(sys.argv) > 2:  # the MPI threading level to ask for (before mpi4py.MPI i
 
 import torch
 
+from ringtorch._observe.operation import Operation, issued
 from ringtorch.collectives.backends import mpi_env
 from ringtorch.collectives.backends.base import BackendContext
 from ringtorch.collectives.backends.mpi import MpiBackend
@@ -46,6 +47,11 @@ R = ReduceOp
 def D() -> float:
     """The deadline of one operation: a minute from now."""
     return time.monotonic() + 60.0
+
+
+def op(seq: int, deadline: float | None = None) -> Operation:
+    """The operation of one direct backend call: sequence number ``seq``, started now."""
+    return issued("test", seq, D() if deadline is None else deadline)
 
 class Ranks:
     """The world as this rank sees it: backends, the sequence counters, the result book."""
@@ -99,12 +105,12 @@ def p2p_cases(w: Ranks) -> None:
 
 def error_cases(w: Ranks) -> None:
     fp8 = torch.zeros(4, dtype=torch.float8_e4m3fn)
-    w.record("errors/fp8_sum", lambda: w.world.all_reduce(fp8, R.SUM, 0, D()))
-    w.record("errors/band_float", lambda: w.world.all_reduce(torch.zeros(3), R.BAND, 0, D()))
+    w.record("errors/fp8_sum", lambda: w.world.all_reduce(fp8, R.SUM, op(0)))
+    w.record("errors/band_float", lambda: w.world.all_reduce(torch.zeros(3), R.BAND, op(0)))
     w.record("errors/max_complex", lambda: w.world.all_reduce(
-        torch.zeros(3, dtype=torch.complex64), R.MAX, 0, D()))
+        torch.zeros(3, dtype=torch.complex64), R.MAX, op(0)))
     w.record("errors/avg_int", lambda: w.world.all_reduce(
-        torch.zeros(3, dtype=torch.int32), R.AVG, 0, D()))
+        torch.zeros(3, dtype=torch.int32), R.AVG, op(0)))
     def ranks_not_mpis() -> None:  # group rank 0 claims to be world rank w.rank + 1
         ctx = BackendContext(store=None, rank=0, size=1, timeout=timedelta(minutes=1),
                              group_name="wrong", global_ranks=(w.rank + 1,))
@@ -114,19 +120,19 @@ def error_cases(w: Ranks) -> None:
         return
     seq = w.next_seq(w.world)
     if w.rank == 0:
-        w.record("errors/mismatched_collective", w.world.all_reduce, torch.zeros(3), R.SUM, seq, D())
+        w.record("errors/mismatched_collective", w.world.all_reduce, torch.zeros(3), R.SUM, op(seq))
     else:
-        w.record("errors/mismatched_collective", w.world.broadcast, torch.zeros(3), 0, seq, D())
+        w.record("errors/mismatched_collective", w.world.broadcast, torch.zeros(3), 0, op(seq))
     w.results["errors/mismatched_collective"]["seq"] = seq
     seq = w.next_seq(w.world)
     w.record("errors/mismatched_size", w.world.all_reduce,
-             torch.zeros(3 + (w.rank == w.size - 1)), R.SUM, seq, D())
+             torch.zeros(3 + (w.rank == w.size - 1)), R.SUM, op(seq))
     w.record("errors/after_mismatch_still_works", lambda: {"out": _sum_one(w)})
 
 
 def _sum_one(w: Ranks) -> float:
     buf = torch.ones(1)
-    w.world.all_reduce(buf, R.SUM, w.next_seq(w.world), D())
+    w.world.all_reduce(buf, R.SUM, op(w.next_seq(w.world)))
     return buf.item()
 
 
@@ -142,7 +148,7 @@ def subgroup_cases(w: Ranks) -> None:
         def sub(backend=backend):
             buf = torch.arange(7, dtype=torch.int64) * (w.rank + 1)
             inp = buf.numpy().copy()
-            backend.all_reduce(buf, R.SUM, w.next_seq(backend), D())
+            backend.all_reduce(buf, R.SUM, op(w.next_seq(backend)))
             # group ranks 0 and size-1 swap their global ranks over send/recv
             last, got = backend.size - 1, torch.full((1,), -1, dtype=torch.int64)
             if backend.rank == 0:
@@ -160,7 +166,7 @@ def subgroup_cases(w: Ranks) -> None:
             return {"out": None}
         backend = w.backend(ends, f"ends-as-rank-{w.rank}-calls-it")
         buf = torch.ones(1)
-        backend.all_reduce(buf, R.SUM, 1, D())
+        backend.all_reduce(buf, R.SUM, op(1))
         backend.close()
         return {"out": buf.item()}
     w.record("subgroup/names_differ", names_differ)
@@ -172,7 +178,7 @@ def subgroup_cases(w: Ranks) -> None:
             sums = []
             for _ in range(20):
                 buf = torch.ones(1000, dtype=torch.float32)
-                backend.all_reduce(buf, R.SUM, w.next_seq(backend), D())
+                backend.all_reduce(buf, R.SUM, op(w.next_seq(backend)))
                 sums.append(float(buf[0]))
             return {"out": sums, "group_size": backend.size}
         threads[name] = threading.Thread(target=w.record, args=(f"concurrent/{name}", loop))
@@ -202,12 +208,13 @@ def timeout_cases(w: Ranks) -> None:
         if w.rank == w.size - 1:  # arrives once rank 0's barrier has timed out
             wait_for(lambda: os.path.exists(gave_up), 30, "rank 0's barrier to time out")
         try:
-            w.world.barrier(w.next_seq(w.world), time.monotonic() + (0.3 if w.rank == 0 else 1.0))
+            w.world.barrier(op(w.next_seq(w.world),
+                               time.monotonic() + (0.3 if w.rank == 0 else 1.0)))
         finally:
             if w.rank == 0:
                 open(gave_up, "w").close()
     w.record("timeout/collective", late_barrier)
-    w.record("timeout/after_collective_timeout", lambda: w.world.barrier(w.next_seq(w.world), D()))
+    w.record("timeout/after_collective_timeout", lambda: w.world.barrier(op(w.next_seq(w.world))))
 
 
 def facade_cases(w: Ranks) -> None:
@@ -269,7 +276,7 @@ def main() -> None:
     for part in (p2p_cases, error_cases, subgroup_cases, timeout_cases):
         part(w)
     w.world.close()
-    w.record("errors/after_close", lambda: w.world.barrier(0, D()))
+    w.record("errors/after_close", lambda: w.world.barrier(op(0)))
     facade_cases(w)
     w.save()
 

@@ -16,6 +16,7 @@ from datetime import timedelta
 
 import torch
 
+from ringtorch._observe.operation import Operation, issued
 from ringtorch.collectives.backends import mpi_env
 from ringtorch.collectives.backends.base import BackendContext
 from ringtorch.collectives.backends.mpi import MpiBackend
@@ -25,10 +26,15 @@ def D() -> float:
     return time.monotonic() + 60.0
 
 
+def op(seq: int, deadline: float | None = None) -> Operation:
+    """The operation of one direct backend call: sequence number ``seq``, started now."""
+    return issued("test", seq, D() if deadline is None else deadline)
+
+
 rank, size = mpi_env.world_rank_and_size()
 backend = MpiBackend(BackendContext(store=None, rank=rank, size=size, timeout=timedelta(seconds=30),
                                     group_name="default", global_ranks=tuple(range(size))))
-backend.barrier(1, D())
+backend.barrier(op(1))
 if rank == 1 and sys.argv[1:] == ["abort"]:
     backend.abort("the test asked for it")
     print("rank 1 returned from abort", flush=True)

@@ -15,12 +15,18 @@ import time
 import warnings
 from datetime import timedelta
 
+from ringtorch._observe.operation import Operation, issued
 from ringtorch.collectives.backends import mpi_env  # light: neither torch nor mpi4py
 
 
 def D() -> float:
     """The deadline of one operation: a minute from now."""
     return time.monotonic() + 60.0
+
+
+def op(seq: int, deadline: float | None = None) -> Operation:
+    """The operation of one direct backend call: sequence number ``seq``, started now."""
+    return issued("test", seq, D() if deadline is None else deadline)
 
 
 def main() -> None:
@@ -44,9 +50,9 @@ def main() -> None:
                                  group_name="default", global_ranks=(0,))
             backend = mpi_backend.MpiBackend(ctx)
             buf = torch.tensor([1.5, -2.0])
-            backend.all_reduce(buf, ReduceOp.SUM, 1, D())
-            backend.broadcast(buf, 0, 2, D())
-            backend.barrier(3, D())
+            backend.all_reduce(buf, ReduceOp.SUM, op(1))
+            backend.broadcast(buf, 0, op(2))
+            backend.barrier(op(3))
             seen["all_reduce"] = buf.tolist()
             backend.close()
         except Exception as exc:  # the driver asserts on it

@@ -2,7 +2,7 @@
 slow path of waits): the hang report begins ``lead`` seconds before the deadline and the
 peers are asked where they are ``STATUS_WAIT_S`` before it, each at most half the timeout
 ahead and once per collective; the returned moment is the next thing due (or the next stall
-warning). Times are made up: the board is given its start and a clock value per call."""
+warning). Times are made up: the board is given an operation started at 100 s and a clock value per call."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from ringtorch._observe.operation import COLLECTIVE, Operation
 from ringtorch.collectives.backends.native_status import STATUS_WAIT_S, StatusBoard
 from ringtorch.collectives.call import facade_call
 
@@ -25,11 +26,12 @@ class Mailbox:
 
 
 def _board(timeout_s: float, warn_after: float = 1000.0) -> tuple[StatusBoard, Any]:
+    o = Operation(COLLECTIVE, "g", "allreduce")
+    o.started = 100.0
+    o.warn_after = warn_after
+    call = o.call = facade_call("allreduce", 7, "g", 100.0 + timeout_s)
     board = StatusBoard()
-    board.start = 100.0
-    board.warn_after = warn_after
-    call = facade_call("allreduce", 7, "g", 100.0 + timeout_s)
-    board.call = call
+    board.op = o
     board.running = True
     return board, call
 
@@ -64,9 +66,10 @@ def test_a_new_collective_starts_its_own_schedule() -> None:
     board, first = _board(20.0)
     mailbox, reports = Mailbox(), []
     board.ahead(first, 119.5, 4.0, mailbox, [1], lambda: reports.append(first.seq))
-    board.start = 200.0
-    second = facade_call("allreduce", 8, "g", 220.0)
-    board.call = second
+    o = Operation(COLLECTIVE, "g", "allreduce")
+    o.started = 200.0
+    second = o.call = facade_call("allreduce", 8, "g", 220.0)
+    board.op = o
     assert board.ahead(second, 201.0, 4.0, mailbox, [1],
                        lambda: reports.append(second.seq)) == 216.0
     board.ahead(second, 220.0 - STATUS_WAIT_S, 4.0, mailbox, [1],

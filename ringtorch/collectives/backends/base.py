@@ -8,10 +8,21 @@ operation to completion on buffers that are already right, or raise.
 
 Every tensor a backend receives is a 1-D, contiguous CPU tensor (any dtype torch has,
 including bfloat16, float16, bool and complex); ``tensor.view(torch.uint8).numpy()`` gives
-its bytes without a copy. Ranks are group ranks (0 .. size-1). ``seq`` is the group's
-sequence number of the operation, identical on every rank for the same collective; backends
-put it on the wire so that mismatched collectives are detected, never silently computed.
-Point-to-point operations carry no sequence number (they are not collective) but a ``tag``.
+its bytes without a copy. Ranks are group ranks (0 .. size-1).
+
+Each collective receives its operation ``o`` (ringtorch._observe.operation.Operation), the
+one object of the call: ``o.seq`` is the group's sequence number of the operation, identical
+on every rank for the same collective (backends put it on the wire so that mismatched
+collectives are detected, never silently computed), and ``o.deadline`` the absolute
+``time.monotonic()`` second by which it must finish. The backend attaches what it learns to
+the operation, not to itself: ``o.call`` (the CollectiveCall it runs it as) and ``o.route``
+(an object whose ``route(o)`` says what it travelled by, for the flight recorder); anything
+one call must undo goes in ``o.scratch``. A backend keeps no per-call state, so the
+operation is all a status query, a timeout message or a dump needs. Point-to-point
+operations carry no sequence number (they are not collective) but a ``tag`` and a deadline.
+
+The group checks every argument before the backend sees it (checks.py: tensors, sizes,
+roots, reduce op against dtype): a backend may assume them right.
 
 Errors: a backend raises ``DistBackendError`` (from ``ringtorch._errors``) naming the peer and
 the operation when a peer dies, a timeout passes, or ranks disagree on op, size or dtype.
@@ -27,6 +38,8 @@ from datetime import timedelta
 from typing import Any
 
 import torch
+
+from ringtorch._observe.operation import Operation
 
 
 @dataclass(frozen=True)
@@ -56,10 +69,6 @@ class Backend(ABC):
 
     def __init__(self, ctx: BackendContext) -> None:
         self.ctx = ctx
-        # The Operation of the collective the group is about to run, while the flight
-        # recorder is on (set by the group before each collective; the backend attaches its
-        # CollectiveCall and itself, as the route, to it).
-        self.record: Any = None
 
     def route(self, record: Any) -> tuple[str, str]:
         """(transport, algorithm) a recorded operation travelled by, for the flight
@@ -75,48 +84,48 @@ class Backend(ABC):
         return self.ctx.size
 
     @abstractmethod
-    def broadcast(self, buf: torch.Tensor, root: int, seq: int, deadline: float) -> None:
+    def broadcast(self, buf: torch.Tensor, root: int, o: Operation) -> None:
         """Copy root's ``buf`` into every rank's ``buf`` (same numel and dtype everywhere)."""
 
     @abstractmethod
-    def all_reduce(self, buf: torch.Tensor, op: Any, seq: int, deadline: float) -> None:
+    def all_reduce(self, buf: torch.Tensor, op: Any, o: Operation) -> None:
         """Reduce ``buf`` element-wise across ranks with ``op`` (a ReduceOp), in place on every
         rank. The result is bitwise identical on every rank (a fixed reduction order)."""
 
     @abstractmethod
-    def reduce(self, buf: torch.Tensor, op: Any, root: int, seq: int, deadline: float) -> None:
+    def reduce(self, buf: torch.Tensor, op: Any, root: int, o: Operation) -> None:
         """Like all_reduce, but only ``root``'s ``buf`` must hold the result afterwards."""
 
     @abstractmethod
-    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, seq: int, deadline: float) -> None:
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, o: Operation) -> None:
         """``out`` (size * inp.numel()) receives every rank's ``inp``, in rank order."""
 
     @abstractmethod
-    def gather(self, out: torch.Tensor | None, inp: torch.Tensor, root: int, seq: int,
-               deadline: float) -> None:
+    def gather(self, out: torch.Tensor | None, inp: torch.Tensor, root: int,
+               o: Operation) -> None:
         """Root's ``out`` (size * inp.numel()) receives every rank's ``inp`` in rank order;
         ``out`` is None on other ranks."""
 
     @abstractmethod
-    def scatter(self, out: torch.Tensor, inp: torch.Tensor | None, root: int, seq: int,
-                deadline: float) -> None:
+    def scatter(self, out: torch.Tensor, inp: torch.Tensor | None, root: int,
+                o: Operation) -> None:
         """Rank r's ``out`` receives slice r of root's ``inp`` (size * out.numel());
         ``inp`` is None on other ranks."""
 
     @abstractmethod
-    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: Any, seq: int,
-                       deadline: float) -> None:
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: Any,
+                       o: Operation) -> None:
         """``inp`` is size * out.numel(); rank r's ``out`` receives the reduction over ranks
         of slice r."""
 
     @abstractmethod
     def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
-                   in_splits: list[int], seq: int, deadline: float) -> None:
+                   in_splits: list[int], o: Operation) -> None:
         """Rank r sends ``inp``'s slice j (``in_splits[j]`` elements) to rank j, and receives
         from rank j into ``out``'s slice j (``out_splits[j]`` elements)."""
 
     @abstractmethod
-    def barrier(self, seq: int, deadline: float) -> None:
+    def barrier(self, o: Operation) -> None:
         """Return once every rank has entered the barrier."""
 
     @abstractmethod

@@ -39,6 +39,7 @@ import torch
 from ringtorch._buffers import address, as_bytes
 from ringtorch._config import MPI_CHECK
 from ringtorch._errors import DistBackendError
+from ringtorch._observe.operation import Operation
 from ringtorch.collectives.backends import mpi_env
 from ringtorch.collectives.backends.base import Backend, BackendContext
 from ringtorch.collectives.call import (
@@ -219,30 +220,26 @@ class MpiBackend(Backend):
                         f"cannot be used any more")
         raise DistBackendError(self._failed)
 
-    def _agree(self, name: str, seq: int, deadline: float, redop: RedOpType | None = None,
+    def _agree(self, name: str, o: Operation, redop: RedOpType | None = None,
                dtype: torch.dtype | None = None, nbytes: int = -1, root: int = -1) -> None:
         """Rule 4: every rank is at the same collective with the same arguments, or all raise
-        (the fields left out are not compared)."""
+        (the fields left out are not compared). Attaches the call to the operation."""
         self._enter(name)
-        rec = self.record
-        if not self._check and rec is None:
-            return
         key = (name, dtype, redop, root)
         found = self._agreements.get(key)
         if found is None:  # the call's signature and its record's fields, once per key
             sig = self._calls.signature(name, dtype, redop, root)
             found = self._agreements[key] = (sig, agreement_fields(sig))
         sig, (kind, red, code, root) = found
-        if rec is not None and rec.seq == seq and rec.call is None:  # the flight recorder's
-            rec.call = new_call(sig, seq, nbytes, deadline)
-            rec.route = self
+        seq, deadline = o.seq, o.deadline
+        call = o.call = new_call(sig, seq, nbytes, deadline)
+        o.route = self
         if not self._check:
             return
         record = AGREEMENT.pack(seq, kind, red, code, nbytes, root)  # call.agreement_record
         self._collective(name, deadline, "Allgather", [record, self._mpi.BYTE],
                          [self._records, self._mpi.BYTE])
         if self._records != record * self.size:
-            call = new_call(sig, seq, nbytes, deadline)
             raise DistBackendError(disagreement(call, from_agreement(bytes(self._records),
                                                                      call.group)))
 
@@ -282,77 +279,77 @@ class MpiBackend(Backend):
 
     # -- collectives ----------------------------------------------------------------------
 
-    def broadcast(self, buf: torch.Tensor, root: int, seq: int, deadline: float) -> None:
+    def broadcast(self, buf: torch.Tensor, root: int, o: Operation) -> None:
         """See base class."""
-        self._agree("broadcast", seq, deadline, nbytes=buf.nbytes, root=root)
-        self._collective("broadcast", deadline, "Bcast", self._bytes(buf), root)
+        self._agree("broadcast", o, nbytes=buf.nbytes, root=root)
+        self._collective("broadcast", o.deadline, "Bcast", self._bytes(buf), root)
 
-    def all_reduce(self, buf: torch.Tensor, op: Any, seq: int, deadline: float) -> None:
+    def all_reduce(self, buf: torch.Tensor, op: Any, o: Operation) -> None:
         """See base class."""
         types, mpi_op, low = self._reduction("all_reduce", op, buf.dtype)
-        self._agree("all_reduce", seq, deadline, low.kind, buf.dtype, buf.nbytes)
+        self._agree("all_reduce", o, low.kind, buf.dtype, buf.nbytes)
         if low.scales:
             _premultiply(buf, op, low)
-        self._collective("all_reduce", deadline, "Allreduce", self._mpi.IN_PLACE,
+        self._collective("all_reduce", o.deadline, "Allreduce", self._mpi.IN_PLACE,
                          self._typed(buf, types), mpi_op)
         if low.post is not None:
             _post(buf, low)
 
-    def reduce(self, buf: torch.Tensor, op: Any, root: int, seq: int, deadline: float) -> None:
+    def reduce(self, buf: torch.Tensor, op: Any, root: int, o: Operation) -> None:
         """See base class."""
         types, mpi_op, low = self._reduction("reduce", op, buf.dtype)
-        self._agree("reduce", seq, deadline, low.kind, buf.dtype, buf.nbytes, root)
+        self._agree("reduce", o, low.kind, buf.dtype, buf.nbytes, root)
         if self.rank == root:
             _premultiply(buf, op, low)
-            self._collective("reduce", deadline, "Reduce", self._mpi.IN_PLACE,
+            self._collective("reduce", o.deadline, "Reduce", self._mpi.IN_PLACE,
                              self._typed(buf, types), mpi_op, root)
             _post(buf, low)
         else:
             send = _premultiplied_copy(buf, op, low)
-            self._collective("reduce", deadline, "Reduce", self._typed(send, types), None, mpi_op,
+            self._collective("reduce", o.deadline, "Reduce", self._typed(send, types), None, mpi_op,
                              root)
 
-    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, seq: int, deadline: float) -> None:
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, o: Operation) -> None:
         """See base class."""
-        self._agree("all_gather", seq, deadline, nbytes=inp.nbytes)
-        self._collective("all_gather", deadline, "Allgather", self._bytes(inp), self._bytes(out))
+        self._agree("all_gather", o, nbytes=inp.nbytes)
+        self._collective("all_gather", o.deadline, "Allgather", self._bytes(inp), self._bytes(out))
 
-    def gather(self, out: torch.Tensor | None, inp: torch.Tensor, root: int, seq: int,
-               deadline: float) -> None:
+    def gather(self, out: torch.Tensor | None, inp: torch.Tensor, root: int,
+               o: Operation) -> None:
         """See base class."""
-        self._agree("gather", seq, deadline, nbytes=inp.nbytes, root=root)
+        self._agree("gather", o, nbytes=inp.nbytes, root=root)
         recv = self._bytes(out) if self.rank == root and out is not None else None
-        self._collective("gather", deadline, "Gather", self._bytes(inp), recv, root)
+        self._collective("gather", o.deadline, "Gather", self._bytes(inp), recv, root)
 
-    def scatter(self, out: torch.Tensor, inp: torch.Tensor | None, root: int, seq: int,
-                deadline: float) -> None:
+    def scatter(self, out: torch.Tensor, inp: torch.Tensor | None, root: int,
+                o: Operation) -> None:
         """See base class."""
-        self._agree("scatter", seq, deadline, nbytes=out.nbytes, root=root)
+        self._agree("scatter", o, nbytes=out.nbytes, root=root)
         send = self._bytes(inp) if self.rank == root and inp is not None else None
-        self._collective("scatter", deadline, "Scatter", send, self._bytes(out), root)
+        self._collective("scatter", o.deadline, "Scatter", send, self._bytes(out), root)
 
-    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: Any, seq: int,
-                       deadline: float) -> None:
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: Any,
+                       o: Operation) -> None:
         """See base class."""
         types, mpi_op, low = self._reduction("reduce_scatter", op, inp.dtype)
-        self._agree("reduce_scatter", seq, deadline, low.kind, inp.dtype, out.nbytes)
+        self._agree("reduce_scatter", o, low.kind, inp.dtype, out.nbytes)
         send = _premultiplied_copy(inp, op, low)
-        self._collective("reduce_scatter", deadline, "Reduce_scatter_block",
+        self._collective("reduce_scatter", o.deadline, "Reduce_scatter_block",
                          self._typed(send, types), self._typed(out, types), mpi_op)
         _post(out, low)
 
     def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
-                   in_splits: list[int], seq: int, deadline: float) -> None:
+                   in_splits: list[int], o: Operation) -> None:
         """See base class."""
-        self._agree("all_to_all", seq, deadline)
+        self._agree("all_to_all", o)
         send = _counted(self._bytes(inp), in_splits, inp.element_size())
         recv = _counted(self._bytes(out), out_splits, out.element_size())
-        self._collective("all_to_all", deadline, "Alltoallv", send, recv)
+        self._collective("all_to_all", o.deadline, "Alltoallv", send, recv)
 
-    def barrier(self, seq: int, deadline: float) -> None:
+    def barrier(self, o: Operation) -> None:
         """See base class."""
-        self._agree("barrier", seq, deadline)
-        self._collective("barrier", deadline, "Barrier")
+        self._agree("barrier", o)
+        self._collective("barrier", o.deadline, "Barrier")
 
     # -- point to point -------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from ringtorch import _config
 from ringtorch._buffers import as_bytes, typed_view
 from ringtorch._errors import DistBackendError, PeerLostError
 from ringtorch._observe.hang_ask import HANG
+from ringtorch._observe.operation import Operation
 from ringtorch._wire import mailbox as mb
 from ringtorch._wire.errors import DeadlineExceeded, PeerClosedError, PeerUnreachableError
 from ringtorch._wire.mesh import FrameMismatch, PeerMesh
@@ -84,7 +85,6 @@ class NativeBackend(Backend):
         self._lowered: dict[tuple[RedOpType, torch.dtype, str], Lowering] = {}
         self._all_reduce_plans: dict[tuple[RedOpType, torch.dtype], tuple[Lowering, Signature]] = {}
         self._shared_at: dict[int, tuple[int, int]] = {}  # data_ptr -> (index, nbytes)
-        self._fp_token: Any = None
         self._mesh: PeerMesh | None = None
         self._mailbox: mb.Mailbox | None = None
         self._watch = WaitWatch(self._board, self._words, self.abort_state, ctx.rank, ctx.size)
@@ -189,37 +189,34 @@ class NativeBackend(Backend):
         if cause is not None:
             raise self._error(self._words.aborted(what, cause))
 
-    def _enter(self, call: CollectiveCall) -> NativeBackend:
-        """The scope of one collective (``with self._enter(call):``): refuses to start on a
-        failed group, records where this rank is (for peers' status queries and for
-        timeouts), turns transport failures into DistBackendError and aborts the group on
-        them. The backend is its own context manager: cheaper than a generator or an
-        object per call."""
+    def _enter(self, call: CollectiveCall, o: Operation) -> NativeBackend:
+        """The scope of one collective (``with self._enter(call, o):``): refuses to start on
+        a failed group, attaches the call and the route to the operation, points the status
+        board at it (where this rank is, for peers' status queries and for timeouts), turns
+        transport failures into DistBackendError and aborts the group on them. The backend
+        is its own context manager: cheaper than a generator or an object per call; what
+        one call must undo is kept on its operation, not here."""
         if self._closed or self.abort_state.cause is not None:
             self._check_usable(self._words.what(call))
+        o.call = call
+        o.route = self
         board = self._board
-        o = self.record
-        if o is not None and o.seq == call.seq and o.call is None:
-            o.call = call
-            o.route = self
-            board.start = o.started  # its start stamp, just taken (same clock)
-        else:
-            board.start = time.monotonic()
-        board.call = call
+        board.op = o
         board.running = True
-        board.warn_after = -1.0  # read on first need (StatusBoard.warning_after)
         return self
 
     def __enter__(self) -> None:
-        self._fp_token = ignore_fp_errors()
+        self._board.op.scratch = ignore_fp_errors()  # type: ignore[union-attr]
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
-        restore_fp_errors(self._fp_token)
-        self._board.running = False
+        board = self._board
+        o = board.op
+        restore_fp_errors(o.scratch)  # type: ignore[union-attr]
+        board.running = False
         if exc is not None:
             error = self._collective_failed(exc)
             # names its hang report (begun ahead of the deadline, or made now)
-            call = self._board.call
+            call = board.call
             HANG.on_collective_failure(self._words.group, error or exc,
                                        None if call is None else call.seq)
             if error is not None:
@@ -281,7 +278,7 @@ class NativeBackend(Backend):
 
     # -- collectives -------------------------------------------------------------------------
 
-    def all_reduce(self, buf: torch.Tensor, op: Any, seq: int, deadline: float) -> None:
+    def all_reduce(self, buf: torch.Tensor, op: Any, o: Operation) -> None:
         """See base class."""
         kind = op if type(op) is RedOpType else op_type(op)
         hot = self._all_reduce_plans.get((kind, buf.dtype))
@@ -292,77 +289,77 @@ class NativeBackend(Backend):
         low, sig = hot
         factor = premul_factor(op) if low.scales else None
         data = as_bytes(buf)
-        call = _new_call(CollectiveCall, (*sig, seq, data.nbytes, deadline))
+        call = _new_call(CollectiveCall, (*sig, o.seq, data.nbytes, o.deadline))
         if self._shared_at:
             at = self._shared_at.get(buf.data_ptr())
             if at is not None and at[1] == data.nbytes:
                 call = call.on_shared(at[0])
-        with self._enter(call):
+        with self._enter(call, o):
             if factor is not None:
                 scale(buf, factor, in_place=True)
             self.transport.all_reduce(call, data, low.reducer, low.itemsize, low.post)
 
-    def broadcast(self, buf: torch.Tensor, root: int, seq: int, deadline: float) -> None:
+    def broadcast(self, buf: torch.Tensor, root: int, o: Operation) -> None:
         """See base class."""
         self._check_root(root, "broadcast")
         data = as_bytes(buf)
-        call = self._calls("broadcast", seq, buf.dtype, None, root, data.nbytes, deadline)
-        with self._enter(call):
+        call = self._calls("broadcast", o.seq, buf.dtype, None, root, data.nbytes, o.deadline)
+        with self._enter(call, o):
             self.transport.broadcast(call, data, buf.element_size())
 
-    def reduce(self, buf: torch.Tensor, op: Any, root: int, seq: int, deadline: float) -> None:
+    def reduce(self, buf: torch.Tensor, op: Any, root: int, o: Operation) -> None:
         """See base class."""
         low = self._lower(op, buf.dtype, "reduce")
         self._check_root(root, "reduce")
         factor = premul_factor(op) if low.scales else None
         data = as_bytes(buf)
-        call = self._calls("reduce", seq, buf.dtype, low.kind, root, data.nbytes, deadline)
-        with self._enter(call):
+        call = self._calls("reduce", o.seq, buf.dtype, low.kind, root, data.nbytes, o.deadline)
+        with self._enter(call, o):
             if factor is not None:
                 scale(buf, factor, in_place=True)
             self.transport.reduce(call, data, low.reducer, low.itemsize)
             if low.post is not None and self.rank == root:
                 low.post(data)
 
-    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, seq: int, deadline: float) -> None:
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, o: Operation) -> None:
         """See base class."""
         check_sizes("all_gather", out, inp, self.size)
         inp_bytes = as_bytes(inp)
-        call = self._calls("all_gather", seq, inp.dtype, None, -1, inp_bytes.nbytes, deadline)
-        with self._enter(call):
+        call = self._calls("all_gather", o.seq, inp.dtype, None, -1, inp_bytes.nbytes, o.deadline)
+        with self._enter(call, o):
             self.transport.all_gather(call, as_bytes(out), inp_bytes, inp.element_size())
 
-    def gather(self, out: torch.Tensor | None, inp: torch.Tensor, root: int, seq: int,
-               deadline: float) -> None:
+    def gather(self, out: torch.Tensor | None, inp: torch.Tensor, root: int,
+               o: Operation) -> None:
         """See base class."""
         self._check_root(root, "gather")
         check_rooted("gather", self.rank, root, out, inp, self.size)
         inp_bytes = as_bytes(inp)
-        call = self._calls("gather", seq, inp.dtype, None, root, inp_bytes.nbytes, deadline)
-        with self._enter(call):
+        call = self._calls("gather", o.seq, inp.dtype, None, root, inp_bytes.nbytes, o.deadline)
+        with self._enter(call, o):
             self.transport.gather(call, None if out is None else as_bytes(out), inp_bytes,
                                   inp.element_size())
 
-    def scatter(self, out: torch.Tensor, inp: torch.Tensor | None, root: int, seq: int,
-                deadline: float) -> None:
+    def scatter(self, out: torch.Tensor, inp: torch.Tensor | None, root: int,
+                o: Operation) -> None:
         """See base class."""
         self._check_root(root, "scatter")
         check_rooted("scatter", self.rank, root, inp, out, self.size)
         out_bytes = as_bytes(out)
-        call = self._calls("scatter", seq, out.dtype, None, root, out_bytes.nbytes, deadline)
-        with self._enter(call):
+        call = self._calls("scatter", o.seq, out.dtype, None, root, out_bytes.nbytes, o.deadline)
+        with self._enter(call, o):
             self.transport.scatter(call, out_bytes, None if inp is None else as_bytes(inp),
                                    out.element_size())
 
-    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: Any, seq: int,
-                       deadline: float) -> None:
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: Any,
+                       o: Operation) -> None:
         """See base class."""
         low = self._lower(op, inp.dtype, "reduce_scatter")
         check_sizes("reduce_scatter", inp, out, self.size)
         factor = premul_factor(op) if low.scales else None
         nbytes = inp.numel() * low.itemsize
-        call = self._calls("reduce_scatter", seq, inp.dtype, low.kind, -1, nbytes, deadline)
-        with self._enter(call):
+        call = self._calls("reduce_scatter", o.seq, inp.dtype, low.kind, -1, nbytes, o.deadline)
+        with self._enter(call, o):
             if factor is not None:
                 inp = scale(inp, factor, in_place=False)
             out_bytes = as_bytes(out)
@@ -372,22 +369,22 @@ class NativeBackend(Backend):
                 low.post(out_bytes)
 
     def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
-                   in_splits: list[int], seq: int, deadline: float) -> None:
+                   in_splits: list[int], o: Operation) -> None:
         """See base class."""
         check_splits(self.rank, self.size, out, inp, out_splits, in_splits)
         size = inp.element_size()
-        call = self._calls("all_to_all", seq, inp.dtype, None, -1, inp.numel() * size, deadline)
-        with self._enter(call):
+        call = self._calls("all_to_all", o.seq, inp.dtype, None, -1, inp.numel() * size, o.deadline)
+        with self._enter(call, o):
             out_offsets = [0, *np.cumsum(out_splits).tolist()]
             in_offsets = [0, *np.cumsum(in_splits).tolist()]
             self.transport.all_to_all(call, as_bytes(out), as_bytes(inp),
-                                      [o * size for o in out_offsets],
-                                      [o * size for o in in_offsets])
+                                      [x * size for x in out_offsets],
+                                      [x * size for x in in_offsets])
 
-    def barrier(self, seq: int, deadline: float) -> None:
+    def barrier(self, o: Operation) -> None:
         """See base class."""
-        call = self._calls("barrier", seq, torch.uint8, None, -1, 0, deadline)
-        with self._enter(call):
+        call = self._calls("barrier", o.seq, torch.uint8, None, -1, 0, o.deadline)
+        with self._enter(call, o):
             self.transport.barrier(call)
 
     # -- tensors in shared memory ---------------------------------------------------------------

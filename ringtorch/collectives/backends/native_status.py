@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ringtorch import _config
+from ringtorch._observe.operation import Operation
 from ringtorch._wire import mailbox as mb
 from ringtorch.collectives.call import CollectiveCall, status_record
 
@@ -38,24 +39,43 @@ class StatusBoard:
     begun (``on_report``), both at most half the timeout ahead."""
 
     def __init__(self) -> None:
-        self.call: CollectiveCall | None = None  # the current or last collective
+        # The current or last collective: its operation (the call, start stamp and next
+        # stall warning are the operation's; the board only points at it).
+        self.op: Operation | None = None
         self.running = False
-        self.start = 0.0  # time.monotonic() when the current one started
-        # Its next stall warning, in seconds since start (see warning_after; < 0: not read).
-        self.warn_after = -1.0
         self._cond = threading.Condition()
         self._answers: dict[int, dict[str, Any]] = {}
         self._ahead_of: CollectiveCall | None = None  # the call the times below are for
         self._status_at = self._report_at = self._asked_at = 0.0  # 0: done or never
+
+    @property
+    def call(self) -> CollectiveCall | None:
+        """The current or last collective's CollectiveCall."""
+        op = self.op
+        return None if op is None else op.call
+
+    @property
+    def start(self) -> float:
+        """``time.monotonic()`` when the current collective started."""
+        op = self.op
+        return 0.0 if op is None else op.started
 
     def warning_after(self) -> float:
         """Seconds after its start at which the current collective's next stall warning is
         due. RINGTORCH_STALL_WARNING_S is read here, on first need, and not as each
         collective starts: reading the environment costs more than a short collective's
         whole bookkeeping, and most collectives never wait long enough to ask."""
-        if self.warn_after < 0:
-            self.warn_after = _config.STALL_WARNING_S.get()
-        return self.warn_after
+        op = self.op
+        assert op is not None
+        if op.warn_after < 0:
+            op.warn_after = _config.STALL_WARNING_S.get()
+        return op.warn_after
+
+    def warned(self, now: float) -> None:
+        """A stall warning was just given: the next one is due at twice the wait."""
+        op = self.op
+        assert op is not None
+        op.warn_after = 2 * (now - op.started)
 
     def answer(self, mailbox: mb.Mailbox, peer: int) -> None:
         """Reply to ``peer``'s query off the reader thread (readers never send)."""

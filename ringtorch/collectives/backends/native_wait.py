@@ -69,7 +69,7 @@ class WaitWatch:
             raise DeadlinePassed(self._words.timed_out(call, now - board.start, report))
         warn = now - board.start >= board.warning_after()
         if warn:  # again at twice the wait each time
-            board.warn_after = 2 * (now - board.start)
+            board.warned(now)
         due = self._ahead(call, now, True)
         if warn:  # its query waits for answers until the next thing due at most
             report = self._missing_report(call.seq, peers, min(due, deadline))
