@@ -51,6 +51,7 @@ def rank_main(rank: int, world_size: int, hosts: str, shm: bool, ops: list[str],
     import torch.distributed as tdist
 
     from ringtorch import _config
+    from ringtorch._observe.operation import issued
     from ringtorch.collectives.backends.base import BackendContext
     from ringtorch.collectives.backends.native import NativeBackend
     from ringtorch.collectives.reduce_op import ReduceOp
@@ -79,22 +80,22 @@ def rank_main(rank: int, world_size: int, hosts: str, shm: bool, ops: list[str],
         n = nbytes // 4
         if op == "all_reduce":
             t = torch.full((n,), float(rank + 1))
-            b.all_reduce(t, ReduceOp.SUM, seq, d)
+            b.all_reduce(t, ReduceOp.SUM, issued("all_reduce", seq, d))
             return t, total
         if op == "broadcast":
             t = torch.full((n,), float(rank + 1))
-            b.broadcast(t, ws - 1, seq, d)
+            b.broadcast(t, ws - 1, issued("broadcast", seq, d))
             return t, float(ws)
         if op == "all_gather":
             out = torch.empty(n // ws * ws)
-            b.all_gather(out, torch.full((n // ws,), 1.0), seq, d)
+            b.all_gather(out, torch.full((n // ws,), 1.0), issued("all_gather", seq, d))
             return out, 1.0
         if op == "reduce_scatter":
             out = torch.empty(n // ws)
             b.reduce_scatter(out, torch.full((n // ws * ws,), float(rank + 1)), ReduceOp.SUM,
-                             seq, d)
+                             issued("reduce_scatter", seq, d))
             return out, total
-        b.barrier(seq, d)
+        b.barrier(issued("barrier", seq, d))
         return torch.ones(1), 1.0
 
     times: dict[str, list[float]] = {}
@@ -107,7 +108,7 @@ def rank_main(rank: int, world_size: int, hosts: str, shm: bool, ops: list[str],
             spent = []
             for i in range(warm + iters):
                 seq += 1
-                b.barrier(seq, time.monotonic() + 120)
+                b.barrier(issued("barrier", seq, time.monotonic() + 120))
                 start = time.perf_counter()
                 call(op, nbytes)
                 if i >= warm:

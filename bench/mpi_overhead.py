@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from _report import Recorder  # bench/ is sys.path[0]
 
@@ -62,6 +63,7 @@ def _variants(op: str, nbytes: int, comm, backends: dict, facade) -> dict[str, C
     import torch
     from mpi4py import MPI
 
+    from ringtorch._observe.operation import issued
     from ringtorch.collectives.reduce_op import ReduceOp
 
     n = nbytes // 4
@@ -70,23 +72,27 @@ def _variants(op: str, nbytes: int, comm, backends: dict, facade) -> dict[str, C
     out_t = torch.empty(n * size, dtype=torch.float32)
     raw_buf, out_raw = tensor.numpy(), out_t.numpy()  # the same memory: only the layers differ
     seqs = {name: iter(range(1, 1 << 40)) for name in backends}
+
+    def nxt(name: str, what: str) -> Any:  # the operation of one direct call
+        return issued(what, next(seqs[name]), far)
+
     far = time.monotonic() + 3600
     if op == "all_reduce":
         found = {"raw": lambda: comm.Allreduce(MPI.IN_PLACE, raw_buf, MPI.SUM)}
         for name, b in backends.items():
-            found[name] = lambda b=b, name=name: b.all_reduce(tensor, ReduceOp.SUM, next(seqs[name]), far)
+            found[name] = lambda b=b, name=name: b.all_reduce(tensor, ReduceOp.SUM, nxt(name, "all_reduce"))
         if facade is not None:
             found["facade"] = lambda: facade.all_reduce(tensor)
     elif op == "broadcast":
         found = {"raw": lambda: comm.Bcast(raw_buf, 0)}
         for name, b in backends.items():
-            found[name] = lambda b=b, name=name: b.broadcast(tensor, 0, next(seqs[name]), far)
+            found[name] = lambda b=b, name=name: b.broadcast(tensor, 0, nxt(name, "broadcast"))
         if facade is not None:
             found["facade"] = lambda: facade.broadcast(tensor, 0)
     else:
         found = {"raw": lambda: comm.Allgather(raw_buf, out_raw)}
         for name, b in backends.items():
-            found[name] = lambda b=b, name=name: b.all_gather(out_t, tensor, next(seqs[name]), far)
+            found[name] = lambda b=b, name=name: b.all_gather(out_t, tensor, nxt(name, "all_gather"))
         if facade is not None:
             gather = getattr(facade, "all_gather_single", None) or facade.all_gather_into_tensor
             found["facade"] = lambda: gather(out_t, tensor)

@@ -253,6 +253,9 @@ class ShmDomain:
             w = self.words[j]
             if w[at] != seq or w[at + 1] != kind or w[at + 2] != detail or w[at + 3] != nbytes:
                 self._fail(self._mismatch(desc, j, self._read_desc(j, at)), [j])
+            if w[W_ABORTED]:  # it arrived, then gave up (timed out): this round is void
+                self._fail(self.reports.peer_aborted(desc, self._name(self.rank), self._name(j),
+                                                     self._reason(j)), [self._name(j)])
 
     def step(self, desc: Descriptor, deadline: float) -> None:
         """Enter the next round of the current collective (data published before; see module)."""

@@ -168,7 +168,16 @@ def row_splits(op: str, t: torch.Tensor, splits: Sequence[int], size: int,
     return [s * row_numel for s in splits]
 
 
+def self_split(op: str, rank: int, out_counts: Sequence[int], in_counts: Sequence[int]) -> None:
+    """What a rank sends itself must fit what it expects from itself (an all-to-all's slot
+    ``rank`` of its input and output splits)."""
+    if out_counts[rank] != in_counts[rank]:
+        raise ValueError(f"{op}: this rank sends itself {in_counts[rank]} elements but expects "
+                         f"{out_counts[rank]}")
+
+
 __all__ = [
+    "self_split",
     "contiguous_p2p",
     "fail",
     "numel_matches",

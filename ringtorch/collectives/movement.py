@@ -248,6 +248,7 @@ class MovementOps(GroupBase):
                                        self._size, "output")
         in_counts = checks.row_splits("alltoall_base", in_r, input_split_sizes or [],
                                       self._size, "input")
+        checks.self_split("alltoall_base", self._rank, out_counts, in_counts)
         flat_out, flat_in = out_r.view(-1), in_r.view(-1)
 
         def run(o: Operation) -> None:
@@ -276,6 +277,7 @@ class MovementOps(GroupBase):
         flat_out, finish = _buffers.pack(outs, read=False)
         in_counts = [_buffers.real_view(t).numel() for t in ins]
         out_counts = [_buffers.real_view(t).numel() for t in outs]
+        checks.self_split("alltoall", self._rank, out_counts, in_counts)
 
         def run(o: Operation) -> None:
             self._backend_or_raise().all_to_all(flat_out, flat_in, out_counts, in_counts,

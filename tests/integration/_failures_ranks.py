@@ -72,6 +72,9 @@ def bad_arguments(rank: int, ws: int) -> dict[str, Any]:
         "a2a_strided": lambda: dist.all_to_all_single(torch.zeros(ws, 2).t(),
                                                       torch.zeros(2 * ws)),
         "a2a_list_len": lambda: dist.all_to_all([t] * (ws + 1), [t] * (ws + 1)),
+        "a2a_self": lambda: dist.all_to_all_single(
+            torch.zeros(2 * ws), torch.zeros(2 * ws), [2] * ws,
+            [1 if r == rank else 3 if r == (rank + 1) % ws else 2 for r in range(ws)]),
         "band_float": lambda: dist.all_reduce(t, op=dist.ReduceOp.BAND),
         "max_complex": lambda: dist.all_reduce(torch.zeros(2, dtype=torch.complex64),
                                                op=dist.ReduceOp.MAX),

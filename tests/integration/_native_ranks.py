@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ringtorch import _config
+from ringtorch._observe.operation import issued
 from ringtorch.collectives.backends.base import BackendContext
 from ringtorch.collectives.backends.native import NativeBackend
 from ringtorch.collectives.reduce_op import ReduceOp
@@ -70,8 +71,8 @@ def reduce_with_the_root_op(rank: int, world_size: int) -> Any:
     is the one applied. Returns the root's result."""
     b = backend(rank, world_size, "rootop")
     t = make_input(torch.float32, rank, 12, 5)
-    b.reduce(t, ReduceOp.MAX if rank == world_size - 1 else ReduceOp.SUM, world_size - 1, 1,
-             time.monotonic() + 30)
+    b.reduce(t, ReduceOp.MAX if rank == world_size - 1 else ReduceOp.SUM, world_size - 1,
+             issued("reduce", 1, time.monotonic() + 30))
     b.close()
     return t if rank == world_size - 1 else None
 
@@ -84,8 +85,8 @@ def random_all_reduce(rank: int, world_size: int, algorithms: list[str], n: int)
         for dtype in (torch.float32, torch.bfloat16):
             t = torch.randn(n, generator=torch.Generator().manual_seed(rank * 7919 + i))
             t = t.to(dtype)
-            b.all_reduce(t, ReduceOp.SUM, 1 if dtype is torch.float32 else 2,
-                         time.monotonic() + 30)
+            b.all_reduce(t, ReduceOp.SUM, issued("all_reduce", 1 if dtype is torch.float32 else 2,
+                                                 time.monotonic() + 30))
             out.append(t)
         b.close()
     return out
@@ -132,7 +133,7 @@ def p2p_scenarios(rank: int, world_size: int) -> dict[str, Any]:
     if rank == 0 and world_size > 2:
         t = torch.empty(1)
         seen["any_source"] = (b.recv(t, None, 5, deadline), float(t))
-    b.barrier(1, deadline)
+    b.barrier(issued("barrier", 1, deadline))
     b.close()
     return seen
 
@@ -144,15 +145,15 @@ def mismatch(rank: int, world_size: int, kind: str) -> tuple[str, str]:
     last = rank == world_size - 1
     try:
         if kind == "op" and last:
-            b.broadcast(torch.zeros(8), 0, 1, deadline)
+            b.broadcast(torch.zeros(8), 0, issued("broadcast", 1, deadline))
         elif kind == "dtype" and last:
-            b.all_reduce(torch.zeros(8, dtype=torch.float64), ReduceOp.SUM, 1, deadline)
+            b.all_reduce(torch.zeros(8, dtype=torch.float64), ReduceOp.SUM, issued("all_reduce", 1, deadline))
         elif kind == "size" and last:
-            b.all_reduce(torch.zeros(9), ReduceOp.SUM, 1, deadline)
+            b.all_reduce(torch.zeros(9), ReduceOp.SUM, issued("all_reduce", 1, deadline))
         else:
-            b.all_reduce(torch.zeros(8), ReduceOp.SUM, 1, deadline)
+            b.all_reduce(torch.zeros(8), ReduceOp.SUM, issued("all_reduce", 1, deadline))
         # a rank whose part finished before the mismatch was seen learns at its next call
-        b.barrier(2, deadline)
+        b.barrier(issued("barrier", 2, deadline))
     except Exception as exc:
         return type(exc).__name__, str(exc)
     finally:
@@ -171,7 +172,7 @@ def killed_rank(rank: int, world_size: int, victim: int) -> dict[str, Any]:
                 threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
                 t = torch.ones(2_000_000)
                 for seq in range(1, 10_000):
-                    b.all_reduce(t, ReduceOp.SUM, seq, time.monotonic() + 60)
+                    b.all_reduce(t, ReduceOp.SUM, issued("all_reduce", seq, time.monotonic() + 60))
             finally:
                 os._exit(1)
         _, status = os.waitpid(pid, 0)
@@ -184,13 +185,13 @@ def killed_rank(rank: int, world_size: int, victim: int) -> dict[str, Any]:
         while True:
             seq += 1
             start = time.monotonic()
-            b.all_reduce(t, ReduceOp.SUM, seq, time.monotonic() + 60)
+            b.all_reduce(t, ReduceOp.SUM, issued("all_reduce", seq, time.monotonic() + 60))
     except Exception as exc:
         failed_after = time.monotonic() - start
         first = (type(exc).__name__, str(exc))
     start = time.monotonic()
     try:
-        b.barrier(seq + 1, time.monotonic() + 60)
+        b.barrier(issued("barrier", seq + 1, time.monotonic() + 60))
         later: tuple[str, str] = ("no error", "")
     except Exception as exc:
         later = (type(exc).__name__, str(exc))
@@ -216,12 +217,12 @@ def timeout(rank: int, world_size: int, late: int) -> dict[str, Any]:
     records = _Records()
     logging.getLogger("ringtorch").addHandler(records)
     b = backend(rank, world_size, "to")
-    b.broadcast(torch.zeros(4), 0, 1, time.monotonic() + 20)
+    b.broadcast(torch.zeros(4), 0, issued("broadcast", 1, time.monotonic() + 20))
     result: dict[str, Any] = {}
     if rank == late:
         store(rank, world_size).wait([f"to-gave-up/{r}" for r in range(world_size) if r != late])
         try:
-            b.all_reduce(torch.zeros(4), ReduceOp.SUM, 2, time.monotonic() + 5)
+            b.all_reduce(torch.zeros(4), ReduceOp.SUM, issued("all_reduce", 2, time.monotonic() + 5))
             result["late"] = ("no error", "")
         except Exception as exc:
             result["late"] = (type(exc).__name__, str(exc))
@@ -229,7 +230,7 @@ def timeout(rank: int, world_size: int, late: int) -> dict[str, Any]:
         start = time.monotonic()
         with _config.override(STALL_WARNING_S=1.0):
             try:
-                b.all_reduce(torch.zeros(4), ReduceOp.SUM, 2, time.monotonic() + 2.5)
+                b.all_reduce(torch.zeros(4), ReduceOp.SUM, issued("all_reduce", 2, time.monotonic() + 2.5))
                 result["error"] = ("no error", "")
             except Exception as exc:
                 result["error"] = (type(exc).__name__, str(exc))
@@ -258,11 +259,11 @@ def mixed_hosts(rank: int, world_size: int) -> dict[str, Any]:
         b = backend(rank, world_size, "mixed")
     kinds = [None if ch is None else type(ch).__name__ for ch in b._mesh.coll]  # type: ignore[union-attr]
     small = make_input(torch.float32, rank, 9, 10)
-    b.all_reduce(small, ReduceOp.SUM, 1, time.monotonic() + 30)
+    b.all_reduce(small, ReduceOp.SUM, issued("all_reduce", 1, time.monotonic() + 30))
     large = make_input(torch.float64, rank, 10, 100_000)
-    b.all_reduce(large, ReduceOp.SUM, 2, time.monotonic() + 30)
+    b.all_reduce(large, ReduceOp.SUM, issued("all_reduce", 2, time.monotonic() + 30))
     out = torch.empty(6 * world_size, dtype=torch.int32)
-    b.all_gather(out, make_input(torch.int32, rank, 11, 6), 3, time.monotonic() + 30)
+    b.all_gather(out, make_input(torch.int32, rank, 11, 6), issued("all_gather", 3, time.monotonic() + 30))
     b.close()
     return {"kinds": kinds, "small": small, "large": large, "gathered": out}
 
@@ -313,7 +314,7 @@ def leaving_rank(rank: int, world_size: int) -> dict[str, Any]:
     """Rank 1 closes its group (BYE) and leaves; ranks 0 and 2 go on talking to each other,
     and rank 0's receive from rank 1 fails saying it left."""
     b = backend(rank, world_size, "bye")
-    b.barrier(1, time.monotonic() + 30)
+    b.barrier(issued("barrier", 1, time.monotonic() + 30))
     result: dict[str, Any] = {}
     if rank == 1:
         b.close()

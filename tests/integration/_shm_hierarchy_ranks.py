@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 import ringtorch.distributed as dist
+from ringtorch._observe.operation import issued
 from ringtorch._wire.channel import TcpChannel, UnixChannel
 from ringtorch.collectives.backends.native import NativeBackend
 from ringtorch.collectives.reduce_op import ReduceOp
@@ -79,7 +80,7 @@ def late_rank(rank: int, world_size: int, hosts: str, late: int,
     all_reduce #2 with a 1 s deadline, and arrives once they have given up; every rank returns
     its error."""
     b = backend(rank, world_size, "late", hosts)
-    b.broadcast(torch.zeros(4), 0, 1, time.monotonic() + 20)
+    b.broadcast(torch.zeros(4), 0, issued("broadcast", 1, time.monotonic() + 20))
     if rank == late:
         _shm_ranks.wait_until_the_others_are_done(rank, world_size, marker_dir)
         # the rank that gave up tells the others from a thread of its own, so its marker can
@@ -87,7 +88,7 @@ def late_rank(rank: int, world_size: int, hosts: str, late: int,
         # the data sent before the abort could otherwise still complete the all_reduce
         wait_for(lambda: b.abort_state.cause is not None, 30, "the others' abort to arrive")
     try:
-        b.all_reduce(torch.zeros(4), ReduceOp.SUM, 2, time.monotonic() + 1.0)
+        b.all_reduce(torch.zeros(4), ReduceOp.SUM, issued("all_reduce", 2, time.monotonic() + 1.0))
         error = ("no error", "")
     except Exception as exc:
         error = (type(exc).__name__, str(exc))
@@ -128,9 +129,9 @@ def mismatch(rank: int, world_size: int, hosts: str, odd: str) -> tuple[str, str
     t = torch.ones(8)
     try:
         if str(rank) in odd:
-            b.broadcast(t, 0, 1, time.monotonic() + 20)
+            b.broadcast(t, 0, issued("broadcast", 1, time.monotonic() + 20))
         else:
-            b.all_reduce(t, ReduceOp.SUM, 1, time.monotonic() + 20)
+            b.all_reduce(t, ReduceOp.SUM, issued("all_reduce", 1, time.monotonic() + 20))
         error = ("no error", "")
     except Exception as exc:
         error = (type(exc).__name__, str(exc))
@@ -149,7 +150,7 @@ def aborted(rank: int, world_size: int, hosts: str, who: int) -> tuple[str, str]
             b.abort("the user gave up")
         else:
             store.set(f"abort-entering/{rank}", "1")
-        b.all_reduce(torch.zeros(4), ReduceOp.SUM, 1, time.monotonic() + 20)
+        b.all_reduce(torch.zeros(4), ReduceOp.SUM, issued("all_reduce", 1, time.monotonic() + 20))
         error = ("no error", "")
     except Exception as exc:
         error = (type(exc).__name__, str(exc))

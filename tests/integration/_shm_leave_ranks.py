@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ringtorch._observe.operation import issued
 from ringtorch.testing import wait_for
 from tests.integration._shm_ranks import backend, flat_space, store
 
@@ -36,13 +37,13 @@ def arrive_then_leave(rank: int, world_size: int) -> dict[str, Any]:
     """Barrier #1 (set-up), then barrier #2 with rank 1 arriving as described above; what
     each rank's barrier #2 raised, and whether rank 0's probe ran."""
     b = backend(rank, world_size, "arrive_then_leave")
-    b.barrier(1, time.monotonic() + 30)
+    b.barrier(issued("barrier", 1, time.monotonic() + 30))
     if rank == 0:
         _hold_rank_1_until_probed(b, rank, world_size)
     elif rank == 1:
         store(rank, world_size).wait(["leave/go"])
     try:
-        b.barrier(2, time.monotonic() + 30)
+        b.barrier(issued("barrier", 2, time.monotonic() + 30))
         error = ("no error", "")
     except Exception as exc:
         error = (type(exc).__name__, str(exc))

@@ -153,7 +153,7 @@ def growth(rank: int, world_size: int, max_bytes: int, nbytes: list[int]) -> lis
     seen: list[Any] = [(space.domain.half, space.domain.segments[rank].size, True)]
     for seq, n in enumerate(nbytes, start=1):
         t = torch.full((n // 4,), float(rank + 1))
-        b.all_reduce(t, ReduceOp.SUM, seq, time.monotonic() + 30)
+        b.all_reduce(t, ReduceOp.SUM, issued("all_reduce", seq, time.monotonic() + 30))
         ok = bool((t == world_size * (world_size + 1) / 2).all())
         seen.append((space.domain.half, space.domain.segments[rank].size, ok))
     b.close()
@@ -164,7 +164,7 @@ def decision(rank: int, world_size: int, knobs_by_rank: list[dict[str, Any]]) ->
     """Build a backend with this rank's knobs; report the decision and one all_reduce."""
     b = backend(rank, world_size, "decide", **knobs_by_rank[rank])
     t = make_input(torch.int64, rank, 1, 10)
-    b.all_reduce(t, ReduceOp.SUM, 1, time.monotonic() + 30)
+    b.all_reduce(t, ReduceOp.SUM, issued("all_reduce", 1, time.monotonic() + 30))
     result = {"uses_shm": b.uses_shm, "reason": b.shm_reason, "sum": t}
     b.close()
     return result
@@ -232,19 +232,19 @@ def mismatch(rank: int, world_size: int, kind: str) -> tuple[str, str]:
     x = torch.zeros(8)
     try:
         if not last or kind == "none":
-            b.all_reduce(x, ReduceOp.SUM, 1, deadline)
+            b.all_reduce(x, ReduceOp.SUM, issued("all_reduce", 1, deadline))
         elif kind == "op":
-            b.broadcast(x, 0, 1, deadline)
+            b.broadcast(x, 0, issued("broadcast", 1, deadline))
         elif kind == "dtype":
-            b.all_reduce(x.double(), ReduceOp.SUM, 1, deadline)
+            b.all_reduce(x.double(), ReduceOp.SUM, issued("all_reduce", 1, deadline))
         elif kind == "size":
-            b.all_reduce(torch.zeros(9), ReduceOp.SUM, 1, deadline)
+            b.all_reduce(torch.zeros(9), ReduceOp.SUM, issued("all_reduce", 1, deadline))
         elif kind == "redop":
-            b.all_reduce(x, ReduceOp.MAX, 1, deadline)
+            b.all_reduce(x, ReduceOp.MAX, issued("all_reduce", 1, deadline))
         elif kind == "socket_op":
             split = [8 // world_size] * world_size  # all_to_all stays on the sockets
-            b.all_to_all(torch.zeros(8), x, split, split, 1, deadline)
-        b.barrier(2, deadline)  # a rank that finished #1 learns at its next call
+            b.all_to_all(torch.zeros(8), x, split, split, issued("all_to_all", 1, deadline))
+        b.barrier(issued("barrier", 2, deadline))  # a rank that finished #1 learns at its next call
     except Exception as exc:
         return type(exc).__name__, str(exc)
     finally:
@@ -257,8 +257,8 @@ def root_mismatch(rank: int, world_size: int) -> tuple[str, str]:
     b = backend(rank, world_size, "rm", timeout_s=20)
     root = 1 if rank == world_size - 1 else 0
     try:
-        b.broadcast(torch.zeros(4), root, 1, time.monotonic() + 10)
-        b.barrier(2, time.monotonic() + 10)
+        b.broadcast(torch.zeros(4), root, issued("broadcast", 1, time.monotonic() + 10))
+        b.barrier(issued("barrier", 2, time.monotonic() + 10))
     except Exception as exc:
         return type(exc).__name__, str(exc)
     finally:
@@ -287,7 +287,7 @@ def kill_during_all_reduces(rank: int, victim: int,
                 threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
                 t = torch.ones(1_000_000)
                 for seq in range(1, 100_000):
-                    b.all_reduce(t, ReduceOp.SUM, seq, time.monotonic() + 60)
+                    b.all_reduce(t, ReduceOp.SUM, issued("all_reduce", seq, time.monotonic() + 60))
             finally:
                 os._exit(1)
         _, status = os.waitpid(pid, 0)
@@ -300,13 +300,13 @@ def kill_during_all_reduces(rank: int, victim: int,
         while True:
             seq += 1
             start = time.monotonic()
-            b.all_reduce(t, ReduceOp.SUM, seq, time.monotonic() + 60)
+            b.all_reduce(t, ReduceOp.SUM, issued("all_reduce", seq, time.monotonic() + 60))
     except Exception as exc:
         failed_after = time.monotonic() - start
         first = (type(exc).__name__, str(exc))
     start = time.monotonic()
     try:
-        b.all_reduce(t, ReduceOp.SUM, seq + 1, time.monotonic() + 60)
+        b.all_reduce(t, ReduceOp.SUM, issued("all_reduce", seq + 1, time.monotonic() + 60))
         later: tuple[str, str] = ("no error", "")
     except Exception as exc:
         later = (type(exc).__name__, str(exc))
@@ -342,12 +342,12 @@ def late_rank(rank: int, world_size: int, late: int, marker_dir: str) -> dict[st
     """Every rank runs broadcast #1; rank ``late`` then waits while the others run
     all_reduce #2 with a 1.5 s deadline, and arrives once they have given up."""
     b = backend(rank, world_size, "late")
-    b.broadcast(torch.zeros(4), 0, 1, time.monotonic() + 20)
+    b.broadcast(torch.zeros(4), 0, issued("broadcast", 1, time.monotonic() + 20))
     start = time.monotonic()
     if rank == late:
         wait_until_the_others_are_done(rank, world_size, marker_dir)
     try:
-        b.all_reduce(torch.zeros(4), ReduceOp.SUM, 2, time.monotonic() + 1.5)
+        b.all_reduce(torch.zeros(4), ReduceOp.SUM, issued("all_reduce", 2, time.monotonic() + 1.5))
         error = ("no error", "")
     except Exception as exc:
         error = (type(exc).__name__, str(exc))
@@ -366,7 +366,7 @@ def aborted(rank: int, world_size: int) -> dict[str, Any]:
         if rank == 0:
             wait_until_the_others_wait(b, rank, world_size)
             b.abort("the user gave up")
-        b.all_reduce(torch.zeros(4), ReduceOp.SUM, 1, time.monotonic() + 20)
+        b.all_reduce(torch.zeros(4), ReduceOp.SUM, issued("all_reduce", 1, time.monotonic() + 20))
         error = ("no error", "")
     except Exception as exc:
         error = (type(exc).__name__, str(exc))
@@ -384,11 +384,11 @@ def leave(rank: int, world_size: int, how: str, record: str) -> list[str]:
     """Set up, run one all_reduce, note the segment names in ``record``, then leave ``how``:
     'close', 'exception' (rank 1 raises without closing) or 'sigkill' (rank 1 is killed)."""
     b = backend(rank, world_size, "leave")
-    b.all_reduce(torch.ones(1000), ReduceOp.SUM, 1, time.monotonic() + 20)
+    b.all_reduce(torch.ones(1000), ReduceOp.SUM, issued("all_reduce", 1, time.monotonic() + 20))
     names = segment_names(b)
     with open(f"{record}.{rank}", "w") as f:
         f.write("\n".join(names))
-    b.barrier(2, time.monotonic() + 20)  # every rank has written its record
+    b.barrier(issued("barrier", 2, time.monotonic() + 20))  # every rank has written its record
     if rank == 1 and how == "exception":
         raise RuntimeError("rank 1 fails on purpose")
     if rank == 1 and how == "sigkill":
@@ -430,7 +430,7 @@ def late_for_the_first(rank: int, world_size: int) -> list[float]:
     if rank == 1:
         wait_until_the_others_wait(b, rank, world_size)
     t = torch.full((4,), float(rank + 1))
-    b.all_reduce(t, ReduceOp.SUM, 0, time.monotonic() + 20)
+    b.all_reduce(t, ReduceOp.SUM, issued("all_reduce", 0, time.monotonic() + 20))
     b.close()
     return t.tolist()
 
@@ -439,7 +439,7 @@ def reduce_with_the_roots_op(rank: int, world_size: int) -> list[float]:
     """Seed 003's reduce: the root (0) asks for MAX, the others pass the default SUM."""
     b = backend(rank, world_size, "rootop")
     t = torch.tensor([float(rank + 1), float(10 - rank)])
-    b.reduce(t, ReduceOp.MAX if rank == 0 else ReduceOp.SUM, 0, 0, time.monotonic() + 20)
+    b.reduce(t, ReduceOp.MAX if rank == 0 else ReduceOp.SUM, 0, issued("reduce", 0, time.monotonic() + 20))
     b.close()
     return t.tolist()
 
@@ -480,8 +480,8 @@ def shared_tensors(rank: int, world_size: int, shm: bool) -> dict[str, Any]:
         for k, (t, (n, dtype, op)) in enumerate(zip(tensors, SHARED_SPECS, strict=True)):
             t.copy_(random_input(dtype, rank, 10 * k + it, n))
             private = t.clone()
-            b.all_reduce(t, redop(op), seq, time.monotonic() + 30)
-            b.all_reduce(private, redop(op), seq + 1, time.monotonic() + 30)
+            b.all_reduce(t, redop(op), issued("all_reduce", seq, time.monotonic() + 30))
+            b.all_reduce(private, redop(op), issued("all_reduce", seq + 1, time.monotonic() + 30))
             seq += 2
             out[f"shared/{k}/{it}"], out[f"private/{k}/{it}"] = t.clone(), private
     b.close()
@@ -495,8 +495,8 @@ def shared_mismatch(rank: int, world_size: int) -> tuple[str, str]:
     if rank == world_size - 1:
         t = torch.zeros(64)
     try:
-        b.all_reduce(t, ReduceOp.SUM, 0, time.monotonic() + 10)
-        b.barrier(1, time.monotonic() + 10)
+        b.all_reduce(t, ReduceOp.SUM, issued("all_reduce", 0, time.monotonic() + 10))
+        b.barrier(issued("barrier", 1, time.monotonic() + 10))
     except Exception as exc:
         return type(exc).__name__, str(exc)
     finally:
@@ -507,7 +507,7 @@ def shared_mismatch(rank: int, world_size: int) -> tuple[str, str]:
 def staged_plan(rank: int, world_size: int, nbytes: int) -> tuple[bool, int, int]:
     """all_reduce ``nbytes`` of float32; return (spread_out, chunk bytes, rounds) of its plan."""
     b = backend(rank, world_size, "plan", SHM_ONESHOT_BYTES=0)
-    b.all_reduce(torch.ones(nbytes // 4), ReduceOp.SUM, 0, time.monotonic() + 30)
+    b.all_reduce(torch.ones(nbytes // 4), ReduceOp.SUM, issued("all_reduce", 0, time.monotonic() + 30))
     space = flat_space(b)
     assert space is not None
     _half, p = space._plans[("all_reduce", nbytes, 4)]  # the plan the all_reduce used
@@ -540,7 +540,7 @@ def frozen_peer(rank: int, world_size: int, folder: str) -> dict[str, Any]:
     30 s deadline and records the warnings it logs while it waits (RINGTORCH_STALL_WARNING_S
     is 0.3 s)."""
     b = backend(rank, world_size, "frozen")
-    b.broadcast(torch.zeros(4), 0, 1, time.monotonic() + 20)
+    b.broadcast(torch.zeros(4), 0, issued("broadcast", 1, time.monotonic() + 20))
     warnings: list[str] = []
     if rank == 1:
         # written whole, then renamed: the test reads it as soon as the name appears
@@ -559,6 +559,6 @@ def frozen_peer(rank: int, world_size: int, folder: str) -> dict[str, Any]:
         handler = Record(level=logging.WARNING)
         logging.getLogger("ringtorch._wire.shm_domain").addHandler(handler)
     t = torch.full((4,), float(rank + 1))
-    b.all_reduce(t, ReduceOp.SUM, 2, time.monotonic() + 30)
+    b.all_reduce(t, ReduceOp.SUM, issued("all_reduce", 2, time.monotonic() + 30))
     b.close()
     return {"sum": t.tolist(), "warnings": warnings}

@@ -74,6 +74,8 @@ def test_invalid_arguments_raise_before_anything_is_sent(ws: int) -> None:
         assert res["a2a_strided"] == ("ValueError", "Tensors must be contiguous")
         assert res["a2a_list_len"] == _pg("alltoall", f"input tensor list size {ws + 1} does "
                                                       f"not match world size {ws}")
+        assert res["a2a_self"] == ("ValueError", "alltoall_base: this rank sends itself 1 "
+                                                 "elements but expects 2")
         assert res["band_float"] == ("RuntimeError", "Cannot use ReduceOp.BAND with "
                                                      "non-integral dtype torch.float32")
         assert res["max_complex"] == ("ValueError",

@@ -91,8 +91,11 @@ def test_a_late_rank_times_out_the_others_naming_it_and_where_it_is(tmp_path):
         r"did not arrive \(rank 1 is at broadcast #1 "
         r"\(float32, 16 bytes, root 0\)\)", message), message
     assert 1.4 < results[0]["after"] < 5.0
+    # the late rank learns of the abort from rank 0's ABORT frame, or, when its all_reduce
+    # starts first, from rank 0's segment (rank 0 arrived, then gave up): it fails either way
     late_name, late_message = results[1]["error"]
-    assert late_name == "DistBackendError" and "timed out" in late_message, late_message
+    assert late_name in ("DistBackendError", "ShmPeerError"), late_message
+    assert "timed out" in late_message, late_message
 
 
 @pytest.mark.parametrize("ws", [2, 4])

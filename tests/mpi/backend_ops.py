@@ -198,7 +198,7 @@ def timeout_cases(w: Ranks) -> None:
         if w.rank == 0:
             w.world.recv(torch.zeros(1), 1, 99, time.monotonic() + 0.3)
     w.record("timeout/recv", recv_nobody_sends)
-    w.record("timeout/recv_then_barrier", lambda: w.world.barrier(w.next_seq(w.world), D()))
+    w.record("timeout/recv_then_barrier", lambda: w.world.barrier(op(w.next_seq(w.world))))
     if mpi_env.thread_level_name() == "MPI_THREAD_MULTIPLE":
         return
 

@@ -41,10 +41,6 @@ from ringtorch.collectives.backends.base import Backend, BackendContext
 from ringtorch.collectives.backends.native_route import route_of
 from ringtorch.collectives.backends.native_status import (
     StatusBoard,
-    check_peer,
-    check_rooted,
-    check_sizes,
-    check_splits,
 )
 from ringtorch.collectives.backends.native_wait import DeadlinePassed, WaitWatch
 from ringtorch.collectives.call import CallMaker, CollectiveCall, Signature
@@ -260,10 +256,6 @@ class NativeBackend(Backend):
 
     # -- plumbing ----------------------------------------------------------------------------
 
-    def _check_root(self, root: int, op: str) -> None:
-        if not 0 <= root < self.size:
-            raise ValueError(f"{op}: root {root} is not a rank of a group of size {self.size}")
-
     def _lower(self, op: Any, dtype: torch.dtype, opname: str) -> Lowering:
         """The lowering of ``op`` on ``dtype``, checked once per pair.
 
@@ -301,7 +293,6 @@ class NativeBackend(Backend):
 
     def broadcast(self, buf: torch.Tensor, root: int, o: Operation) -> None:
         """See base class."""
-        self._check_root(root, "broadcast")
         data = as_bytes(buf)
         call = self._calls("broadcast", o.seq, buf.dtype, None, root, data.nbytes, o.deadline)
         with self._enter(call, o):
@@ -310,7 +301,6 @@ class NativeBackend(Backend):
     def reduce(self, buf: torch.Tensor, op: Any, root: int, o: Operation) -> None:
         """See base class."""
         low = self._lower(op, buf.dtype, "reduce")
-        self._check_root(root, "reduce")
         factor = premul_factor(op) if low.scales else None
         data = as_bytes(buf)
         call = self._calls("reduce", o.seq, buf.dtype, low.kind, root, data.nbytes, o.deadline)
@@ -323,7 +313,6 @@ class NativeBackend(Backend):
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, o: Operation) -> None:
         """See base class."""
-        check_sizes("all_gather", out, inp, self.size)
         inp_bytes = as_bytes(inp)
         call = self._calls("all_gather", o.seq, inp.dtype, None, -1, inp_bytes.nbytes, o.deadline)
         with self._enter(call, o):
@@ -332,8 +321,6 @@ class NativeBackend(Backend):
     def gather(self, out: torch.Tensor | None, inp: torch.Tensor, root: int,
                o: Operation) -> None:
         """See base class."""
-        self._check_root(root, "gather")
-        check_rooted("gather", self.rank, root, out, inp, self.size)
         inp_bytes = as_bytes(inp)
         call = self._calls("gather", o.seq, inp.dtype, None, root, inp_bytes.nbytes, o.deadline)
         with self._enter(call, o):
@@ -343,8 +330,6 @@ class NativeBackend(Backend):
     def scatter(self, out: torch.Tensor, inp: torch.Tensor | None, root: int,
                 o: Operation) -> None:
         """See base class."""
-        self._check_root(root, "scatter")
-        check_rooted("scatter", self.rank, root, inp, out, self.size)
         out_bytes = as_bytes(out)
         call = self._calls("scatter", o.seq, out.dtype, None, root, out_bytes.nbytes, o.deadline)
         with self._enter(call, o):
@@ -355,7 +340,6 @@ class NativeBackend(Backend):
                        o: Operation) -> None:
         """See base class."""
         low = self._lower(op, inp.dtype, "reduce_scatter")
-        check_sizes("reduce_scatter", inp, out, self.size)
         factor = premul_factor(op) if low.scales else None
         nbytes = inp.numel() * low.itemsize
         call = self._calls("reduce_scatter", o.seq, inp.dtype, low.kind, -1, nbytes, o.deadline)
@@ -371,7 +355,6 @@ class NativeBackend(Backend):
     def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
                    in_splits: list[int], o: Operation) -> None:
         """See base class."""
-        check_splits(self.rank, self.size, out, inp, out_splits, in_splits)
         size = inp.element_size()
         call = self._calls("all_to_all", o.seq, inp.dtype, None, -1, inp.numel() * size, o.deadline)
         with self._enter(call, o):
@@ -416,7 +399,6 @@ class NativeBackend(Backend):
     def send(self, buf: torch.Tensor, dst: int, tag: int, deadline: float) -> None:
         """See base class."""
         what = f"send to rank {dst} (tag {tag}) on group '{self.ctx.group_name}'"
-        check_peer(self.rank, self.size, dst, what)
         self._check_usable(what)
         assert self._mailbox is not None
         try:
@@ -432,8 +414,6 @@ class NativeBackend(Backend):
         """See base class."""
         source = "any rank" if src is None else f"rank {src}"
         what = f"recv from {source} (tag {tag}) on group '{self.ctx.group_name}'"
-        if src is not None:
-            check_peer(self.rank, self.size, src, what)
         self._check_usable(what)
         if self._mailbox is None:
             raise ValueError(f"{what}: a group of one rank has nobody to receive from")

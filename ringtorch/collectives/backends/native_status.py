@@ -1,5 +1,5 @@
-"""The native backend's answers to "where are you?" and its input checks (kept here so
-native.py reads as the operations).
+"""The native backend's answers to "where are you?" (kept here so native.py reads as the
+operations; the arguments were checked by the group, collectives/checks.py).
 
 The StatusBoard holds this rank's current collective (its CollectiveCall, running or
 finished), answered to a peer's STATUS_REQ frame by the p2p reader thread, so a timeout message
@@ -13,8 +13,6 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
-
-import torch
 
 from ringtorch import _config
 from ringtorch._observe.operation import Operation
@@ -141,54 +139,4 @@ class StatusBoard:
         return min([self.start + self.warning_after(), *due])
 
 
-# -- input checks (before anything is sent) -----------------------------------------------
-
-
-def check_sizes(op: str, big: torch.Tensor, small: torch.Tensor, factor: int) -> None:
-    """``big`` must hold ``factor`` times ``small``'s elements, in the same dtype."""
-    if big.dtype != small.dtype:
-        raise TypeError(f"{op}: input and output dtypes differ ({big.dtype} vs {small.dtype})")
-    if big.numel() != factor * small.numel():
-        raise ValueError(f"{op}: expected {factor} x {small.numel()} = "
-                         f"{factor * small.numel()} elements, got {big.numel()}")
-
-
-def check_rooted(op: str, rank: int, root: int, whole: torch.Tensor | None,
-                 piece: torch.Tensor, size: int) -> None:
-    """gather's output / scatter's input (``whole``) is the root's, and holds ``size`` pieces."""
-    if rank == root:
-        if whole is None:
-            kind = "output" if op == "gather" else "input"
-            raise ValueError(f"{op}: the root must pass an {kind} tensor")
-        check_sizes(op, whole, piece, size)
-
-
-def check_splits(rank: int, size: int, out: torch.Tensor, inp: torch.Tensor,
-                 out_splits: list[int], in_splits: list[int]) -> None:
-    """all_to_all's splits must cover the tensors, one entry per rank, self-sizes equal."""
-    if out.dtype != inp.dtype:
-        raise TypeError(f"all_to_all: input and output dtypes differ ({inp.dtype} vs "
-                        f"{out.dtype})")
-    for name, splits, tensor in (("out_splits", out_splits, out),
-                                 ("in_splits", in_splits, inp)):
-        if len(splits) != size or any(s < 0 for s in splits):
-            raise ValueError(f"all_to_all: {name} must have {size} non-negative "
-                             f"entries, got {splits}")
-        if sum(splits) != tensor.numel():
-            raise ValueError(f"all_to_all: {name} sum to {sum(splits)} but the tensor has "
-                             f"{tensor.numel()} elements")
-    if out_splits[rank] != in_splits[rank]:
-        raise ValueError(f"all_to_all: this rank sends itself {in_splits[rank]} elements "
-                         f"but expects {out_splits[rank]}")
-
-
-def check_peer(rank: int, size: int, peer: int, what: str) -> None:
-    """A point-to-point peer must be another rank of the group."""
-    if not 0 <= peer < size:
-        raise ValueError(f"{what}: rank {peer} is not in a group of size {size}")
-    if peer == rank:
-        raise ValueError(f"{what}: a rank cannot send to or receive from itself")
-
-
-__all__ = ["LATE_ANSWERS_S", "STATUS_WAIT_S", "StatusBoard", "check_peer", "check_rooted",
-           "check_sizes", "check_splits"]
+__all__ = ["LATE_ANSWERS_S", "STATUS_WAIT_S", "StatusBoard"]

@@ -72,18 +72,18 @@ def prepare(to: Any, func: Any, timeout: float) -> tuple[RunningAgent, WorkerInf
 
 
 def record(agent: RunningAgent, op: str, dst: WorkerInfo, func: Any,
-           hint: int = 3) -> Operation | None:
-    """The flight recorder's record of a call the user is making (None when it is off).
+           hint: int = 3) -> Operation:
+    """The operation of a call the user is making, started now, and recorded by the flight
+    recorder when it is on.
 
-    ``hint``: FlightRecorder.record's, counting this function as 1 and the public entry
-    point (``rpc_sync``, ...) as ``hint``, which lets the recorder find the user's call site
+    ``hint``: FlightRecorder.add's, counting this function as 1 and the public entry point
+    (``rpc_sync``, ...) as ``hint``, which lets the recorder find the user's call site
     without walking the stack."""
-    if not RECORDER.on:
-        return None
-    rec = RECORDER.record(RPC, agent.get_worker_info().name, op, hint, dst.name, -1,
-                          function_name(func))
-    rec.started = rec.enqueued  # a call is under way as soon as it is issued
-    return rec
+    o = Operation(RPC, agent.get_worker_info().name, op, -1, dst.name, function_name(func))
+    o.started = o.enqueued  # a call is under way as soon as it is issued
+    if RECORDER.on:
+        RECORDER.add(o, hint)
+    return o
 
 
 def function_name(func: Any) -> str:
@@ -93,15 +93,13 @@ def function_name(func: Any) -> str:
     return f"{module}.{name}" if module else name
 
 
-def finish_on(future: Future[Any], rec: Operation | None) -> None:
+def finish_on(future: Future[Any], rec: Operation) -> None:
     """Stamp ``rec`` finished when ``future`` completes.
 
     The stamp is registered as torch's plain callback, not through Future.add_done_callback,
     which marks the future as having user callbacks (they may block, so the agent would then
     complete it on a worker thread, a hand-off that costs tens of microseconds); the stamp
     is quick and never blocks."""
-    if rec is None:
-        return
 
     def stamp(fut: Any) -> None:
         try:
@@ -150,8 +148,6 @@ def call_sync(agent: RunningAgent, dst: WorkerInfo, func: Callable[..., Any], ar
 def _call_sync(agent: RunningAgent, dst: WorkerInfo, func: Callable[..., Any], args: Any,
                kwargs: Any, seconds: float, what: object) -> Any:
     rec = record(agent, "rpc_sync", dst, func, hint=4)  # rpc_sync > call_sync > here
-    if rec is None:
-        return agent.request(dst, messages.CALL, (func, args, kwargs), seconds, what, sync=True)
     try:
         value = agent.request(dst, messages.CALL, (func, args, kwargs), seconds, what,
                               sync=True)
