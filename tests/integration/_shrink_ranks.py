@@ -182,3 +182,58 @@ def store_host_dies(rank: int, world_size: int) -> dict[str, Any]:
     dist.all_reduce(torch.ones(4))
     error = _error_of(lambda: [dist.all_reduce(torch.ones(4)) for _ in range(1000)])
     return {"error": error, "shrink": _error_of(dist.shrink_on_failure)}
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+
+
+def _batch(rank: int) -> torch.Tensor:
+    return torch.arange(8, dtype=torch.float32).reshape(2, 4) * (rank + 1) / 10
+
+
+def recovers_ddp_zero_and_subgroups(rank: int, world_size: int) -> dict[str, Any]:
+    """Rank 3 dies in a training step; the others call shrink_on_failure, re-wrap DDP and
+    ZeRO, and report what the driver checks: the rebuilt subgroups, the gradients of one step
+    at world 3, and the optimizer state of each parameter before and after the re-wrap."""
+    from ringtorch.distributed.optim import ZeroRedundancyOptimizer
+    from ringtorch.nn.parallel import DistributedDataParallel
+
+    def setup() -> tuple[Any, Any, Any, Any]:
+        _init(rank, world_size)
+        pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        ddp = DistributedDataParallel(_model())
+        opt = ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.SGD, lr=0.1, momentum=0.9)
+        ddp(_batch(rank)).sum().backward()
+        opt.step()  # every rank now has momentum for the parameters it owns
+        return pairs, ddp, opt, _states(opt)
+
+    if rank == 3:
+        def play() -> None:
+            setup()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return _as_victim(play)
+    pairs, ddp, opt, before = setup()
+    error = _error_of(lambda: ddp(_batch(rank)).sum().backward())
+    world = dist.shrink_on_failure()
+    mine = world.replacement(pairs[0] if rank < 2 else pairs[1])
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t, group=mine)
+    ddp, opt = ddp.rewrap(), opt.rewrap()
+    after = _states(opt)
+    params = [p.detach().clone() for p in ddp.parameters()]
+    opt.zero_grad()
+    ddp(_batch(rank)).sum().backward()
+    return {"error": error, "world": (world.rank, world.world_size, world.lost_ranks,
+                                      world.previous_rank, world.previous_world_size),
+            "pair": (dist.get_world_size(mine), t.item(),
+                     dist.get_process_group_ranks(mine)),
+            "before": before, "after": after, "params": params,
+            "grads": [p.grad.clone() for p in ddp.parameters()]}
+
+
+def _states(opt: Any) -> dict[int, list[float]]:
+    """The momentum of each parameter this rank's shard holds, by parameter index."""
+    return {opt._param_to_index[p]: s["momentum_buffer"].flatten().tolist()
+            for p, s in opt.optim.state.items()}

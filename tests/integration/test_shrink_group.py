@@ -71,3 +71,38 @@ def test_a_rank_killed_during_the_shrink_is_left_out_by_a_retry() -> None:
         # the first attempt named rank 2 a survivor; the second, without it, made the group
         assert re.fullmatch(r"0~1\.1", got["name"]), got["name"]
         assert got["took"] < 5.0  # a known-dead rank is not waited for (the wait is 10 s)
+
+
+def test_shrink_on_failure_rebuilds_subgroups_and_ddp_and_zero_go_on() -> None:
+    results = run_ranks(ranks.recovers_ddp_zero_and_subgroups, 4, timeout=90)
+    assert results[3] == {"victim_signal": 9}
+    survivors = [0, 1, 2]
+    for new_rank in survivors:  # the survivors keep their numbers: the lost rank was the last
+        got = results[new_rank]
+        assert got["error"][0] == "PeerLostError", got["error"]
+        assert got["world"] == (new_rank, 3, (3,), new_rank, 4)
+    # new_group([0, 1]) is rebuilt with both; new_group([2, 3]) with rank 2 alone
+    assert results[0]["pair"] == results[1]["pair"] == (2, 1.0 + 2.0, [0, 1])
+    assert results[2]["pair"] == (1, 3.0, [2])
+    # the parameters agree; each gradient is the mean over the 3 survivors, computed by torch
+    model = ranks._model()
+    with torch.no_grad():
+        for p, got in zip(model.parameters(), results[0]["params"], strict=True):
+            p.copy_(got)
+    per_rank = []
+    for r in survivors:
+        model.zero_grad()
+        model(ranks._batch(r)).sum().backward()
+        per_rank.append([p.grad.clone() for p in model.parameters()])
+    for r in survivors:
+        for i, got in enumerate(results[r]["grads"]):
+            torch.testing.assert_close(got, sum(g[i] for g in per_rank) / 3,
+                                       msg=f"rank {r}, parameter {i}")
+        for mine, first in zip(results[r]["params"], results[0]["params"], strict=True):
+            assert torch.equal(mine, first)
+    # the momentum of each parameter a survivor owned moved to its new owner; the dead
+    # rank's shard starts afresh
+    before = {i: m for r in survivors for i, m in results[r]["before"].items()}
+    after = {i: m for r in survivors for i, m in results[r]["after"].items()}
+    assert len(before) < 4 and set(after) == set(before)
+    assert after == before
