@@ -49,8 +49,8 @@ class ShrunkWorld:
         previous_rank: this process's rank before the shrink.
         previous_world_size: the world size before the shrink.
         lost_ranks: the ranks (of the previous world) that are gone.
-        groups: each group this rank belonged to besides the default one, mapped to the group
-            of its surviving members that replaces it.
+        groups: each group this rank belonged to (the old default group included), mapped to
+            the group of its surviving members that replaces it.
     """
 
     rank: int
