@@ -45,19 +45,28 @@ def _error_of(fn: Callable[[], Any]) -> tuple[str, str] | None:
 
 
 def two_die(rank: int, world_size: int, victims: list[int]) -> dict[str, Any]:
-    """``victims`` are SIGKILLed after the first all_reduce; the others shrink them away
-    with shrink_group and all_reduce on the new group."""
+    """``victims`` are SIGKILLed after the first all_reduce; the others shrink them away with
+    shrink_group, first from a subgroup of ranks 0-2, then from the default group, and
+    all_reduce on each new group."""
     def play() -> None:
         _init(rank, world_size)
+        dist.new_group([0, 1, 2])
         dist.all_reduce(torch.ones(4))
         os.kill(os.getpid(), signal.SIGKILL)
 
     if rank in victims:
         return _as_victim(play)
     _init(rank, world_size)
+    trio = dist.new_group([0, 1, 2])
     dist.all_reduce(torch.ones(4))
     error = _error_of(lambda: [dist.all_reduce(torch.ones(4)) for _ in range(1000)])
     refused = _refused_inputs(rank, world_size)
+    pair = dist.shrink_group([r for r in victims if r < 3], group=trio)
+    p = torch.tensor([float(10 ** rank)])
+    dist.all_reduce(p, group=pair)
+    subgroup = {"ranks": dist.get_process_group_ranks(pair), "rank": dist.get_rank(pair),
+                "size": dist.get_world_size(pair), "sum": p.item(),
+                "default_kept": dist.get_world_size() == world_size}
     old = dist.group.WORLD
     group = dist.shrink_group(list(victims))
     t = torch.full((3,), float(rank + 1))
@@ -66,7 +75,7 @@ def two_die(rank: int, world_size: int, victims: list[int]) -> dict[str, Any]:
             "is_default": dist.group.WORLD is group, "old_is_new": old is group,
             "sum": t.tolist(), "ranks": dist.get_process_group_ranks(group),
             "old_call": _error_of(lambda: old.allreduce([torch.ones(1)]).wait()),
-            "refused": refused}
+            "refused": refused, "subgroup": subgroup}
 
 
 def _client() -> Any:

@@ -59,6 +59,9 @@ def test_two_killed_ranks_are_shrunk_away_and_the_survivors_all_reduce_renumbere
                    f"shrinking operation. Excluded ranks should terminate their processes "
                    f"instead.")
         assert got["refused"] == want
+        # the subgroup of ranks 0-2, shrunk without rank 1, beside the default group
+        assert got["subgroup"] == {"ranks": [0, 2], "rank": new_rank, "size": 2,
+                                   "sum": float(10 ** 0 + 10 ** 2), "default_kept": True}
 
 
 def test_a_rank_killed_during_the_shrink_is_left_out_by_a_retry() -> None:
