@@ -20,6 +20,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import re
 import signal
 import statistics
 import time
@@ -171,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         raised = _median([r["raised_s"] for r in runs["torch"]])
         restart = _median([r["next_step_s"] for r in runs["torch"]])
         error = runs["torch"][0]["error"]
-        what = f"{error[0]}: {error[1][:80]}" if error else f"nothing within {args.cap_s:g} s"
+        # gloo's messages start with its source file: "[.../pair.cc:553] Connection closed..."
+        text = re.sub(r"^\[[^\]]*\] ", "", error[1]) if error else ""
+        what = f"{error[0]}: {text[:60]}" if error else f"nothing within {args.cap_s:g} s"
         ratio = f"{restart / ring:.1f}x" if ring and restart else "-"
         print(f"| {world} | {_fmt(ring)} | {_fmt(raised)} | {what} | {_fmt(restart)} | "
               f"{ratio} |")
