@@ -3,9 +3,10 @@
 World 4, real processes, ranks SIGKILLed (docs/recovery.md): two ranks killed at once (a
 subgroup shrunk first, then the default group); a rank killed while it takes part in the shrink
 (after its census post is in the store: the survivors must retry without it); shrink_on_failure
-rebuilding the other groups, with DDP and ZeRO re-wrapped on the new world. The survivors' all_reduce on the new group is checked against torch's
-sum of their inputs, and their ranks against torch's renumbering (position among the
-survivors). Argument errors are torch's messages, exactly.
+rebuilding the other groups, with DDP and ZeRO re-wrapped on the new world. The survivors'
+all_reduce on the new group is checked against torch's sum of their inputs, and their ranks
+against torch's renumbering (position among the survivors). Argument errors are torch's
+messages, exactly.
 """
 
 from __future__ import annotations
