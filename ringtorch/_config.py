@@ -246,6 +246,13 @@ def _parse_choice(*choices: str) -> Callable[[str], str]:
     return parse
 
 
+SHRINK_WAIT_S = _knob(
+    "RINGTORCH_SHRINK_WAIT_S", 10.0, float,
+    "shrink_group and shrink_on_failure: how long the survivors wait for a member that neither "
+    "takes part nor is known dead (a member on this host whose process exited is known dead at "
+    "once); a member still silent then (stopped, or on another host) is left out of the new "
+    "group and refused if it comes back",
+)
 DEVICE_RUNTIME = _knob(
     "RINGTORCH_DEVICE_RUNTIME", "auto", _parse_choice("auto", "cuda", "sim"),
     "which device runtime ringtorch's GPU code runs on: auto (CUDA where torch sees a GPU, "

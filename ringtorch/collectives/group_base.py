@@ -142,6 +142,11 @@ class GroupBase:
     def _set_sequence_number_for_group(self) -> None:
         """Nothing to do: sequence numbers start at 0 on every rank of a new group."""
 
+    @property
+    def timeout(self) -> timedelta:
+        """The default timeout of this group's operations."""
+        return self._timeout
+
     def set_timeout(self, timeout: timedelta) -> None:
         """Change the default timeout of later operations."""
         if not isinstance(timeout, timedelta):
@@ -216,9 +221,10 @@ class GroupBase:
         """Fail queued work, close the backend's connections; later calls raise."""
         self._stop(f"process group '{self._group_name}' has been destroyed", abort=False)
 
-    def abort(self) -> None:
-        """Like shutdown, but tell the peers first so that their pending work fails too."""
-        self._stop(f"process group '{self._group_name}' was aborted", abort=True)
+    def abort(self, reason: str | None = None) -> None:
+        """Like shutdown, but tell the peers first so that their pending work fails too
+        (``reason``: what they are told, unless the group failed before)."""
+        self._stop(reason or f"process group '{self._group_name}' was aborted", abort=True)
 
     def _stop(self, reason: str, abort: bool) -> None:
         if self._shut:

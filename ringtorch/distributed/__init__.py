@@ -56,6 +56,7 @@ from ringtorch.distributed._debug import (
 )
 from ringtorch.distributed._grad_bucket import GradBucket
 from ringtorch.distributed._profiling import record_comm
+from ringtorch.distributed._shrink_agree import ShrinkRefusedError
 from ringtorch.distributed._world import GroupMember, GroupName, RankType, group
 from ringtorch.distributed.deprecated_ops import (
     all_gather_coalesced,
@@ -105,6 +106,8 @@ from ringtorch.distributed.ops import (
     supports_complex,
 )
 from ringtorch.distributed.p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
+from ringtorch.distributed.recovery import ShrunkWorld, shrink_on_failure
+from ringtorch.distributed.shrink import shrink_group
 from ringtorch.distributed.subgroups import (
     new_subgroups,
     new_subgroups_by_enumeration,
@@ -120,6 +123,10 @@ def is_available() -> bool:
 
 
 __all__ = [
+    "ShrinkRefusedError",
+    "ShrunkWorld",
+    "shrink_group",
+    "shrink_on_failure",
     "AllToAllOptions",
     "AllgatherOptions",
     "AllreduceCoalescedOptions",

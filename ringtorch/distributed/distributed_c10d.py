@@ -116,6 +116,7 @@ from ringtorch.distributed import (
     scatter_object_list,
     send,
     send_object_list,
+    shrink_group,
     split_group,
     supports_complex,
 )
@@ -124,6 +125,8 @@ from ringtorch.distributed._world import _world
 from ringtorch.distributed.groups import _get_default_group as _get_default_group
 from ringtorch.distributed.groups import _get_default_store as _get_default_store
 from ringtorch.distributed.groups import _store_based_barrier as _init_barrier
+from ringtorch.distributed.shrink import SHRINK_ABORT as SHRINK_ABORT
+from ringtorch.distributed.shrink import SHRINK_DEFAULT as SHRINK_DEFAULT
 
 default_pg_nccl_timeout: timedelta | None = None
 """NCCL's default timeout; None, as in a torch built without NCCL (ringtorch has no NCCL)."""
@@ -234,6 +237,7 @@ def _store_based_barrier(rank: int, store: Any, group_name: str, rendezvous_coun
 
 
 __all__ = [
+    "shrink_group",
     "AllToAllOptions",
     "AllreduceCoalescedOptions",
     "AllreduceOptions",

@@ -22,6 +22,7 @@ from typing import Any
 from ringtorch._observe import trace_run
 from ringtorch._observe.hang_ask import HANG
 from ringtorch._observe.totals import TOTALS
+from ringtorch.collectives import liveness
 from ringtorch.collectives.backends import registry
 from ringtorch.collectives.backends.base import BackendContext
 from ringtorch.collectives.process_group import ProcessGroup
@@ -155,11 +156,16 @@ def _mpi_world(rank: int, world_size: int) -> tuple[int, int, Any]:
 
 def _make_group(size: int, rank: int, global_ranks: list[int], impl_name: str,
                 backend_name: str, base_store: Any, group_name: str, timeout: timedelta,
-                group_desc: str, pg_options: Any, backend_config: str) -> ProcessGroup:
-    """Create one group's backend (this blocks until its members have met) and register it."""
+                group_desc: str, pg_options: Any, backend_config: str,
+                setup_timeout: timedelta | None = None) -> ProcessGroup:
+    """Create one group's backend (this blocks until its members have met, for at most
+    ``setup_timeout``, default ``timeout``) and register it."""
     store = PrefixStore(f"{group_name}/", base_store)
+    if impl_name != Backend.MPI and size > 1:
+        liveness.register(store, rank)  # for shrink_group's agreement, should a member die
     ctx = BackendContext(store=store, rank=rank, size=size, timeout=timeout,
-                         group_name=group_name, global_ranks=tuple(global_ranks))
+                         group_name=group_name, global_ranks=tuple(global_ranks),
+                         setup_timeout=setup_timeout)
     impl = registry.create(impl_name, ctx, pg_options)
     pg = ProcessGroup(store, rank, size, backend=impl, backend_name=impl_name,
                       group_name=group_name, group_desc=group_desc, timeout=timeout,

@@ -73,6 +73,7 @@ class Agent:
         self._keep_files = False
         self._guardian: Guardian | None = None
         self._in_rendezvous = False
+        self._announced: set[int] = set()  # failed workers said to be gone (keep_going)
         self._report_asked = False  # SIGUSR1: make a hang report (launcher/hang.py)
 
     # -- signals ---------------------------------------------------------------------------
@@ -187,6 +188,9 @@ class Agent:
         if action is Action.FINISH:
             self._stop_group(signal.SIGTERM)  # leftovers in the workers' process groups
             self.rendezvous.finish(self._stopping)
+            if group.failures:  # --on-worker-failure=continue: the others finished the job
+                say(f"the job finished without the worker(s) of rank(s) "
+                    f"{sorted(group.failures)}, which failed on the way; the others exited 0")
             return 0
         if action is Action.STOP_FOR_SIGNAL:
             return self._stopped_by_signal()
@@ -242,14 +246,27 @@ class Agent:
                 self._report_asked = False
                 hang.report_group("ringrun received SIGUSR1", group, self._keep_files)
             codes = group.exit_codes()
+            if self.config.keep_going:
+                self._announce_lost(group, codes)
             action = decide(Observation(
-                group=group_state(codes), remaining_restarts=self.remaining_restarts,
+                group=group_state(codes, self.config.keep_going),
+                remaining_restarts=self.remaining_restarts,
                 nodes_waiting=self.rendezvous.num_nodes_waiting(),
                 job_closed=self.rendezvous.closed_reason() is not None,
                 peer_restart=self.rendezvous.restart_requested(),
                 peer_left=self.rendezvous.peer_left(), signal=self._signal))
             if action is not Action.WATCH:
                 return action
+
+    def _announce_lost(self, group: LocalWorkerGroup, codes: list[int | None]) -> None:
+        """Say once per failed worker that the others go on without it."""
+        running = sum(1 for code in codes if code is None)
+        for rank, failure in group.failures.items():
+            if rank in self._announced or not running:
+                continue
+            self._announced.add(rank)
+            say(f"{one_line(root_cause([failure]))}; the other {running} running worker(s) go "
+                f"on (--on-worker-failure=continue)")
 
     def _stop_group(self, sig: int) -> None:
         group, self._group = self._group, None

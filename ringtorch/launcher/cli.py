@@ -139,6 +139,11 @@ def get_args_parser(prog: str = "ringrun") -> ArgumentParser:
     parser.add_argument("--summary", action=argparse.BooleanOptionalAction, default=True,
                         help="At the end, print each rank's time in collectives and bytes, "
                              "and the slowest rank of each collective (default: on).")
+    parser.add_argument("--on-worker-failure", choices=("stop", "continue"), default="stop",
+                        help="stop: a failed worker stops the others (torchrun's behaviour); "
+                             "continue: the others go on (they may shrink the job and keep "
+                             "training: docs/recovery.md), and the job succeeds if they all "
+                             "exit 0.")
     parser.add_argument("training_script", type=str,
                         help="The program to run on every worker, then its arguments.")
     parser.add_argument("training_script_args", nargs=REMAINDER)
@@ -248,6 +253,7 @@ def config_from_args(args: argparse.Namespace, use_env: bool = True,
         log_line_prefix_template=os.getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
         signals_to_handle=parse_signals(args.signals_to_handle),
         virtual_local_rank=args.virtual_local_rank, summary=getattr(args, "summary", True),
+        keep_going=getattr(args, "on_worker_failure", "stop") == "continue",
         secret=secret.secret,
     )
 

@@ -284,6 +284,7 @@ class LaunchConfig:
                                           signal.SIGQUIT)
     virtual_local_rank: bool = False
     summary: bool = True  # print the end-of-job summary (--no-summary: off)
+    keep_going: bool = False  # --on-worker-failure=continue: a failed worker stops no other
     secret: str = field(default="", repr=False)
     fork_target: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
     """When set, each worker is forked from the agent's process to run it (``argv`` only names

@@ -8,7 +8,9 @@ lets a table of cases (tests/unit/test_launcher_decisions.py) pin the policy dow
 - our workers failed: restart the whole group in a new rendezvous round while restarts
   remain (each costs one) and the job is still open, else give up;
 - another node gave up on the job (it closed the rendezvous): stop our workers too;
-- all our workers succeeded: finish;
+- all our workers succeeded: finish; with ``--on-worker-failure=continue``, a failed worker
+  fails the group only once no worker runs and none succeeded (group_state), so the others
+  may shrink the job and go on (docs/recovery.md);
 - another node restarted its group: restart ours too, and count it, so that every node spends
   the same restart budget and sees the same TORCHELASTIC_RESTART_COUNT (torch counts it only
   on the failing node);
@@ -80,8 +82,16 @@ def decide(obs: Observation) -> Action:
     return Action.WATCH
 
 
-def group_state(exit_codes: list[int | None]) -> GroupState:
-    """Summarise the workers' exit codes (None: still running) as a :class:`GroupState`."""
+def group_state(exit_codes: list[int | None], keep_going: bool = False) -> GroupState:
+    """Summarise the workers' exit codes (None: still running) as a :class:`GroupState`.
+
+    ``keep_going`` (``--on-worker-failure=continue``): a failed worker does not fail the
+    group while others still run; once none runs, the group succeeded if any worker exited 0.
+    """
+    if keep_going:
+        if any(code is None for code in exit_codes):
+            return GroupState.HEALTHY
+        return GroupState.SUCCEEDED if 0 in exit_codes else GroupState.FAILED
     if any(code not in (None, 0) for code in exit_codes):
         return GroupState.FAILED
     if all(code == 0 for code in exit_codes):

@@ -94,8 +94,7 @@ NAMES_LEFT_OUT: dict[str, dict[str, str]] = {
         "a running job for its hang report instead (docs/hang-report.md)"),
     "torch.distributed.autograd": {"is_available": "the C++ build switch of torch's RPC"},
     "torch.distributed.distributed_c10d": {
-        "ProcessGroupGloo": "the gloo library's class; ringtorch's 'gloo' is its own backend",
-        "shrink_group": "NCCL-centric group shrinking, not implemented"},
+        "ProcessGroupGloo": "the gloo library's class; ringtorch's 'gloo' is its own backend"},
     "torch.distributed.elastic.multiprocessing": dict.fromkeys(
         ["LogsDest", "MultiprocessContext", "PContext", "RunProcsResult", "SubprocessContext",
          "start_processes", "to_map"], _PROCESS_CONTEXTS),

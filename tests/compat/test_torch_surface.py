@@ -24,7 +24,6 @@ KNOWN_MISSING = {
     "DeviceMesh": "DTensor/DeviceMesh are out of scope for v1 (FEATURES.md section P)",
     "init_device_mesh": "DTensor/DeviceMesh are out of scope for v1 (FEATURES.md section P)",
     "ProcessGroupGloo": "the gloo library's class; ringtorch's 'gloo' is its own backend",
-    "shrink_group": "NCCL-centric group shrinking (torch 2.13), not implemented",
     "log": "torch's module logger, not API",
     "timedelta": "datetime.timedelta, imported by torch's module, not API",
 }

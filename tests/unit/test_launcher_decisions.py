@@ -97,3 +97,23 @@ def test_a_graceful_leave_of_a_peer_makes_a_free_new_round(group: GroupState, re
     obs = Observation(group=group, remaining_restarts=remaining, peer_left=peer_left,
                       job_closed=closed, signal=sig)
     assert decide(obs) is expected
+
+
+# exit codes (None: running) -> state, with --on-worker-failure=continue (keep_going)
+KEEP_GOING_CASES = [
+    ([None, None, -9], H),  # a worker was killed: the others go on
+    ([0, None, 1], H),
+    ([0, 0, -9], S),  # the survivors finished the job
+    ([1, 0, 0], S),
+    ([-9, 1, 1], F),  # nobody succeeded
+    ([0, 0, 0], S),
+    ([None, None, None], H),
+]
+
+
+@pytest.mark.parametrize(("codes", "expected"), KEEP_GOING_CASES)
+def test_with_keep_going_a_failed_worker_fails_the_group_only_if_none_succeeds(
+        codes: list[int | None], expected: GroupState) -> None:
+    assert group_state(codes, keep_going=True) is expected
+    # torchrun's behaviour stays the default: any failure fails the group
+    assert group_state(codes) is (F if any(c not in (None, 0) for c in codes) else expected)

@@ -32,6 +32,7 @@ then "aborted"). ``deadline`` arguments are absolute ``time.monotonic()`` second
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import timedelta
@@ -54,6 +55,9 @@ class BackendContext:
         timeout: the group's default timeout for one operation.
         group_name: the group's name, for messages ("default", "1", ...).
         global_ranks: the global rank of each group rank, for messages.
+        setup_timeout: how long making the group may take (its members meeting, its
+            transports opening); None: ``timeout``. shrink_group bounds it, so that a member
+            that dies while the new group is made is noticed in seconds.
     """
 
     store: Any
@@ -62,10 +66,23 @@ class BackendContext:
     timeout: timedelta
     group_name: str
     global_ranks: tuple[int, ...]
+    setup_timeout: timedelta | None = None
+
+    @property
+    def setup_deadline(self) -> float:
+        """The absolute time.monotonic() by which the group must be made."""
+        return time.monotonic() + (self.setup_timeout or self.timeout).total_seconds()
 
 
 class Backend(ABC):
-    """One group's data mover. Methods run to completion on the calling thread."""
+    """One group's data mover. Methods run to completion on the calling thread.
+
+    Attributes:
+        supports_shrinking: whether ``shrink_group`` may replace this backend's group with one
+            of its survivors (torch's ``Backend.supports_shrinking``).
+    """
+
+    supports_shrinking = False
 
     def __init__(self, ctx: BackendContext) -> None:
         self.ctx = ctx

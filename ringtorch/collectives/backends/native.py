@@ -69,6 +69,8 @@ class NativeBackend(Backend):
         topology: what the group uses, in words (for tests and for debugging performance).
     """
 
+    supports_shrinking = True
+
     def __init__(self, ctx: BackendContext) -> None:
         super().__init__(ctx)
         self.abort_state = AbortState()
@@ -85,7 +87,7 @@ class NativeBackend(Backend):
         self._mailbox: mb.Mailbox | None = None
         self._watch = WaitWatch(self._board, self._words, self.abort_state, ctx.rank, ctx.size)
         if ctx.size > 1:
-            deadline = time.monotonic() + ctx.timeout.total_seconds()
+            deadline = ctx.setup_deadline
             self._mesh = connect_mesh(ctx.store, ctx.rank, ctx.size, ctx.group_name, deadline)
             self._mesh.on_slow_wait = self._watch.slow_wait
             self._words.hosts = self._mesh.hosts

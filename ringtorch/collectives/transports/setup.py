@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -34,7 +33,7 @@ def open_transport(ctx: Any, mesh: PeerMesh | None, overrides: dict[str, str],
     sockets = SocketTransport(mesh, ctx.rank, ctx.size, overrides)
     if ctx.size == 1:
         return sockets, "a group of one rank has no peers"
-    deadline = time.monotonic() + ctx.timeout.total_seconds()
+    deadline = ctx.setup_deadline
     settings = {"chunk": _config.SHM_CHUNK_BYTES.get(), "oneshot": _config.SHM_ONESHOT_BYTES.get()}
     domain, why = open_domain(ctx.store, ctx.rank, ctx.size, ctx.group_name, host_identity(),
                               _config.SHM.get(), _config.SHM_MAX_BYTES.get(), deadline,

@@ -371,6 +371,33 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
 
     # ---- join --------------------------------------------------------------------------------
 
+    def rewrap(self, process_group: Any | None = None) -> ZeroRedundancyOptimizer:
+        """The same parameters, local optimizer and settings, sharded over ``process_group``
+        (default: the default group): for a world that changed
+        (``ringtorch.distributed.shrink_on_failure``). Call it on every rank of the new group.
+
+        Each survivor's shard of the optimizer state moves to the parameters' new owners (an
+        all_gather_object on the new group); the state of the parameters a lost rank owned is
+        gone with it, and starts afresh. This optimizer must not be used again.
+        """
+        group = process_group if process_group is not None else dist.group.WORLD
+        mine = {self._param_to_index[p]: _copy_to_device(state, torch.device("cpu"))
+                for p, state in self.optim.state.items()}
+        gathered: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(gathered, mine, group=group)
+        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": list(g["params"])}
+                  for g in self.param_groups]
+        new = ZeroRedundancyOptimizer(groups, self._optim_constructor, process_group=group,
+                                      parameters_as_bucket_view=self.parameters_as_bucket_view,
+                                      **self._optim_defaults)
+        states = {index: state for part in gathered for index, state in part.items()}
+        for param_group in new.optim.param_groups:
+            for param in param_group["params"]:
+                index = new._param_to_index[param]
+                if index in states:
+                    new.optim.state[param] = _copy_to_device(states[index], param.device)
+        return new
+
     def join_hook(self, **_kwargs: Any) -> JoinHook:
         """The hook that shadows ``step()`` on a joined rank (it takes no keyword arguments).
 

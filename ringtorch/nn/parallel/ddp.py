@@ -146,6 +146,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         if init_sync:
             self._verify_params_across_processes(params, names)
             self._sync_module_states(src=0, buffers=broadcast_buffers)
+        self._bucket_cap_mb = bucket_cap_mb
         self._bucket_caps = bucket_caps(bucket_cap_mb)
         self.reducer = self._build_reducer(params, names, static_graph)
         self._comm_hooks: list[tuple[Callable[..., Any], Any]] = []
@@ -399,6 +400,26 @@ class DistributedDataParallel(nn.Module, Joinable):
         _check_comm_hook(hook)
         self.reducer.register_comm_hook(state, hook)
         self._comm_hooks.append((hook, state))
+
+    def rewrap(self, process_group: Any = None) -> DistributedDataParallel:
+        """The same module, with the same options, on ``process_group`` (default: the default
+        group): for a world that changed (``ringtorch.distributed.shrink_on_failure``).
+
+        This DDP stops: its autograd hooks are removed, and it must not be used again (its
+        group is gone). The new one broadcasts the parameters and buffers from the new group's
+        rank 0, so that the survivors go on from one state even when the failure left them a
+        step apart. Communication hooks are not carried over (their state refers to the old
+        group): register them again. Call it on every rank of ``process_group``.
+        """
+        self._remove_autograd_hooks()
+        new = DistributedDataParallel(
+            self.module, dim=self.dim, broadcast_buffers=self.broadcast_buffers,
+            process_group=process_group, bucket_cap_mb=self._bucket_cap_mb,
+            find_unused_parameters=self.find_unused_parameters,
+            gradient_as_bucket_view=self.gradient_as_bucket_view,
+            static_graph=self.static_graph)
+        new.require_backward_grad_sync = self.require_backward_grad_sync
+        return new
 
     def _set_static_graph(self) -> None:
         self.static_graph = True
