@@ -17,9 +17,10 @@ that make the double-buffered data area safe without any other synchronisation:
 Every collective also publishes a descriptor (sequence number, op, detail, bytes; any object
 with those four attributes, the collectives layer's CollectiveCall is one): ``now``
 (what the rank is doing, any transport) and, for its first shared-memory round, a per-slot
-copy that every peer compares with its own after the round. Ranks that called different
-collectives, sizes, dtypes or roots therefore fail at their first round, before any data is
-read; a rank stuck in a socket collective is reported by the ``now`` descriptor.
+copy that every peer compares with its own after the round: ranks that called different
+collectives, sizes, dtypes or roots fail at their first round, before any data is read, and so
+does a rank whose peer arrived and then gave up (aborted: its round is void). A rank stuck in a
+socket collective is reported by the ``now`` descriptor.
 
 Waits spin on the peer's round word (0.3 µs a hand-off), then yield the CPU (ranks may
 outnumber cores), then sleep with back-off. Every millisecond or so a waiting rank also checks
@@ -253,9 +254,9 @@ class ShmDomain:
             w = self.words[j]
             if w[at] != seq or w[at + 1] != kind or w[at + 2] != detail or w[at + 3] != nbytes:
                 self._fail(self._mismatch(desc, j, self._read_desc(j, at)), [j])
-            if w[W_ABORTED]:  # it arrived, then gave up (timed out): this round is void
-                self._fail(self.reports.peer_aborted(desc, self._name(self.rank), self._name(j),
-                                                     self._reason(j)), [self._name(j)])
+            if w[W_ABORTED]:
+                self._fail(self.reports.peer_aborted(desc, self.names[self.rank], self.names[j],
+                                                     self._reason(j)), [self.names[j]])
 
     def step(self, desc: Descriptor, deadline: float) -> None:
         """Enter the next round of the current collective (data published before; see module)."""
@@ -339,7 +340,7 @@ class ShmDomain:
             return
         external = self.await_failure(LEFT_GRACE_S)
         if external is not None:
-            self._fail(self.reports.failed(desc, self._name(self.rank), external), [])
+            self._fail(self.reports.failed(desc, self.names[self.rank], external), [])
 
     def _round_addr(self, j: int) -> int:
         """Address of rank j's round word in this process, from its current mapping (a
@@ -353,12 +354,12 @@ class ShmDomain:
         if self._failure is not None:
             raise DistBackendError(self._failure)
         external = self.poll_failure() if self.poll_failure is not None else None
-        me = self._name(self.rank)
+        me = self.names[self.rank]
         if external is not None:
             self._fail(self.reports.failed(desc, me, external), [])
         late = [j for j in self.peers if self.words[j][W_ROUND] < t]
         for j in list(late):
-            name, aborted = self._name(j), self.words[j][W_ABORTED]
+            name, aborted = self.names[j], self.words[j][W_ABORTED]
             theirs, alive = self._read_desc(j, W_NOW), self.segments[j].owner_alive()
             if self.words[j][W_ROUND] >= t:
                 late.remove(j)
@@ -375,8 +376,8 @@ class ShmDomain:
         if late and self._warn_after < 0:
             self._warn_after = _config.STALL_WARNING_S.get()
         if late and (now > deadline or waited >= self._warn_after):
-            where = [self.reports.where(self._name(j), self._read_desc(j, W_NOW)) for j in late]
-            names = [self._name(j) for j in late]
+            where = [self.reports.where(self.names[j], self._read_desc(j, W_NOW)) for j in late]
+            names = [self.names[j] for j in late]
             if now > deadline:
                 self._fail(self.reports.timed_out(desc, me, waited, names, where), names)
             # the stall warning, again at twice the wait each time (a frozen peer, SIGSTOP or
@@ -468,12 +469,8 @@ class ShmDomain:
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _name(self, j: int) -> int:
-        """The rank number messages give domain member j."""
-        return self.names[j]
-
     def _mismatch(self, mine: Descriptor, j: int, theirs: Desc) -> str:
-        return self.reports.mismatch(mine, self._name(self.rank), self._name(j), theirs)
+        return self.reports.mismatch(mine, self.names[self.rank], self.names[j], theirs)
 
     def _reason(self, j: int) -> str:
         n = min(self.words[j][W_REASON_LEN], REASON_MAX)
