@@ -7,6 +7,7 @@ a gloo group made in the same processes, and returns both results for the test t
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from typing import Any
 
@@ -191,4 +192,155 @@ def differential(rank: int, ws: int) -> dict[str, Any]:
     return out
 
 
-__all__ = ["differential"]
+
+def features(rank: int, ws: int) -> dict[str, Any]:
+    """torch's libraries over backend "ringtorch": the Work API, functional collectives with
+    autograd, new_group, DeviceMesh (1-D and 2-D with named dims), a DTensor redistribute."""
+    import warnings
+
+    import torch.distributed._functional_collectives as fc
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    warnings.simplefilter("ignore")
+    dist.init_process_group("ringtorch")
+    out: dict[str, Any] = {}
+    t = torch.full((3,), float(rank))
+    work = dist.all_reduce(t, async_op=True)
+    out["wait"] = work.wait(timeout=timedelta(seconds=30))
+    out["work"] = (work.is_completed(), work.exception(), t)
+    out["future"] = dist.all_reduce(torch.ones(2), async_op=True).get_future().wait()
+    out["then"] = dist.all_reduce(torch.ones(2), async_op=True).get_future().then(
+        lambda f: f.value()[0] * 2).wait()
+    # functional collectives find the group by its name (torch's C++ group registry)
+    out["fc"] = fc.wait_tensor(fc.all_reduce(torch.arange(4.0) * (rank + 1), "sum",
+                                             dist.group.WORLD))
+    out["c10d_functional"] = torch.ops._c10d_functional.wait_tensor(
+        torch.ops._c10d_functional.all_reduce(torch.full((2,), float(rank)), "avg",
+                                              dist.group.WORLD.group_name))
+    x = torch.arange(2.0, requires_grad=True)
+    gathered = fc.wait_tensor(fc.all_gather_tensor_autograd(x * (rank + 1), 0,
+                                                            dist.group.WORLD))
+    (gathered * torch.arange(float(gathered.numel()))).sum().backward()
+    out["grad"] = x.grad
+    evens = dist.new_group([r for r in range(ws) if r % 2 == 0])
+    if rank % 2 == 0:
+        e = torch.full((1,), float(rank))
+        dist.all_reduce(e, group=evens)
+        out["evens"] = (dist.get_backend(evens), e)
+    mesh = init_device_mesh("cpu", (2, ws // 2), mesh_dim_names=("dp", "tp"))
+    for dim in ("dp", "tp"):
+        z = torch.full((1,), float(rank))
+        dist.all_reduce(z, group=mesh[dim].get_group())
+        out[dim] = (dist.get_backend(mesh[dim].get_group()), z)
+    flat = init_device_mesh("cpu", (ws,))
+    full = torch.arange(ws * 2 * 3, dtype=torch.float32).view(ws * 2, 3)
+    sharded = distribute_tensor(full, flat, [Shard(0)])
+    out["shard"] = sharded.to_local()
+    out["replicate"] = sharded.redistribute(flat, [Replicate()]).to_local()
+    try:
+        dist.split_group(split_ranks=[list(range(ws))])
+    except RuntimeError as exc:
+        out["split_group"] = str(exc)
+    dist.destroy_process_group()
+    return out
+
+
+def lifecycle(rank: int, ws: int, path: str) -> dict[str, Any]:
+    """Init through store=, file:// and a device:backend string; Work.wait's own timeout;
+    destroy and re-init (on the same store); abort; messages of unsupported ops and dtypes."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    out: dict[str, Any] = {}
+    store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), ws, rank == 0)
+    dist.init_process_group("ringtorch", store=store, rank=rank, world_size=ws,
+                            timeout=timedelta(seconds=30))
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    out["store"] = t.item()
+    if rank == 0:  # rank 1 joins this broadcast only after rank 0's wait gave up
+        work = dist.broadcast(torch.zeros(1), src=1, async_op=True)
+        try:
+            work.wait(timeout=timedelta(milliseconds=200))
+        except Exception as exc:
+            out["wait_timeout"] = (type(exc).__name__, str(exc), work.is_completed())
+        store.set("door/gave_up", "1")
+        work.wait()
+    else:
+        store.wait(["door/gave_up"])
+        dist.broadcast(torch.ones(1), src=1)
+    gloo = dist.new_group(backend="gloo")
+    out["errors"] = _errors(gloo)
+    dist.destroy_process_group()
+    out["after_destroy"] = dist.is_initialized()
+    dist.init_process_group("ringtorch", init_method=f"file://{path}", rank=rank,
+                            world_size=ws)
+    t = torch.full((1,), 2.0)
+    dist.all_reduce(t)
+    out["file"] = t.item()
+    dist.destroy_process_group()
+    dist.init_process_group("cpu:ringtorch", store=store, rank=rank, world_size=ws)
+    t = torch.full((1,), 3.0)
+    dist.all_reduce(t)
+    out["again"] = (dist.get_backend(), t.item())
+    dist.distributed_c10d._abort_process_group()
+    out["after_abort"] = dist.is_initialized()
+    return out
+
+
+def _errors(gloo: Any) -> dict[str, tuple[str, str]]:
+    """What each group says to a call it cannot run: (ringtorch's error, gloo's error)."""
+    cases = {
+        "BAND on float": lambda g: dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND,
+                                                   group=g),
+        "MAX on complex": lambda g: dist.all_reduce(torch.ones(2, dtype=torch.complex64),
+                                                    op=dist.ReduceOp.MAX, group=g),
+        "AVG on int": lambda g: dist.all_reduce(torch.ones(2, dtype=torch.int64),
+                                                op=dist.ReduceOp.AVG, group=g),
+        "bad splits": lambda g: dist.all_to_all_single(torch.zeros(4), torch.ones(4), [1, 1],
+                                                       [3, 3], group=g),
+        "meta tensor": lambda g: dist.all_reduce(torch.ones(2, device="meta"), group=g),
+    }
+    said: dict[str, tuple[str, str]] = {}
+    for name, call in cases.items():
+        words = []
+        for group in (None, gloo):
+            try:
+                call(group)
+                words.append("no error")
+            except Exception as exc:
+                words.append(f"{type(exc).__name__}: {exc}")
+        said[name] = (words[0], words[1])
+    return said
+
+
+def killed(rank: int, ws: int, victim: int) -> dict[str, Any]:
+    """``victim`` (a forked child playing the rank) is SIGKILLed after one all_reduce; the
+    others' next all_reduce must fail, naming it, in seconds."""
+    import signal
+    import time
+
+    if rank == victim:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                dist.init_process_group("ringtorch")
+                dist.all_reduce(torch.ones(1))
+                os.kill(os.getpid(), signal.SIGKILL)
+            finally:
+                os._exit(1)
+        _, status = os.waitpid(pid, 0)
+        return {"signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None}
+    dist.init_process_group("ringtorch")
+    dist.all_reduce(torch.ones(1))
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(1))
+        said = "no error"
+    except Exception as exc:
+        said = f"{type(exc).__name__}: {exc}"
+    return {"error": said, "seconds": time.monotonic() - start}
+
+
+__all__ = ["differential", "features", "killed", "lifecycle"]
