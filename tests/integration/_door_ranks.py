@@ -327,6 +327,9 @@ def killed(rank: int, ws: int, victim: int) -> dict[str, Any]:
             try:
                 dist.init_process_group("ringtorch")
                 dist.all_reduce(torch.ones(1))
+                # die once every survivor has its result, not while it still reads it
+                store = dist.distributed_c10d._get_default_store()
+                store.wait([f"door/finished/{r}" for r in range(ws) if r != victim])
                 os.kill(os.getpid(), signal.SIGKILL)
             finally:
                 os._exit(1)
@@ -334,6 +337,7 @@ def killed(rank: int, ws: int, victim: int) -> dict[str, Any]:
         return {"signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None}
     dist.init_process_group("ringtorch")
     dist.all_reduce(torch.ones(1))
+    dist.distributed_c10d._get_default_store().set(f"door/finished/{rank}", "1")
     start = time.monotonic()
     try:
         dist.all_reduce(torch.ones(1))
