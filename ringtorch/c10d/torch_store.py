@@ -42,7 +42,8 @@ class TorchStore(Store):
         return self._torch.timeout
 
     def set_timeout(self, timeout: timedelta) -> None:
-        """Set torch's store's timeout."""
+        """Set torch's store's timeout (and this one's: they are one)."""
+        super().set_timeout(timeout)
         self._torch.set_timeout(timeout)
 
     def clone(self) -> TorchStore:
@@ -95,6 +96,25 @@ class TorchStore(Store):
 
     def _append(self, key: bytes, value: bytes) -> None:
         self._torch.append(_key(key), value)
+
+
+    def _list_keys(self) -> list[bytes]:
+        return [k.encode("utf-8", "surrogateescape") for k in self._torch.list_keys()]
+
+    def _queue_push(self, key: bytes, value: bytes) -> None:
+        self._torch.queue_push(_key(key), value)
+
+    def _queue_pop(self, key: bytes, block: bool, timeout: timedelta) -> bytes | None:
+        # torch's blocking pop waits its store's timeout, which is this store's
+        if not block and not self._torch.queue_len(_key(key)):
+            return None
+        try:
+            return bytes(self._torch.queue_pop(_key(key), block))
+        except dist.DistError:
+            return None
+
+    def _queue_len(self, key: bytes) -> int:
+        return int(self._torch.queue_len(_key(key)))
 
 
 __all__ = ["TorchStore"]
