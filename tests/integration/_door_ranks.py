@@ -123,6 +123,18 @@ def _ops(rank: int, ws: int) -> list[tuple[str, Any]]:
         send.wait()
         return got
 
+    def recv_any_source(g: Any) -> Any:
+        # every other rank sends to rank 0, which receives from whoever comes first
+        if rank != 0:
+            dist.send(_inputs(rank, 2, torch.float32), 0, group=g)
+            return None
+        got = []
+        for _ in range(ws - 1):
+            t = torch.zeros(2)
+            src = dist.recv(t, group=g)
+            got.append((src, t))
+        return sorted(got, key=lambda pair: pair[0])
+
     def batch_p2p(g: Any) -> Any:
         got = torch.zeros(2)
         if ws == 1:
@@ -152,7 +164,8 @@ def _ops(rank: int, ws: int) -> list[tuple[str, Any]]:
             ("all_gather_coalesced", all_gather_coalesced), ("reduce_scatter", reduce_scatter),
             ("reduce_scatter_tensor", reduce_scatter_tensor), ("all_to_all", all_to_all),
             ("all_to_all_single uneven", all_to_all_single_uneven), ("gather", gather),
-            ("scatter", scatter), ("p2p ring", p2p_ring), ("batch_isend_irecv", batch_p2p),
+            ("scatter", scatter), ("p2p ring", p2p_ring), ("recv from any source", recv_any_source),
+            ("batch_isend_irecv", batch_p2p),
             ("all_gather_object", objects), ("_coalescing_manager", coalescing_manager)]
     return ops
 
@@ -238,6 +251,11 @@ def features(rank: int, ws: int) -> dict[str, Any]:
     sharded = distribute_tensor(full, flat, [Shard(0)])
     out["shard"] = sharded.to_local()
     out["replicate"] = sharded.redistribute(flat, [Replicate()]).to_local()
+    from ringtorch.c10d.observe import dump  # what a hang report would show of this rank
+
+    record = dump()
+    out["recorded"] = ([e["op"] for e in record["entries"][-3:]],
+                       {name: g["backend"] for name, g in record["groups"].items()})
     try:
         dist.split_group(split_ranks=[list(range(ws))])
     except RuntimeError as exc:

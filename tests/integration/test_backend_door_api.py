@@ -127,3 +127,13 @@ def test_a_killed_rank_is_named_on_every_survivor_within_seconds() -> None:
                         rf"SUM\) on group '0' \(rank {rank}\) failed: rank 2 ",
                         res["error"]), res["error"]
         assert res["seconds"] < 5.0
+
+
+def test_the_flight_recorder_sees_the_calls_torchs_libraries_made() -> None:
+    for rank, res in enumerate(features()):
+        ops, groups = res["recorded"]
+        # distribute_tensor scatters the shards; Shard(0) -> Replicate gathers them
+        assert ops[-2:] == ["scatter", "all_gather_single"], ops
+        assert groups["0"] == "ringtorch" and set(groups.values()) == {"ringtorch"}
+        # the default group (the 1-D mesh uses it), the 2-D mesh's dp and tp groups, evens
+        assert len(groups) == 3 + (rank % 2 == 0), groups
