@@ -272,8 +272,14 @@ class FlightRecorder:
         at ``hint + 1`` is remembered (at most ``_VERIFIED_MAX`` codes; the table starts
         over when full).
         """
+        # torch's own Python (torch.distributed's functions, DeviceMesh, DTensor, the ops
+        # of functional collectives) is library code too when it calls a ringtorch group
+        # (backend "ringtorch"): the user's frame is the first one outside both packages
+        torch = sys.modules.get("torch")
+        torch_file = getattr(torch, "__file__", None)
+        library = (_PACKAGE, os.path.dirname(torch_file) + os.sep) if torch_file else _PACKAGE
         frame, depth = sys._getframe(2), 1  # depth counts from its caller: add()'s is 1
-        while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        while frame is not None and frame.f_code.co_filename.startswith(library):
             frame, depth = frame.f_back, depth + 1
         if frame is None:
             return NO_SITE

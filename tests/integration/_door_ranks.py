@@ -250,12 +250,13 @@ def features(rank: int, ws: int) -> dict[str, Any]:
     full = torch.arange(ws * 2 * 3, dtype=torch.float32).view(ws * 2, 3)
     sharded = distribute_tensor(full, flat, [Shard(0)])
     out["shard"] = sharded.to_local()
-    out["replicate"] = sharded.redistribute(flat, [Replicate()]).to_local()
+    out["replicate"] = sharded.redistribute(flat, [Replicate()]).to_local()  # recorded here
     from ringtorch.c10d.observe import dump  # what a hang report would show of this rank
 
     record = dump()
     out["recorded"] = ([e["op"] for e in record["entries"][-3:]],
-                       {name: g["backend"] for name, g in record["groups"].items()})
+                       {name: g["backend"] for name, g in record["groups"].items()},
+                       record["entries"][-1]["site"])
     try:
         dist.split_group(split_ranks=[list(range(ws))])
     except RuntimeError as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from ringtorch.testing import run_ranks
 from tests.integration import _door_ranks as D
 
 WS = 4
+RANKS = Path(D.__file__)
 
 
 @functools.cache
@@ -131,9 +133,13 @@ def test_a_killed_rank_is_named_on_every_survivor_within_seconds() -> None:
 
 def test_the_flight_recorder_sees_the_calls_torchs_libraries_made() -> None:
     for rank, res in enumerate(features()):
-        ops, groups = res["recorded"]
+        ops, groups, site = res["recorded"]
         # distribute_tensor scatters the shards; Shard(0) -> Replicate gathers them
         assert ops[-2:] == ["scatter", "all_gather_single"], ops
+        # the call site is the program's line, above torch's and ringtorch's frames
+        line = next(n for n, text in enumerate(RANKS.read_text().splitlines(), 1)
+                    if text.endswith("# recorded here"))
+        assert site == f"{RANKS}:{line}", site
         assert groups["0"] == "ringtorch" and set(groups.values()) == {"ringtorch"}
         # the default group (the 1-D mesh uses it), the 2-D mesh's dp and tp groups, evens
         assert len(groups) == 3 + (rank % 2 == 0), groups
