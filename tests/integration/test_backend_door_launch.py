@@ -1,14 +1,16 @@
-"""The backend door under each launcher: torchrun, ringrun (whose --trace timeline and
-end-of-job summary see the calls) and mp.spawn meeting at a tcp:// URL.
+"""The backend door under each launcher: torchrun (running docs/backend-door.md's example),
+ringrun (whose --trace timeline and end-of-job summary see the calls) and mp.spawn meeting at
+a tcp:// URL.
 
-The job is tests/integration/_door_job.py, a plain torch program; each rank prints what its
-all_reduces and broadcast gave, checked here against arithmetic.
+Otherwise the job is tests/integration/_door_job.py, a plain torch program; each rank prints
+what its all_reduces and broadcast gave, checked here against arithmetic.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +18,7 @@ from pathlib import Path
 from ringtorch.testing.harness import job_port
 
 JOB = str(Path(__file__).with_name("_door_job.py"))
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -34,14 +37,17 @@ def _expected(ws: int) -> list[str]:
 
 
 def _lines(stdout: str) -> list[str]:
-    return sorted(line for line in stdout.splitlines() if line.startswith("rank "))
+    return sorted(line for line in stdout.splitlines() if re.match(r"(rank )?\d", line))
 
 
-def test_torchrun_runs_a_plain_torch_program_on_ringtorch() -> None:
+def test_torchrun_runs_the_docs_example_on_ringtorch(tmp_path: Path) -> None:
+    text = (ROOT / "docs" / "backend-door.md").read_text()
+    script = tmp_path / "door.py"
+    script.write_text(re.search(r"```python\n(.*?)```", text, re.S).group(1))
     result = _run(["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                   str(job_port()), JOB])
+                   str(job_port()), str(script)])
     assert result.returncode == 0, result.stderr
-    assert _lines(result.stdout) == _expected(2)
+    assert _lines(result.stdout) == [f"{r} [3.0, 3.0, 3.0, 3.0] ringtorch" for r in range(2)]
 
 
 def test_ringrun_traces_and_summarises_the_calls_of_a_plain_torch_program(
