@@ -159,7 +159,42 @@ def _ops(rank: int, ws: int) -> list[tuple[str, Any]]:
         cm.wait()
         return ts
 
-    ops += [("all_reduce_coalesced", coalesced), ("broadcast", broadcast), ("reduce", reduce),
+    def coalesced_gather_scatter(g: Any) -> Any:
+        # the fast paths torch turns into all_gather_single_coalesced and
+        # reduce_scatter_single_coalesced
+        gathered = [torch.zeros(2 * ws), torch.zeros(3 * ws)]
+        with dist._coalescing_manager(group=g, async_ops=True) as cm:
+            for out, n in zip(gathered, (2, 3), strict=True):
+                dist.all_gather_into_tensor(out, _inputs(rank, n, torch.float32), group=g)
+        cm.wait()
+        scattered = [torch.zeros(2), torch.zeros(1)]
+        with dist._coalescing_manager(group=g, async_ops=True) as cm:
+            for out in scattered:
+                dist.reduce_scatter_tensor(out, _inputs(rank, out.numel() * ws,
+                                                        torch.float32), group=g)
+        cm.wait()
+        return gathered + scattered
+
+    def coalescing_on_device(g: Any) -> Any:
+        # with a device, each call goes to the group between _start_ and _end_coalescing;
+        # gloo does not implement that ("Backend gloo does not implement startCoalescing"):
+        # there the same calls run one by one
+        ts = [_inputs(rank, 2, torch.float64), _inputs(rank, 4, torch.float64)]
+        if dist.get_backend(g) == "gloo":
+            dist.all_reduce(ts[0], group=g)
+            dist.broadcast(ts[1], src=0, group=g)
+            return ts
+        with dist._coalescing_manager(group=g, device=torch.device("cpu"), async_ops=True) as cm:
+            dist.all_reduce(ts[0], group=g)
+            dist.broadcast(ts[1], src=0, group=g)
+        cm.wait()
+        return ts
+
+    ops += [("all_reduce_coalesced", coalesced),
+            ("coalesced all_gather_into_tensor, reduce_scatter_tensor",
+             coalesced_gather_scatter),
+            ("_coalescing_manager on a device", coalescing_on_device),
+            ("broadcast", broadcast), ("reduce", reduce),
             ("all_gather", all_gather), ("all_gather_into_tensor", all_gather_into_tensor),
             ("all_gather_coalesced", all_gather_coalesced), ("reduce_scatter", reduce_scatter),
             ("reduce_scatter_tensor", reduce_scatter_tensor), ("all_to_all", all_to_all),
