@@ -401,4 +401,28 @@ def killed(rank: int, ws: int, victim: int) -> dict[str, Any]:
     return {"error": said, "seconds": time.monotonic() - start}
 
 
-__all__ = ["differential", "features", "killed", "lifecycle"]
+
+def stalled(rank: int, ws: int) -> dict[str, Any]:
+    """Rank 1 stays out of rank 0's second all_reduce: rank 0 logs stall warnings, then times
+    out naming rank 1, with a hang report (the test sets the stall warning's interval)."""
+    import io
+    import logging
+
+    dist.init_process_group("ringtorch", timeout=timedelta(seconds=3))
+    dist.all_reduce(torch.ones(1))
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 1:
+        store.wait(["door/stalled/done"], timedelta(seconds=60))
+        return {}
+    log = io.StringIO()
+    logging.getLogger().addHandler(logging.StreamHandler(log))
+    try:
+        dist.all_reduce(torch.ones(1))
+        said = "no error"
+    except Exception as exc:
+        said = f"{type(exc).__name__}: {exc}"
+    store.set("door/stalled/done", "1")
+    return {"error": said, "log": log.getvalue()}
+
+
+__all__ = ["differential", "features", "killed", "lifecycle", "stalled"]

@@ -143,3 +143,15 @@ def test_the_flight_recorder_sees_the_calls_torchs_libraries_made() -> None:
         assert groups["0"] == "ringtorch" and set(groups.values()) == {"ringtorch"}
         # the default group (the 1-D mesh uses it), the 2-D mesh's dp and tp groups, evens
         assert len(groups) == 3 + (rank % 2 == 0), groups
+
+
+def test_a_stalled_collective_warns_then_times_out_naming_the_missing_rank() -> None:
+    results = run_ranks(D.stalled, 2, timeout=60, env={"RINGTORCH_STALL_WARNING_S": "1"})
+    error, log = results[0]["error"], results[0]["log"]
+    assert re.match(r"\w+Error: all_reduce #1 \(float32, 4 bytes, op SUM\) on group '0' "
+                    r"\(rank 0\) timed out after 0:00:03 .*: ranks \[1\] did not arrive "
+                    r"\(rank 1 is at all_reduce #0 .*\) \(hang report: (\S+)\)$", error), error
+    assert ("all_reduce #1 (float32, 4 bytes, op SUM) on group '0' (rank 0) has waited 1.0 s: "
+            "ranks [1] have not arrived") in log, log
+    # the report names the line of the program each rank is at, above torch's frames
+    assert f"rank 0: in allreduce #1 (4 bytes, float32), running at {RANKS}:" in log, log
