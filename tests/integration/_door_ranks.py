@@ -45,6 +45,8 @@ def _ops(rank: int, ws: int) -> list[tuple[str, Any]]:
     for op in (dist.ReduceOp.BAND, dist.ReduceOp.BOR, dist.ReduceOp.BXOR):
         ops.append((f"all_reduce int64 {op}", all_reduce(torch.int64, op)))
     ops.append(("all_reduce bool MAX", all_reduce(torch.bool, dist.ReduceOp.MAX)))
+    for dtype in (torch.int8, torch.complex64, torch.complex128):  # gloo refuses int16
+        ops.append((f"all_reduce {dtype} SUM", all_reduce(dtype, dist.ReduceOp.SUM)))
 
     def coalesced(g: Any) -> Any:
         ts = [_inputs(rank, 3, torch.float32), _inputs(rank, 4, torch.float32) * 2]
