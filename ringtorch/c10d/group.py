@@ -51,12 +51,22 @@ class RingtorchGroup(dist.ProcessGroup):
         """The engine's group that runs this group's operations."""
         return self._engine
 
-    def _async(self, opts: Any) -> bool | None:
-        return True if self._coalesced is not None else None
+    def _opts(self, kind: type, opts: Any) -> Any:
+        """The engine's options for torch's; inside a coalescing block every call queues."""
+        return translate(kind, opts, True if self._coalesced is not None else None)
 
-    def _w(self, work: Any) -> Any:
-        if self._coalesced is not None and work is not None:
+    def _w(self, work: Any, opts: Any = None) -> Any:
+        """torch's Work for the engine's; None for a synchronous call, done here.
+
+        torch's functions accept None from a backend that completed a synchronous call
+        itself ("backends that sync at CPP level"): waiting on the engine's Work directly
+        spares the call a torch Work object and a layer of waiting.
+        """
+        if self._coalesced is not None:
             self._coalesced.append(work)
+        elif opts is not None and not opts.asyncOp:
+            work.wait()
+            return None
         return door_work(work)
 
     # -- what the group is ------------------------------------------------------------------
@@ -108,38 +118,40 @@ class RingtorchGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors: Any, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.AllreduceOptions()
-        return self._w(self._engine.allreduce(
-            list(tensors), translate(o.AllreduceOptions, opts, self._async(opts))))
+        eo = self._opts(o.AllreduceOptions, opts)
+        return self._w(self._engine.allreduce(list(tensors), eo), eo)
 
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
-        return self._w(self._engine.allreduce_coalesced(
-            list(tensors), translate(o.AllreduceCoalescedOptions, opts, self._async(opts))))
+        eo = self._opts(o.AllreduceCoalescedOptions, opts)
+        return self._w(self._engine.allreduce_coalesced(list(tensors), eo), eo)
 
     def reduce(self, tensors: Any, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.ReduceOptions()
-        return self._w(self._engine.reduce(
-            list(tensors), translate(o.ReduceOptions, opts, self._async(opts))))
+        eo = self._opts(o.ReduceOptions, opts)
+        return self._w(self._engine.reduce(list(tensors), eo), eo)
 
     def reduce_scatter(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
+        eo = self._opts(o.ReduceScatterOptions, opts)
         return self._w(self._engine.reduce_scatter(
             list(outputs), [list(i) for i in inputs],
-            translate(o.ReduceScatterOptions, opts, self._async(opts))))
+            eo), eo)
 
     def reduce_scatter_single(self, output: Any, input: Any, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        return self._w(self._engine.reduce_scatter_single(
-            output, input, translate(o.ReduceScatterOptions, opts, self._async(opts))))
+        eo = self._opts(o.ReduceScatterOptions, opts)
+        return self._w(self._engine.reduce_scatter_single(output, input, eo), eo)
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_tensor_coalesced(self, outputs: Any, inputs: Any,
                                         opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
+        eo = self._opts(o.ReduceScatterOptions, opts)
         return self._w(self._engine.reduce_scatter_tensor_coalesced(
             list(outputs), list(inputs),
-            translate(o.ReduceScatterOptions, opts, self._async(opts))))
+            eo), eo)
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
@@ -147,67 +159,71 @@ class RingtorchGroup(dist.ProcessGroup):
 
     def broadcast(self, tensors: Any, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.BroadcastOptions()
-        return self._w(self._engine.broadcast(
-            list(tensors), translate(o.BroadcastOptions, opts, self._async(opts))))
+        eo = self._opts(o.BroadcastOptions, opts)
+        return self._w(self._engine.broadcast(list(tensors), eo), eo)
 
     def allgather(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
         opts = opts if opts is not None else _AllgatherOptions()
+        eo = self._opts(o.AllgatherOptions, opts)
         return self._w(self._engine.allgather(
             [list(x) for x in outputs], list(inputs),
-            translate(o.AllgatherOptions, opts, self._async(opts))))
+            eo), eo)
 
     def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> Any:
         opts = opts if opts is not None else _AllgatherOptions()
-        return self._w(self._engine.all_gather_single(
-            output, input, translate(o.AllgatherOptions, opts, self._async(opts))))
+        eo = self._opts(o.AllgatherOptions, opts)
+        return self._w(self._engine.all_gather_single(output, input, eo), eo)
 
     _allgather_base = all_gather_single
 
     def allgather_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
         opts = opts if opts is not None else _AllgatherOptions()
+        eo = self._opts(o.AllgatherOptions, opts)
         return self._w(self._engine.allgather_coalesced(
             [list(x) for x in outputs], list(inputs),
-            translate(o.AllgatherOptions, opts, self._async(opts))))
+            eo), eo)
 
     def allgather_into_tensor_coalesced(self, outputs: Any, inputs: Any,
                                         opts: Any = None) -> Any:
         opts = opts if opts is not None else _AllgatherOptions()
-        return self._w(self._engine.allgather_into_tensor_coalesced(
-            list(outputs), list(inputs), translate(o.AllgatherOptions, opts,
-                                                   self._async(opts))))
+        eo = self._opts(o.AllgatherOptions, opts)
+        return self._w(self._engine.allgather_into_tensor_coalesced(list(outputs), list(inputs), eo), eo)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     def gather(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.GatherOptions()
+        eo = self._opts(o.GatherOptions, opts)
         return self._w(self._engine.gather(
             [list(x) for x in outputs], list(inputs),
-            translate(o.GatherOptions, opts, self._async(opts))))
+            eo), eo)
 
     def scatter(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.ScatterOptions()
+        eo = self._opts(o.ScatterOptions, opts)
         return self._w(self._engine.scatter(
             list(outputs), [list(x) for x in inputs],
-            translate(o.ScatterOptions, opts, self._async(opts))))
+            eo), eo)
 
     def alltoall(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.AllToAllOptions()
-        return self._w(self._engine.alltoall(
-            list(outputs), list(inputs), translate(o.AllToAllOptions, opts, self._async(opts))))
+        eo = self._opts(o.AllToAllOptions, opts)
+        return self._w(self._engine.alltoall(list(outputs), list(inputs), eo), eo)
 
     def alltoall_base(self, output: Any, input: Any, output_split_sizes: Any = None,
                       input_split_sizes: Any = None, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.AllToAllOptions()
+        eo = self._opts(o.AllToAllOptions, opts)
         return self._w(self._engine.alltoall_base(
             output, input, list(output_split_sizes or []), list(input_split_sizes or []),
-            translate(o.AllToAllOptions, opts, self._async(opts))))
+            eo), eo)
 
     all_to_all_single = alltoall_base
 
     def barrier(self, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.BarrierOptions()
-        return self._w(self._engine.barrier(
-            translate(o.BarrierOptions, opts, self._async(opts))))
+        eo = self._opts(o.BarrierOptions, opts)
+        return self._w(self._engine.barrier(eo), eo)
 
     def monitored_barrier(self, timeout: timedelta | None = None,
                           wait_all_ranks: bool = False) -> None:

@@ -415,6 +415,7 @@ def stalled(rank: int, ws: int) -> dict[str, Any]:
     store = dist.distributed_c10d._get_default_store()
     if rank == 1:
         store.wait(["door/stalled/done"], timedelta(seconds=60))
+        store.set("door/stalled/seen", "1")  # rank 0 (the store's host) may leave now
         return {}
     log = io.StringIO()
     logging.getLogger().addHandler(logging.StreamHandler(log))
@@ -424,6 +425,7 @@ def stalled(rank: int, ws: int) -> dict[str, Any]:
     except Exception as exc:
         said = f"{type(exc).__name__}: {exc}"
     store.set("door/stalled/done", "1")
+    store.wait(["door/stalled/seen"], timedelta(seconds=60))
     return {"error": said, "log": log.getvalue()}
 
 

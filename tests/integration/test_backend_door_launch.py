@@ -49,8 +49,8 @@ def test_torchrun_runs_the_docs_example_on_ringtorch(tmp_path: Path) -> None:
     result = _run(["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                    str(job_port()), str(script)])
     assert result.returncode == 0, result.stderr
-    assert _lines(result.stdout, r"\d+ \[[\d., ]+\] \w+") == [
-        f"{r} [3.0, 3.0, 3.0, 3.0] ringtorch" for r in range(2)]
+    assert _lines(result.stdout, r"rank \d+: \[[\d., ]+\] on ringtorch") == [
+        f"rank {r}: [3.0, 3.0, 3.0, 3.0] on ringtorch" for r in range(2)]
 
 
 def test_ringrun_traces_and_summarises_the_calls_of_a_plain_torch_program(
