@@ -429,4 +429,22 @@ def stalled(rank: int, ws: int) -> dict[str, Any]:
     return {"error": said, "log": log.getvalue()}
 
 
-__all__ = ["differential", "features", "killed", "lifecycle", "stalled"]
+def mesh_override(rank: int, ws: int) -> dict[str, Any]:
+    """A gloo default group with a DeviceMesh whose "tp" dimension is overridden to
+    backend "ringtorch" (init_device_mesh's backend_override)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (2, ws // 2), mesh_dim_names=("dp", "tp"),
+                            backend_override={"tp": "ringtorch"})
+    out: dict[str, Any] = {}
+    for dim in ("dp", "tp"):
+        group = mesh[dim].get_group()
+        value = torch.full((1,), float(rank))
+        dist.all_reduce(value, group=group)
+        out[dim] = (dist.get_backend(group), value.item())
+    dist.destroy_process_group()
+    return out
+
+
+__all__ = ["differential", "features", "killed", "lifecycle", "mesh_override", "stalled"]

@@ -75,6 +75,14 @@ def test_new_group_and_device_mesh_groups_run_on_ringtorch() -> None:
             torch.testing.assert_close(value, torch.tensor([float(sum(peers))]), msg=dim)
 
 
+def test_a_device_mesh_dimension_can_be_overridden_to_ringtorch() -> None:
+    for rank, res in enumerate(run_ranks(D.mesh_override, WS, timeout=60)):
+        dp_peers = [r for r in range(WS) if r % (WS // 2) == rank % (WS // 2)]
+        tp_peers = [r for r in range(WS) if r // (WS // 2) == rank // (WS // 2)]
+        assert res == {"dp": ("gloo", float(sum(dp_peers))),
+                       "tp": ("ringtorch", float(sum(tp_peers)))}, res
+
+
 def test_dtensor_redistributes_shard_to_replicate() -> None:
     full = torch.arange(WS * 2 * 3, dtype=torch.float32).view(WS * 2, 3)
     for rank, res in enumerate(features()):
