@@ -59,7 +59,12 @@ def group_made(engine: Any, store: Any) -> None:
     if DOOR.installed:
         return
     DOOR.installed = True
-    rank, size = engine.global_ranks[engine.rank()], len(engine.global_ranks)
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # a subgroup of a job whose default group is another backend's
+        rank, size = dist.get_rank(), dist.get_world_size()
+    else:  # torch is making its default group: this one
+        rank, size = engine.rank(), engine.size()
     job = _job_store(store)
     HANG.install(job, rank, size, dump)
     trace_run.start_if_asked(job, rank, size)
