@@ -447,4 +447,30 @@ def mesh_override(rank: int, ws: int) -> dict[str, Any]:
     return out
 
 
-__all__ = ["differential", "features", "killed", "lifecycle", "mesh_override", "stalled"]
+def ddp_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+
+
+def ddp_batch(rank: int, step: int) -> torch.Tensor:
+    return torch.randn(4, 8, generator=torch.Generator().manual_seed(100 * step + rank))
+
+
+def ddp(rank: int, ws: int) -> list[torch.Tensor]:
+    """torch's own DistributedDataParallel (its C++ reducer calls the group) trains three
+    SGD steps on backend "ringtorch"; returns the parameters."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("ringtorch")
+    model = ddp_model()
+    wrapped = DistributedDataParallel(model, bucket_cap_mb=0.0001)  # several buckets
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+    for step in range(3):
+        optimizer.zero_grad()
+        wrapped(ddp_batch(rank, step)).square().sum().backward()
+        optimizer.step()
+    dist.destroy_process_group()
+    return [p.detach() for p in model.parameters()]
+
+
+__all__ = ["ddp", "differential", "features", "killed", "lifecycle", "mesh_override", "stalled"]

@@ -83,6 +83,21 @@ def test_a_device_mesh_dimension_can_be_overridden_to_ringtorch() -> None:
                        "tp": ("ringtorch", float(sum(tp_peers)))}, res
 
 
+def test_torchs_ddp_trains_on_ringtorch_as_one_process_on_the_whole_batch() -> None:
+    ws = 2
+    results = run_ranks(D.ddp, ws, timeout=60)
+    # DDP averages the ranks' gradients: one process stepping on the mean of their losses
+    model = D.ddp_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        optimizer.zero_grad()
+        (sum(model(D.ddp_batch(r, step)).square().sum() for r in range(ws)) / ws).backward()
+        optimizer.step()
+    for rank, params in enumerate(results):
+        for got, want in zip(params, model.parameters(), strict=True):
+            torch.testing.assert_close(got, want.detach(), msg=lambda m, r=rank: f"rank {r}: {m}")
+
+
 def test_dtensor_redistributes_shard_to_replicate() -> None:
     full = torch.arange(WS * 2 * 3, dtype=torch.float32).view(WS * 2, 3)
     for rank, res in enumerate(features()):
