@@ -473,4 +473,28 @@ def ddp(rank: int, ws: int) -> list[torch.Tensor]:
     return [p.detach() for p in model.parameters()]
 
 
-__all__ = ["ddp", "differential", "features", "killed", "lifecycle", "mesh_override", "stalled"]
+def fsdp(rank: int, ws: int) -> list[torch.Tensor]:
+    """torch's FSDP2 (fully_shard over a DeviceMesh; reduce-scatters and all-gathers the
+    parameters through the group) trains the same three steps on backend "ringtorch"."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("ringtorch")
+    mesh = init_device_mesh("cpu", (ws,))
+    model = ddp_model()
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        optimizer.zero_grad()
+        model(ddp_batch(rank, step)).square().sum().backward()
+        optimizer.step()
+    params = [p.full_tensor().detach() for p in model.parameters()]
+    dist.destroy_process_group()
+    return params
+
+
+__all__ = ["ddp", "differential", "features", "fsdp", "killed", "lifecycle", "mesh_override",
+           "stalled"]

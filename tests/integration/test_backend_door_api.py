@@ -83,10 +83,12 @@ def test_a_device_mesh_dimension_can_be_overridden_to_ringtorch() -> None:
                        "tp": ("ringtorch", float(sum(tp_peers)))}, res
 
 
-def test_torchs_ddp_trains_on_ringtorch_as_one_process_on_the_whole_batch() -> None:
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp"])
+def test_torchs_ddp_and_fsdp2_train_on_ringtorch_as_one_process_on_the_whole_batch(
+        wrapper: str) -> None:
     ws = 2
-    results = run_ranks(D.ddp, ws, timeout=60)
-    # DDP averages the ranks' gradients: one process stepping on the mean of their losses
+    results = run_ranks(getattr(D, wrapper), ws, timeout=60)
+    # both average the ranks' gradients: one process stepping on the mean of their losses
     model = D.ddp_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(3):
