@@ -284,6 +284,10 @@ def create(backend_opts: Any, pg_options: Any = None) -> RingtorchGroup:
     impl = registry.create("native", ctx, pg_options)
     engine = ProcessGroup(store, rank, size, backend=impl, backend_name=NAME, group_name=name,
                           group_desc=name, timeout=timeout, global_ranks=global_ranks)
+    # a program's dist.all_reduce reaches the engine through torch's function and its logging
+    # wrapper, then RingtorchGroup's method (where the facade's function would stand): the
+    # flight recorder's first guess at the call site is that many frames up
+    engine.site_depth = 2
     observe.group_made(engine, base)
     return RingtorchGroup(engine)
 

@@ -23,6 +23,11 @@ WS = 4
 RANKS = Path(D.__file__)
 
 
+def _line_of(comment: str) -> int:
+    return next(n for n, text in enumerate(RANKS.read_text().splitlines(), 1)
+                if text.endswith(comment))
+
+
 @functools.cache
 def features() -> list[dict]:
     return run_ranks(D.features, WS, timeout=120)
@@ -162,9 +167,8 @@ def test_the_flight_recorder_sees_the_calls_torchs_libraries_made() -> None:
         # distribute_tensor scatters the shards; Shard(0) -> Replicate gathers them
         assert ops[-2:] == ["scatter", "all_gather_single"], ops
         # the call site is the program's line, above torch's and ringtorch's frames
-        line = next(n for n, text in enumerate(RANKS.read_text().splitlines(), 1)
-                    if text.endswith("# recorded here"))
-        assert site == f"{RANKS}:{line}", site
+        assert site == f"{RANKS}:{_line_of('# recorded here')}", site
+        assert res["sites"] == [f"{RANKS}:{_line_of('# recorded three times')}"] * 3
         assert groups["0"] == "ringtorch" and set(groups.values()) == {"ringtorch"}
         # the default group (the 1-D mesh uses it), the 2-D mesh's dp and tp groups, evens
         assert len(groups) == 3 + (rank % 2 == 0), groups
