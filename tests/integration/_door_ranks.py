@@ -398,12 +398,21 @@ def killed(rank: int, ws: int, victim: int) -> dict[str, Any]:
     dist.all_reduce(torch.ones(1))
     dist.distributed_c10d._get_default_store().set(f"door/finished/{rank}", "1")
     start = time.monotonic()
+    work = dist.all_reduce(torch.ones(1), async_op=True)
     try:
-        dist.all_reduce(torch.ones(1))
+        work.wait()
         said = "no error"
     except Exception as exc:
         said = f"{type(exc).__name__}: {exc}"
-    return {"error": said, "seconds": time.monotonic() - start}
+    seconds = time.monotonic() - start
+    failed = (work.is_completed(), work.is_success(),
+              str(work.exception()) == said.split(": ", 1)[-1])
+    try:  # the group stays failed: a later call raises at once
+        dist.barrier()
+        later = "no error"
+    except Exception as exc:
+        later = type(exc).__name__
+    return {"error": said, "seconds": seconds, "work": failed, "later": later}
 
 
 

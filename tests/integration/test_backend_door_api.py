@@ -159,6 +159,9 @@ def test_a_killed_rank_is_named_on_every_survivor_within_seconds() -> None:
                         rf"SUM\) on group '0' \(rank {rank}\) failed: rank 2 ",
                         res["error"]), res["error"]
         assert res["seconds"] < 5.0
+        # the Work says it completed, unsuccessfully, and holds the error wait() raised
+        assert res["work"] == (True, False, True)
+        assert res["later"] in ("PeerLostError", "ShmPeerError", "DistBackendError")
 
 
 def test_the_flight_recorder_sees_the_calls_torchs_libraries_made() -> None:
