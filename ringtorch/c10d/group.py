@@ -102,6 +102,15 @@ class RingtorchGroup(dist.ProcessGroup):
     def _device_types(self) -> list[torch.device]:
         return [torch.device("cpu")]
 
+    # torch asks a group for its backend object of a device and then for what that backend
+    # supports; this group is its own CPU backend, and supports none of those extras
+    supports_splitting = False
+    supports_coalescing = False
+    supports_time_estimate = False
+
+    def _get_backend(self, device: Any = None) -> RingtorchGroup:
+        return self
+
     def _get_sequence_number_for_group(self) -> int:
         return self._engine._get_sequence_number_for_group()
 

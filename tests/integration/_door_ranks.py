@@ -331,6 +331,15 @@ def lifecycle(rank: int, ws: int, path: str) -> dict[str, Any]:
         dist.broadcast(torch.ones(1), src=1)
     gloo = dist.new_group(backend="gloo")
     out["errors"] = _errors(gloo)
+    with warnings.catch_warnings(record=True) as caught:  # torch changes gloo's and nccl's only
+        warnings.simplefilter("always")
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=5))
+    out["set_pg_timeout"] = [str(w.message) for w in caught]
+    try:
+        with dist.distributed_c10d._time_estimator():
+            pass
+    except NotImplementedError as exc:
+        out["time_estimator"] = str(exc)
     dist.destroy_process_group()
     out["after_destroy"] = dist.is_initialized()
     dist.init_process_group("ringtorch", init_method=f"file://{path}", rank=rank,

@@ -126,6 +126,15 @@ def test_store_file_init_device_string_destroy_reinit_and_abort(life: list[dict]
         assert res["after_destroy"] is False and res["after_abort"] is False
 
 
+def test_torchs_backend_only_extras_are_refused_in_torchs_words(life: list[dict]) -> None:
+    for res in life:
+        assert res["set_pg_timeout"] == [
+            "Set timeout is now only supported for either nccl or gloo."]
+        assert res["time_estimator"].startswith(
+            "collective time estimator is not supported in the current version of backend "
+            "<RingtorchGroup ")
+
+
 def test_work_wait_gives_up_at_its_own_timeout_and_the_operation_goes_on(
         life: list[dict]) -> None:
     kind, message, completed = life[0]["wait_timeout"]
