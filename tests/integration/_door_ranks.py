@@ -431,7 +431,8 @@ def stalled(rank: int, ws: int) -> dict[str, Any]:
     import io
     import logging
 
-    dist.init_process_group("ringtorch", timeout=timedelta(seconds=3))
+    dist.init_process_group("ringtorch", timeout=timedelta(seconds=60))
+    dist.group.WORLD.set_timeout(timedelta(seconds=3))  # the group's own, as gloo's
     dist.all_reduce(torch.ones(1))
     store = dist.distributed_c10d._get_default_store()
     if rank == 1:
