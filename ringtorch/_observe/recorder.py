@@ -208,6 +208,8 @@ class FlightRecorder:
         # The last verified site: a loop issuing from one line finds it here, without the
         # table's look-up, and its operations share this tuple.
         self._last_site: tuple[Any, int] = (None, -1)
+        # The folders of library code a call site is never in: ringtorch's and torch's.
+        self._library: tuple[str, ...] | None = None
 
     def add(self, o: Operation, hint: int = 3) -> None:
         """Record the operation ``o`` being issued (call only when ``on``): look up its call
@@ -272,8 +274,18 @@ class FlightRecorder:
         at ``hint + 1`` is remembered (at most ``_VERIFIED_MAX`` codes; the table starts
         over when full).
         """
+        # torch's own Python (torch.distributed's functions, DeviceMesh, DTensor, the ops
+        # of functional collectives) is library code too when it calls a ringtorch group
+        # (backend "ringtorch"): the user's frame is the first one outside both packages
+        library = self._library
+        if library is None:  # found once torch is imported (this layer never imports it)
+            torch_file = getattr(sys.modules.get("torch"), "__file__", None)
+            if torch_file is None:
+                library = _PACKAGE
+            else:
+                library = self._library = (_PACKAGE, os.path.dirname(torch_file) + os.sep)
         frame, depth = sys._getframe(2), 1  # depth counts from its caller: add()'s is 1
-        while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        while frame is not None and frame.f_code.co_filename.startswith(library):
             frame, depth = frame.f_back, depth + 1
         if frame is None:
             return NO_SITE

@@ -69,6 +69,10 @@ class GroupBase:
         self._self_box: Any = None
         self._shut = False
         self.collective_check: CollectiveCheck | None = None
+        # How many frames a caller above the facade's adds between the user's call and this
+        # group's method (torch's functions, through the backend door): the flight
+        # recorder's first guess at the call site, so that it need not walk the stack.
+        self.site_depth = 0
         self.bound_device_id: torch.device | None = None
 
     # -- what the group is ----------------------------------------------------------------
@@ -189,7 +193,7 @@ class GroupBase:
 
         work = Work(op_name, -1, run, outputs, operation=o)
         if RECORDER.on:
-            RECORDER.add(o)
+            RECORDER.add(o, 3 + self.site_depth)
         if profiling.profiler_on():
             o.profile = profiling.begin(self._backend_name, op_name, self._profile_id(),
                                         described, outputs, recorded=recorded)

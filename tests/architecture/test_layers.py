@@ -41,6 +41,8 @@ ALLOWED: dict[str, set[str]] = {
     "ringtorch.distributed": {"ringtorch.collectives", "ringtorch.rendezvous", "ringtorch.store",
                               "ringtorch._buffers", "ringtorch._observe",
                               "ringtorch._device"},  # staging device tensors
+    # the backend door: torch's ProcessGroup over the engine's, through torch's own store
+    "ringtorch.c10d": {"ringtorch.collectives", "ringtorch.store", "ringtorch._observe"},
     "ringtorch.distributed.rpc": {"ringtorch.rendezvous", "ringtorch.store", "ringtorch._wire",
                                   "ringtorch._buffers", "ringtorch.futures",
                                   "ringtorch._observe"},
