@@ -18,9 +18,8 @@ Every collective also publishes a descriptor (sequence number, op, detail, bytes
 with those four attributes, the collectives layer's CollectiveCall is one): ``now``
 (what the rank is doing, any transport) and, for its first shared-memory round, a per-slot
 copy that every peer compares with its own after the round: ranks that called different
-collectives, sizes, dtypes or roots fail at their first round, before any data is read, and so
-does a rank whose peer arrived and then gave up (aborted: its round is void). A rank stuck in a
-socket collective is reported by the ``now`` descriptor.
+collectives, sizes, dtypes or roots fail at their first round, before any data is read, as does
+a rank whose peer arrived and then aborted. ``now`` reports a rank stuck in a socket collective.
 
 Waits spin on the peer's round word (0.3 µs a hand-off), then yield the CPU (ranks may
 outnumber cores), then sleep with back-off. Every millisecond or so a waiting rank also checks
@@ -254,7 +253,8 @@ class ShmDomain:
             w = self.words[j]
             if w[at] != seq or w[at + 1] != kind or w[at + 2] != detail or w[at + 3] != nbytes:
                 self._fail(self._mismatch(desc, j, self._read_desc(j, at)), [j])
-            if w[W_ABORTED]:
+        for j in self.peers:  # after every mismatch: that is what a peer aborted for, if any
+            if self.words[j][W_ABORTED]:
                 self._fail(self.reports.peer_aborted(desc, self.names[self.rank], self.names[j],
                                                      self._reason(j)), [self.names[j]])
 
