@@ -105,7 +105,7 @@ def check_fingerprint(pg: Any, call: Any, tensors: list[tuple[tuple[int, ...], t
     except Exception as exc:
         missing = [r for r in range(size) if not store.check([keys[r]])]
         raise DistBackendError(fingerprint_missing(call, missing, remaining, exc)) from None
-    entries = [json.loads(store.get(k)) for k in keys]
+    entries = [json.loads(v) for v in store.multi_get(keys)]  # one round trip
     if store.add(f"{prefix}read", 1) == size:
         for key in [*keys, f"{prefix}read"]:
             store.delete_key(key)
