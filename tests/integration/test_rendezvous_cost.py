@@ -12,8 +12,10 @@ import json
 import threading
 from datetime import timedelta
 
+import pytest
+
 from ringtorch.distributed.rpc import _mesh as rpc_mesh
-from ringtorch.store import TCPStore
+from ringtorch.store import PrefixStore, Store, TCPStore
 from ringtorch.testing import run_ranks
 from tests.integration import _rendezvous_cost_ranks as ranks
 
@@ -90,3 +92,41 @@ def _exchange(world: int) -> list[int]:
 def test_an_rpc_worker_reads_the_whole_worker_table_in_one_request():
     sent = {w: _exchange(w) for w in WORLDS}
     assert {w: max(s) for w, s in sent.items()} == {w: 2 for w in WORLDS}, sent
+
+
+class _GetOnlyStore(Store):
+    """A user's store written with set and a blocking get only (no multi_get), behind a
+    PrefixStore as a group or RPC sees it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.data: dict[str, bytes] = {}
+        self.cond = threading.Condition()
+
+    def set(self, key, value):
+        with self.cond:
+            self.data[key] = value.encode() if isinstance(value, str) else bytes(value)
+            self.cond.notify_all()
+
+    def get(self, key):
+        with self.cond:
+            assert self.cond.wait_for(lambda: key in self.data, timeout=30)
+            return self.data[key]
+
+
+def test_a_store_without_multi_get_is_read_one_key_at_a_time():
+    store = PrefixStore("rpc", _GetOnlyStore())
+    with pytest.raises(NotImplementedError, match="does not implement multi_get"):
+        store.multi_get(["x"])  # so the batched read falls back to gets
+    tables: dict[int, list] = {}
+
+    def worker(rank: int) -> None:
+        tables[rank] = rpc_mesh.exchange_addresses(store, rank, 2, f"w{rank}", {"port": rank})
+
+    threads = [threading.Thread(target=worker, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    expected = [{"name": "w0", "rank": 0, "port": 0}, {"name": "w1", "rank": 1, "port": 1}]
+    assert tables == {0: expected, 1: expected}
