@@ -87,8 +87,8 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def _own_sockets() -> list[socket.socket]:
     """The connected sockets of this process's clients (a master lingers for the others')."""
-    return [store._sock for store in list(_clients)
-            if store._sock is not None and store._pid == os.getpid()]
+    return [sock for store in list(_clients)
+            if (sock := store._sock) is not None and store._pid == os.getpid()]
 
 
 class TCPStore(Store):
