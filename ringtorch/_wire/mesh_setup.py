@@ -57,6 +57,8 @@ def _tcp_address(all_local: bool) -> str:
 
 
 def _wait_keys(store: Any, keys: list[str], deadline: float, what: str) -> list[bytes]:
+    """The values of ``keys`` once all exist: two requests whatever the group's size (a wait,
+    then one multi_get), so that the rendezvous costs each rank O(1) round trips."""
     remaining = max(0.001, deadline - time.monotonic())
     try:
         store.wait(keys, timedelta(seconds=remaining))
@@ -65,7 +67,10 @@ def _wait_keys(store: Any, keys: list[str], deadline: float, what: str) -> list[
         raise DistNetworkError(
             f"connecting the group failed: {what} {missing} did not appear within "
             f"{remaining:.1f} s ({exc})") from exc
-    return [store.get(k) for k in keys]
+    try:
+        return list(store.multi_get(keys))
+    except NotImplementedError:  # a user's store that only implements get
+        return [store.get(k) for k in keys]
 
 
 def _info(group: str, rank: int, kind: str, token: str) -> bytes:
@@ -218,7 +223,8 @@ def connect_mesh(store: Any, rank: int, size: int, group: str, deadline: float,
         coll: list[Channel | None] = [None] * size
         p2p: list[Channel | None] = [None] * size
         higher = [f"rt_mesh/addr/{r}" for r in range(rank + 1, size)]
-        addrs = [json.loads(a) for a in _wait_keys(store, higher, deadline, "addresses of ranks")]
+        addrs = [json.loads(a) for a in _wait_keys(
+            store, higher, deadline, "addresses of ranks")] if higher else []
         for peer, addr in zip(range(rank + 1, size), addrs, strict=True):
             for kind, table in ((KIND_COLL, coll), (KIND_P2P, p2p)):
                 sock = _connect(addr, use_unix[peer], deadline)

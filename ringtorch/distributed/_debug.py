@@ -105,7 +105,11 @@ def check_fingerprint(pg: Any, call: Any, tensors: list[tuple[tuple[int, ...], t
     except Exception as exc:
         missing = [r for r in range(size) if not store.check([keys[r]])]
         raise DistBackendError(fingerprint_missing(call, missing, remaining, exc)) from None
-    entries = [json.loads(store.get(k)) for k in keys]
+    try:
+        values = store.multi_get(keys)  # one round trip, whatever the group's size
+    except NotImplementedError:  # a user's store that only implements get
+        values = [store.get(k) for k in keys]
+    entries = [json.loads(v) for v in values]
     if store.add(f"{prefix}read", 1) == size:
         for key in [*keys, f"{prefix}read"]:
             store.delete_key(key)

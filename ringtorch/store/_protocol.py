@@ -61,6 +61,9 @@ OP_QUEUE_LEN = 15     # key                      -> value = length
 OP_WAIT_COUNT = 16    # key; arg = n             -> OK once int(value) >= n (blocks)
 OP_PING = 17          #                          -> OK
 MAX_OP = OP_PING
+# op code -> the name statistics() reports it under
+OP_NAMES = {code: name[3:].lower() for name, code in list(globals().items())
+            if name.startswith("OP_")}
 NO_ANSWER_OPS = frozenset({OP_SET, OP_MULTI_SET, OP_APPEND, OP_QUEUE_PUSH})
 
 STATUS_OK = 0

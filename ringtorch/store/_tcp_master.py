@@ -11,12 +11,15 @@ wait, within the same bound, until the other processes' clients of its servers h
 
 from __future__ import annotations
 
+import atexit
 import ipaddress
 import logging
 import os
 import socket
+import sys
 import threading
 import time
+from collections.abc import Callable
 
 from ringtorch import _config
 from ringtorch._errors import DistNetworkError
@@ -106,6 +109,47 @@ def linger_at_exit(own_peers: set[str]) -> None:
             log.warning("TCPStore server on %s: exiting with %d client(s) still connected after "
                         "waiting %.0f s for them (RINGTORCH_STORE_LINGER_S)", server.address,
                         left, linger_s)
+
+
+class _ExitHook:
+    """Which process hooked its exit, and which lingered (each once per process, forks too)."""
+
+    hooked_pid = 0
+    lingered_pid = 0
+
+
+def hook_exit(own_sockets: Callable[[], list[socket.socket]]) -> None:
+    """Once per process hosting a server: wait for its clients at exit (``linger_at_exit``),
+    at interpreter exit and at a multiprocessing worker's exit (which skips atexit).
+    ``own_sockets`` gives this process's own client sockets, which the linger does not wait
+    for."""
+    if _ExitHook.hooked_pid == os.getpid():
+        return
+    _ExitHook.hooked_pid = os.getpid()
+
+    def at_exit() -> None:
+        # Linger once per process (atexit and multiprocessing's exit hook may both call
+        # this), and only when the program ended well: a process leaving through an
+        # unhandled exception (``sys.last_value``, set by spawn's wrapper too) must not hide
+        # it for the linger's time.
+        if _ExitHook.lingered_pid == os.getpid():
+            return
+        _ExitHook.lingered_pid = os.getpid()
+        if getattr(sys, "last_value", None) is not None:
+            return
+        own: set[str] = set()
+        for sock in own_sockets():
+            try:
+                host, port = sock.getsockname()[:2]
+                own.add(f"{host}:{port}")
+            except OSError:
+                pass
+        linger_at_exit(own)
+
+    atexit.register(at_exit)
+    mp_util = sys.modules.get("multiprocessing.util")
+    if mp_util is not None:
+        mp_util.Finalize(None, at_exit, exitpriority=0)
 
 
 class Resources:

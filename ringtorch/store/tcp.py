@@ -22,15 +22,14 @@ only; any other binds every interface (without a job secret, with a loud warning
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import socket
 import struct
-import sys
 import threading
 import time
 import weakref
+from dataclasses import dataclass
 from datetime import timedelta
 
 from ringtorch import _config
@@ -45,12 +44,25 @@ from ringtorch.store._tcp_master import (
     Resources,
     StoreAddressInUseError,
     acquire_server,
-    linger_at_exit,
+    hook_exit,
 )
 from ringtorch.store._tcp_server import StoreServer
 from ringtorch.store.base import DEFAULT_TIMEOUT, Store
 
 log = logging.getLogger("ringtorch.store")
+
+
+@dataclass(frozen=True)
+class StoreStatistics:
+    """A snapshot of one TCPStore client (trio's ``statistics()``): ``requests_by_op`` maps an
+    operation's name ("set", "get", "multi_get", ...) to the requests of it sent."""
+
+    requests_by_op: dict[str, int]
+
+    @property
+    def requests(self) -> int:
+        """Every request sent, whatever its operation."""
+        return sum(self.requests_by_op.values())
 
 JOIN_KEY = INTERNAL_PREFIX + b"joined"
 GRACE_S = 1.0
@@ -73,45 +85,10 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-# ----- a master lingers at exit -------------------------------------------------------
-
-_exit_hook_pid = 0
-_lingered_pid = 0
-
-
-def _at_exit() -> None:
-    """Linger once per process (atexit and multiprocessing's exit hook may both call this), and
-    only when the program ended well: a process leaving through an unhandled exception
-    (``sys.last_value``, set by spawn's wrapper too) must not hide it for the linger's time."""
-    global _lingered_pid
-    if _lingered_pid == os.getpid():
-        return
-    _lingered_pid = os.getpid()
-    if getattr(sys, "last_value", None) is not None:
-        return
-    own: set[str] = set()
-    for store in list(_clients):
-        sock = store._sock
-        if sock is not None and store._pid == os.getpid():
-            try:
-                host, port = sock.getsockname()[:2]
-                own.add(f"{host}:{port}")
-            except OSError:
-                pass
-    linger_at_exit(own)
-
-
-def _hook_exit() -> None:
-    """Once per process hosting a server: wait for its clients at exit (``linger_at_exit``),
-    at interpreter exit and at a multiprocessing worker's exit (which skips atexit)."""
-    global _exit_hook_pid
-    if _exit_hook_pid == os.getpid():
-        return
-    _exit_hook_pid = os.getpid()
-    atexit.register(_at_exit)
-    mp_util = sys.modules.get("multiprocessing.util")
-    if mp_util is not None:
-        mp_util.Finalize(None, _at_exit, exitpriority=0)
+def _own_sockets() -> list[socket.socket]:
+    """The connected sockets of this process's clients (a master lingers for the others')."""
+    return [sock for store in list(_clients)
+            if (sock := store._sock) is not None and store._pid == os.getpid()]
 
 
 class TCPStore(Store):
@@ -132,7 +109,7 @@ class TCPStore(Store):
         connect_host = host_name
         if is_master:
             server = acquire_server(host_name, port, multi_tenant, master_listen_fd)
-            _hook_exit()
+            hook_exit(_own_sockets)
             port = server.port
             connect_host = "127.0.0.1" if server.host == "0.0.0.0" else server.host
         self._init_client(host_name, port, connect_host, server, multi_tenant)
@@ -174,6 +151,7 @@ class TCPStore(Store):
         self._sock: socket.socket | None = None
         self._pid = os.getpid()
         self._next_id = 0
+        self._sent = [0] * (P.MAX_OP + 1)  # requests sent, by op code (statistics())
         self._rcvtimeo = -1.0
         self._lost: str | None = None  # why the last connection broke, until one works again
         self._plain_wait_s = max(self._timeout.total_seconds(), GRACE_S)
@@ -182,6 +160,13 @@ class TCPStore(Store):
         self._max_value = _config.STORE_MAX_VALUE_BYTES.get()
         self._res = Resources(server, host, multi_tenant)
         self._finalizer = weakref.finalize(self, self._res.release)
+
+    def statistics(self) -> StoreStatistics:
+        """The requests this client has sent to the server since it was made (a clone counts
+        its own), by operation: how many round trips a rendezvous costs a rank."""
+        with self._lock:
+            sent = list(self._sent)
+        return StoreStatistics({P.OP_NAMES[op]: n for op, n in enumerate(sent) if n})
 
     def set_timeout(self, timeout: timedelta) -> None:
         """See base class."""
@@ -273,6 +258,7 @@ class TCPStore(Store):
         with self._lock:
             sock = self._sock or self._reconnect()
             self._next_id = rid = (self._next_id + 1) & 0xFFFFFFFF
+            self._sent[op] += 1
             head = P.REQUEST_HEAD.pack(nbytes, rid, op, 0, len(fields), tmo_ms, arg)
             try:
                 if wait_s != self._rcvtimeo:
@@ -300,6 +286,7 @@ class TCPStore(Store):
         with self._lock:
             sock = self._sock or self._reconnect()
             self._next_id = rid = (self._next_id + 1) & 0xFFFFFFFF
+            self._sent[op] += 1
             try:
                 if wait_s != self._rcvtimeo:
                     self._set_recv_timeout(sock, wait_s)
@@ -428,6 +415,7 @@ class TCPStore(Store):
                                          len(key)), key, P.FIELD_LENGTH.pack(len(value)), value))
         with self._lock:
             sock = self._sock or self._reconnect()
+            self._sent[P.OP_SET] += 1
             try:
                 sock.sendall(frame)
             except OSError as exc:
@@ -494,4 +482,4 @@ class TCPStore(Store):
         return self._one_key(P.OP_QUEUE_LEN, key)[1]
 
 
-__all__ = ["StoreAddressInUseError", "TCPStore"]
+__all__ = ["StoreAddressInUseError", "StoreStatistics", "TCPStore"]

@@ -277,7 +277,14 @@ def exchange_addresses(store: Store, rank: int, world_size: int, name: str,
         RuntimeError: two workers use the same name.
     """
     store.set(f"worker/{rank}", json.dumps({"name": name, "rank": rank, **address}))
-    table = [json.loads(store.get(f"worker/{r}")) for r in range(world_size)]
+    # one request for every worker's entry (it waits, as get would, up to the store's
+    # timeout): a worker's start-up costs O(1) round trips to the store at any world size
+    keys = [f"worker/{r}" for r in range(world_size)]
+    try:
+        values = store.multi_get(keys)
+    except NotImplementedError:  # a user's store (from a custom rendezvous) with get only
+        values = [store.get(k) for k in keys]
+    table = [json.loads(v) for v in values]
     names: dict[str, int] = {}
     for entry in table:
         if entry["name"] in names:

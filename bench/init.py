@@ -1,0 +1,123 @@
+"""Job start-up: init_process_group plus the first barrier, ringtorch vs gloo in one run.
+
+Each world runs as ``world`` fresh processes; each imports torch and the library first (not
+timed), waits for a common start signal, then times ``init_process_group`` (tcp:// rendezvous
+on a fresh port) and one ``barrier()``. A world's time is the slowest rank's; the table shows
+the median over ``--rounds`` and the ratio ringtorch / gloo. For ringtorch it also shows the
+most store requests one rank sent (``TCPStore.statistics()``), which must not grow with the
+world size.
+
+    .venv/bin/python bench/init.py                              # worlds 8, 16, 32
+    .venv/bin/python bench/init.py --world-sizes 4 8 --rounds 3
+    PYTHONPATH=/tmp/base .venv/bin/python bench/init.py         # another ringtorch checkout
+    .venv/bin/python bench/init.py --json bench/out/init.json   # also bench/_report.py's JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import queue
+import socket
+import statistics
+import sys
+import time
+from typing import Any
+
+from _report import Recorder  # bench/ is sys.path[0]
+
+# after PYTHONPATH's entries, so that another checkout can be measured with this script
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+LIBS = ("ringtorch", "gloo")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _rank(lib: str, rank: int, world: int, port: int, ready: Any, go: Any, out: Any) -> None:
+    if lib == "gloo":
+        import torch.distributed as dist
+    else:
+        import ringtorch.distributed as dist
+    ready.put(rank)
+    go.wait()
+    start = time.perf_counter()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    dist.barrier()
+    took = time.perf_counter() - start
+    requests = -1
+    if lib == "ringtorch":
+        from ringtorch.distributed import distributed_c10d
+
+        store = distributed_c10d._get_default_store()
+        while hasattr(store, "underlying_store"):
+            store = store.underlying_store
+        requests = store.statistics().requests if hasattr(store, "statistics") else -1
+    out.put((rank, took, requests))
+    dist.barrier()  # nobody leaves (taking the store with it) before every rank measured
+    dist.destroy_process_group()
+
+
+def run_world(lib: str, world: int) -> tuple[float, int]:
+    """One start-up of ``world`` ranks: (slowest rank's seconds, most requests of a rank)."""
+    ctx = mp.get_context("spawn")
+    ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank, args=(lib, r, world, port, ready, go, out))
+             for r in range(world)]
+    for proc in procs:
+        proc.start()
+    for _ in range(world):
+        ready.get(timeout=120)
+    go.set()
+    results = []
+    while len(results) < world:  # a rank that dies ends the run instead of hanging it
+        try:
+            results.append(out.get(timeout=1.0))
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"{lib} world {world}: a rank exited with {dead[0]}") from None
+    for proc in procs:
+        proc.join(60)
+    return max(r[1] for r in results), max(r[2] for r in results)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=[8, 16, 32])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--libs", nargs="+", default=list(LIBS), choices=LIBS)
+    parser.add_argument("--json", help="also write the results here (bench/_report.py)")
+    args = parser.parse_args()
+    recorder = Recorder("init")
+    import ringtorch
+
+    print(f"ringtorch from {os.path.dirname(ringtorch.__file__)}; "
+          f"load {os.getloadavg()[0]:.2f}", flush=True)
+    results: dict[str, dict[str, Any]] = {}
+    print(f"{'world':>5}  {'ringtorch s':>11}  {'gloo s':>8}  {'ratio':>6}  {'requests/rank':>13}")
+    for world in args.world_sizes:
+        row: dict[str, Any] = {}
+        for lib in args.libs:
+            runs = [run_world(lib, world) for _ in range(args.rounds)]
+            row[lib] = {"seconds": [t for t, _ in runs], "median_s": statistics.median(
+                t for t, _ in runs), "requests_per_rank": max(n for _, n in runs)}
+        results[str(world)] = row
+        rt, gl = row.get("ringtorch"), row.get("gloo")
+        ratio = f"{rt['median_s'] / gl['median_s']:6.2f}" if rt and gl else "     -"
+        print(f"{world:>5}  {rt['median_s'] if rt else float('nan'):>11.2f}  "
+              f"{gl['median_s'] if gl else float('nan'):>8.2f}  {ratio}  "
+              f"{rt['requests_per_rank'] if rt else '-':>13}", flush=True)
+    recorder.write(args.json, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
