@@ -107,7 +107,8 @@ class Backend(ABC):
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: Any, seq: int,
                        deadline: float) -> None:
         """``inp`` is size * out.numel(); rank r's ``out`` receives the reduction over ranks
-        of slice r."""
+        of slice r. ``inp`` is only read (the ProcessGroup hands over the caller's tensor),
+        and never overlaps ``out``."""
 
     @abstractmethod
     def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
