@@ -4,11 +4,13 @@ round, copy out.
 A message larger than a round's chunk goes through the two data slots chunk by chunk: while
 the readers copy chunk c out of one slot, the writers already copy chunk c + 1 into the other
 (shm_domain.py's round rules make that safe), so copying overlaps across ranks. Each rank
-copies its own data straight from its private buffer; only what a peer needs goes through
-shared memory.
+copies its own data straight from its private buffer, between its signal and its wait where it
+can; only what a peer needs goes through shared memory.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import numpy as np
 
@@ -33,19 +35,37 @@ def broadcast(space: ShmSpace, buf: np.ndarray, root: int, itemsize: int, desc: 
 
 def all_gather(space: ShmSpace, out: np.ndarray, inp: np.ndarray, itemsize: int, desc: Descriptor,
                deadline: float) -> None:
-    """``out`` (size * inp.nbytes, uint8) receives every rank's ``inp`` in rank order."""
+    """``out`` (size * inp.nbytes, uint8) receives every rank's ``inp`` in rank order.
+
+    Per chunk: copy it into this rank's slot, signal, copy it into this rank's own part of
+    ``out`` while the peers arrive (it is still in cache), wait, then copy every peer's chunk
+    straight from the peer's slot into ``out``. An ``inp`` that is this rank's part of ``out``
+    (the in-place all_gather FSDP uses) is not copied into ``out`` at all.
+    """
     m = inp.nbytes
     steps = space.plan("all_gather", m, itemsize, desc, deadline)
     r, p = space.rank, space.size
-    np.copyto(out[r * m:(r + 1) * m], inp)
+    own = out[r * m:(r + 1) * m]
+    in_place = False
+    if np.may_share_memory(own, inp):
+        in_place = _same_memory(own, inp)
+        if not in_place:  # overlapping elsewhere: our writes would reach what we still send
+            inp = inp.copy()
     for i, (a, b) in enumerate(steps.chunks):
         base = space.next_area(steps)
         np.copyto(space.view(r, base, b - a), inp[a:b])
-        space.round(i == 0, desc, deadline)
+        keep = None if in_place else partial(np.copyto, own[a:b], inp[a:b])
+        space.round(i == 0, desc, deadline, keep)
         # after the round every rank's chunk [a, b) is in its slot
         for j in range(p):
             if j != r:
                 np.copyto(out[j * m + a:j * m + b], space.view(j, base, b - a))
+
+
+def _same_memory(x: np.ndarray, y: np.ndarray) -> bool:
+    """Whether two contiguous byte arrays are the very same memory."""
+    return (x.nbytes == y.nbytes
+            and x.__array_interface__["data"][0] == y.__array_interface__["data"][0])
 
 
 def gather(space: ShmSpace, out: np.ndarray | None, inp: np.ndarray, root: int, itemsize: int,
