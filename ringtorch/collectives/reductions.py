@@ -121,14 +121,23 @@ class ReductionOps(GroupBase):
         checks.same_dtype("reduce_scatter", ins, out.dtype)
         checks.numel_matches("reduce_scatter", ins, out)
         _check_op(opts.reduceOp, out.dtype, "reduce_scatter")
-        flat_in, _ = _buffers.pack(ins, read=True)
         dst = _buffers.Staged(out, read=False, write=True)
-        flat_in = _readable_apart(flat_in, dst.flat)
         red = opts.reduceOp
+        whole = _buffers.adjacent_flat(ins)
+        if whole is not None:  # one buffer already: the one-tensor form
+            flat_in = _readable_apart(whole, dst.flat)
 
-        def run(seq: int, deadline: float) -> None:
-            self._backend_or_raise().reduce_scatter(dst.flat, flat_in, red, seq, deadline)
-            dst.finish()
+            def run(seq: int, deadline: float) -> None:
+                self._backend_or_raise().reduce_scatter(dst.flat, flat_in, red, seq, deadline)
+                dst.finish()
+        else:  # read from every part where it is (the backend's list form)
+            parts = [_readable_apart(_buffers.Staged(i, read=True, write=False).flat, dst.flat)
+                     for i in ins]
+
+            def run(seq: int, deadline: float) -> None:
+                self._backend_or_raise().reduce_scatter_parts(dst.flat, parts, red, seq,
+                                                              deadline)
+                dst.finish()
 
         return self._collective("reduce_scatter", opts, run, [out, *ins], [out])
 

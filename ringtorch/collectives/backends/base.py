@@ -91,6 +91,18 @@ class Backend(ABC):
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, seq: int, deadline: float) -> None:
         """``out`` (size * inp.numel()) receives every rank's ``inp``, in rank order."""
 
+    def all_gather_parts(self, outs: list[torch.Tensor], inp: torch.Tensor, seq: int,
+                         deadline: float) -> None:
+        """Like all_gather, but rank j's ``inp`` lands in ``outs[j]`` (one tensor per rank, each
+        of inp's size and dtype, anywhere in memory): the list form, when its tensors are not
+        one buffer. This default gathers into a scratch buffer and copies the parts out; a
+        backend that can write every part in place overrides it."""
+        flat = torch.empty(len(outs) * inp.numel(), dtype=inp.dtype)
+        self.all_gather(flat, inp, seq, deadline)
+        n = inp.numel()
+        for j, o in enumerate(outs):
+            o.copy_(flat[j * n:(j + 1) * n])
+
     @abstractmethod
     def gather(self, out: torch.Tensor | None, inp: torch.Tensor, root: int, seq: int,
                deadline: float) -> None:
@@ -109,6 +121,13 @@ class Backend(ABC):
         """``inp`` is size * out.numel(); rank r's ``out`` receives the reduction over ranks
         of slice r. ``inp`` is only read (the ProcessGroup hands over the caller's tensor),
         and never overlaps ``out``."""
+
+    def reduce_scatter_parts(self, out: torch.Tensor, ins: list[torch.Tensor], op: Any, seq: int,
+                             deadline: float) -> None:
+        """Like reduce_scatter, with the input as one tensor per rank (``ins[j]``: the piece
+        rank j receives the reduction of; each of out's size and dtype, only read). This
+        default concatenates them; a backend that can read every part in place overrides it."""
+        self.reduce_scatter(out, torch.cat(ins), op, seq, deadline)
 
     @abstractmethod
     def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],

@@ -10,6 +10,7 @@ can; only what a peer needs goes through shared memory.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 
 import numpy as np
@@ -35,31 +36,39 @@ def broadcast(space: ShmSpace, buf: np.ndarray, root: int, itemsize: int, desc: 
 
 def all_gather(space: ShmSpace, out: np.ndarray, inp: np.ndarray, itemsize: int, desc: Descriptor,
                deadline: float) -> None:
-    """``out`` (size * inp.nbytes, uint8) receives every rank's ``inp`` in rank order.
+    """``out`` (size * inp.nbytes, uint8) receives every rank's ``inp`` in rank order."""
+    m = inp.nbytes
+    all_gather_parts(space, [out[j * m:(j + 1) * m] for j in range(space.size)], inp, itemsize,
+                     desc, deadline)
 
-    Per chunk: copy it into this rank's slot, signal, copy it into this rank's own part of
-    ``out`` while the peers arrive (it is still in cache), wait, then copy every peer's chunk
-    straight from the peer's slot into ``out``. An ``inp`` that is this rank's part of ``out``
-    (the in-place all_gather FSDP uses) is not copied into ``out`` at all.
+
+def all_gather_parts(space: ShmSpace, outs: Sequence[np.ndarray], inp: np.ndarray, itemsize: int,
+                     desc: Descriptor, deadline: float) -> None:
+    """``outs[j]`` (uint8, inp's size) receives rank j's ``inp``.
+
+    Per chunk: copy it into this rank's slot, signal, copy it into this rank's own part
+    while the peers arrive (it is still in cache), wait, then copy every peer's chunk straight
+    from the peer's slot into its part. An ``inp`` that is this rank's part already (the
+    in-place all_gather FSDP uses) is not copied into it at all.
     """
     m = inp.nbytes
     steps = space.plan("all_gather", m, itemsize, desc, deadline)
-    r, p = space.rank, space.size
-    own = out[r * m:(r + 1) * m]
+    r = space.rank
+    own = outs[r]
     in_place = False
-    if np.may_share_memory(own, inp):
+    if any(np.may_share_memory(o, inp) for o in outs):
         in_place = _same_memory(own, inp)
         if not in_place:  # overlapping elsewhere: our writes would reach what we still send
             inp = inp.copy()
+    peers = [(j, o) for j, o in enumerate(outs) if j != r]
     for i, (a, b) in enumerate(steps.chunks):
         base = space.next_area(steps)
         np.copyto(space.view(r, base, b - a), inp[a:b])
         keep = None if in_place else partial(np.copyto, own[a:b], inp[a:b])
         space.round(i == 0, desc, deadline, keep)
         # after the round every rank's chunk [a, b) is in its slot
-        for j in range(p):
-            if j != r:
-                np.copyto(out[j * m + a:j * m + b], space.view(j, base, b - a))
+        for j, o in peers:
+            np.copyto(o[a:b], space.view(j, base, b - a))
 
 
 def _same_memory(x: np.ndarray, y: np.ndarray) -> bool:
@@ -119,4 +128,4 @@ def barrier(space: ShmSpace, desc: Descriptor, deadline: float) -> None:
     space.domain.arrive(desc, deadline)
 
 
-__all__ = ["all_gather", "barrier", "broadcast", "gather", "scatter"]
+__all__ = ["all_gather", "all_gather_parts", "barrier", "broadcast", "gather", "scatter"]
