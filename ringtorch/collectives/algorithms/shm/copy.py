@@ -39,12 +39,13 @@ def all_gather(space: ShmSpace, out: np.ndarray, inp: np.ndarray, itemsize: int,
     """``out`` (size * inp.nbytes, uint8) receives every rank's ``inp`` in rank order."""
     m = inp.nbytes
     all_gather_parts(space, [out[j * m:(j + 1) * m] for j in range(space.size)], inp, itemsize,
-                     desc, deadline)
+                     desc, deadline, np.may_share_memory(out, inp))
 
 
 def all_gather_parts(space: ShmSpace, outs: Sequence[np.ndarray], inp: np.ndarray, itemsize: int,
-                     desc: Descriptor, deadline: float) -> None:
-    """``outs[j]`` (uint8, inp's size) receives rank j's ``inp``.
+                     desc: Descriptor, deadline: float, overlap: bool | None = None) -> None:
+    """``outs[j]`` (uint8, inp's size) receives rank j's ``inp``. ``overlap``: whether any
+    part may share memory with ``inp`` (None: find out here).
 
     Per chunk: copy it into this rank's slot, signal, copy it into this rank's own part
     while the peers arrive (it is still in cache), wait, then copy every peer's chunk straight
@@ -56,7 +57,9 @@ def all_gather_parts(space: ShmSpace, outs: Sequence[np.ndarray], inp: np.ndarra
     r = space.rank
     own = outs[r]
     in_place = False
-    if any(np.may_share_memory(o, inp) for o in outs):
+    if overlap is None:
+        overlap = any(np.may_share_memory(o, inp) for o in outs)
+    if overlap:
         in_place = _same_memory(own, inp)
         if not in_place:  # overlapping elsewhere: our writes would reach what we still send
             inp = inp.copy()
