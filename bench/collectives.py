@@ -24,7 +24,8 @@ broadcast 1). Ratios are times over the reference library's (the first of shm, s
 --libs; > 1: the reference is faster); ``memcpy`` is one process's np.copyto rate at that
 size, ``<ref>/memcpy`` the fraction of it the reference's bus bandwidth reaches. The first call
 of every case is checked for the right result. With all_reduce, issue 5's targets are checked
-on the table and printed as PASS/FAIL lines.
+on the table and printed as PASS/FAIL lines; with all_gather and reduce_scatter, theirs (at
+world 2: at least Open MPI's speed from 64 KB up, at least 5x gloo from 1 MB up).
 """
 
 from __future__ import annotations
@@ -372,6 +373,40 @@ def report(results: Results, args: argparse.Namespace, memcpy: dict[int, float])
 
 
 def targets(results: Results, args: argparse.Namespace) -> list[str]:
+    """The PASS/FAIL lines of the ops in this run: all_reduce's (:func:`all_reduce_targets`),
+    all_gather's and reduce_scatter's (:func:`gather_targets`)."""
+    out = all_reduce_targets(results, args) if "all_reduce" in args.ops else []
+    return out + [line for op in ("all_gather", "reduce_scatter") if op in args.ops
+                  for line in gather_targets(results, args, op)]
+
+
+def gather_targets(results: Results, args: argparse.Namespace, op: str) -> list[str]:
+    """all_gather's or reduce_scatter's targets at world 2, for each ringtorch library of the
+    run (shm: the engine; ringtorch-dist: the same through ringtorch.distributed): at least
+    Open MPI's speed from 64 KB up, at least 5x gloo's from 1 MB up."""
+    out = []
+    k, m = 1024, 1024 * 1024
+
+    def t(lib: str, nbytes: int) -> float | None:
+        return cell_time(results, lib, 2, f"{op}/{nbytes}", args.repeat_stat)
+
+    for lib in ("shm", "ringtorch-dist"):
+        if (lib, 2) not in results:
+            continue
+        mpi = [n for n in args.sizes if n >= 64 * k and t("mpi", n) is not None]
+        if mpi:
+            slower = [human(n) for n in mpi if (t(lib, n) or 1e9) > t("mpi", n)]
+            out.append(f"{'FAIL' if slower else 'PASS'}  {op} world 2 ({lib}), 64 KB and up: "
+                       f"at least Open MPI's speed (slower at: {slower or 'none'})")
+        gloo = [n for n in args.sizes if n >= m and t("gloo", n) is not None]
+        if gloo:
+            short = [human(n) for n in gloo if (t(lib, n) or 1e9) * 5 > t("gloo", n)]
+            out.append(f"{'FAIL' if short else 'PASS'}  {op} world 2 ({lib}), 1 MB and up: "
+                       f"at least 5x gloo (less at: {short or 'none'})")
+    return out
+
+
+def all_reduce_targets(results: Results, args: argparse.Namespace) -> list[str]:
     """Issue 5's pass lines for float32 all_reduce, checked on this run's table."""
     out = []
 
@@ -423,7 +458,7 @@ def json_results(results: Results, args: argparse.Namespace, memcpy: dict[int, f
             "libs": sorted({lib for lib, _ in results}, key=args.libs.index),
             "transport": args.transport, "repeat": args.repeat, "repeat_stat": args.repeat_stat,
             "cells": cells, "memcpy": {str(n): rate for n, rate in memcpy.items()},
-            "targets": targets(results, args) if "all_reduce" in args.ops else []}
+            "targets": targets(results, args)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -487,9 +522,10 @@ def main() -> int:
     print(f"# {' '.join(sys.argv)}  (cores: {os.cpu_count()}, transport: {args.transport}, "
           f"load average now {load:.1f}; {args.repeat_stat} of {args.repeat} run(s))")
     print(report(results, args, memcpy))
-    if "all_reduce" in args.ops:
+    lines = targets(results, args)
+    if lines:
         print()
-        print("\n".join(targets(results, args)))
+        print("\n".join(lines))
     if args.plot:
         busbw_plot(json_results(results, args, memcpy)["cells"], args.plot, args.ops)
         print(f"# plot written to {args.plot}")

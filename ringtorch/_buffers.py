@@ -250,6 +250,15 @@ def address(tensor: torch.Tensor) -> tuple[int, int]:
     return tensor.data_ptr(), tensor.nbytes
 
 
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two contiguous tensors share any byte of memory (an operation that reads one
+    while writing the other then needs a private copy of what it reads)."""
+    if not a.nbytes or not b.nbytes:
+        return False
+    pa, pb = a.data_ptr(), b.data_ptr()
+    return pa < pb + b.nbytes and pb < pa + a.nbytes
+
+
 def byte_view(tensor: torch.Tensor) -> memoryview:
     """The bytes of a contiguous CPU tensor, shared with it (any dtype, bfloat16 included)."""
     if tensor.numel() == 0:
@@ -296,6 +305,7 @@ __all__ = [
     "data_of",
     "flat_view",
     "is_buffer",
+    "overlaps",
     "pack",
     "real_view",
     "tensor_from_bytes",

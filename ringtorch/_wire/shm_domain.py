@@ -64,14 +64,11 @@ log = logging.getLogger(__name__)
 MAGIC = int.from_bytes(b"RTSHM\0\0\1", "little")
 VERSION = 1
 W_MAGIC, W_VERSION, W_PID, W_HALF = 0, 1, 2, 3
-W_ROUND = 8
-W_SLEEPERS = 9
+W_ROUND, W_SLEEPERS = 8, 9
 W_ABORTED, W_REASON_LEN = 16, 17
 REASON_OFFSET, REASON_MAX = 144, 256
-W_NOW = 56
-W_ROUND_DESC = (64, 72)
-W_NAME_LEN = 128
-NAME_OFFSET, NAME_MAX = 1032, 120
+W_NOW, W_ROUND_DESC = 56, (64, 72)
+W_NAME_LEN, NAME_OFFSET, NAME_MAX = 128, 1032, 120
 DATA_OFFSET = 4096
 
 INITIAL_HALF = 64 * 1024
@@ -231,9 +228,10 @@ class ShmDomain:
         self._current = desc
         self._write_desc(W_NOW, desc)
 
-    def arrive(self, desc: Descriptor, deadline: float) -> None:
+    def arrive(self, desc: Descriptor, deadline: float, meanwhile: Callable[[], None] | None = None) -> None:
         """Enter the first round of collective ``desc``: publish it, wait for every peer and
-        check that each peer is in the same collective.
+        check that each peer is in the same collective. ``meanwhile``, when given, runs
+        between the signal and the wait (private work that overlaps the peers' arrival).
 
         Raises:
             ShmPeerError: a peer is in another collective, died, aborted, or did not arrive
@@ -246,7 +244,7 @@ class ShmDomain:
         self._stats["collectives"] += 1
         self._write_desc(W_ROUND_DESC[t & 1], desc)
         self._write_desc(W_NOW, desc)
-        self._signal_and_wait(t, desc, deadline)
+        self._signal_and_wait(t, desc, deadline, meanwhile)
         at = W_ROUND_DESC[t & 1]
         seq, kind, detail, nbytes = desc.seq + 1, desc.kind, desc.detail, desc.nbytes
         for j in self.peers:
@@ -258,9 +256,9 @@ class ShmDomain:
                 self._fail(self.reports.peer_aborted(desc, self.names[self.rank], self.names[j],
                                                      self._reason(j)), [self.names[j]])
 
-    def step(self, desc: Descriptor, deadline: float) -> None:
+    def step(self, desc: Descriptor, deadline: float, meanwhile: Callable[[], None] | None = None) -> None:
         """Enter the next round of the current collective (data published before; see module)."""
-        self._signal_and_wait(self.round + 1, desc, deadline)
+        self._signal_and_wait(self.round + 1, desc, deadline, meanwhile)
 
     def spin_long(self) -> None:
         """Every rank is bound to a CPU of its own (shm_setup.pinned_apart): a waiting rank
@@ -277,7 +275,8 @@ class ShmDomain:
         """
         self.round += 1
 
-    def _signal_and_wait(self, t: int, desc: Descriptor, deadline: float) -> None:
+    def _signal_and_wait(self, t: int, desc: Descriptor, deadline: float,
+                         meanwhile: Callable[[], None] | None) -> None:
         if self._failure is not None:
             raise DistBackendError(self._failure)
         self._stats["entered"] += 1
@@ -287,6 +286,8 @@ class ShmDomain:
         if own[W_SLEEPERS]:  # a peer sleeps on our round word: wake it now
             own[W_SLEEPERS] = 0
             futex.wake(self._round_addr(self.rank))
+        if meanwhile is not None:
+            meanwhile()
         for j in self.peers:
             if words[j][W_ROUND] < t:
                 self._wait_peer(j, t, desc, deadline)
@@ -489,7 +490,6 @@ class ShmDomain:
             desc = Desc(stamp - 1, w[at + 1], w[at + 2], w[at + 3])
             if w[at] == stamp:
                 return desc
-
 
 
 def _round_up(n: int, multiple: int) -> int:

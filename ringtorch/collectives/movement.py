@@ -81,15 +81,25 @@ class MovementOps(GroupBase):
 
     def _gather_plan(self, outs: list[torch.Tensor], inp: torch.Tensor) -> RunFn:
         """How to all-gather ``inp`` into ``outs``: one all_gather when every part has the
-        same size, else an all_to_all that sends this rank's part to every rank."""
+        same size (into the parts themselves: one buffer when they lie back to back, else
+        the backend's list form), else an all_to_all that sends this rank's part to every
+        rank."""
         src = _buffers.Staged(inp, read=True, write=False)
-        flat, finish = _buffers.pack(outs, read=False)
         n = src.flat.numel()
         if all(o.numel() == inp.numel() for o in outs):
-            def run(o: Operation) -> None:
-                self._backend_or_raise().all_gather(flat, src.flat, o)
-                finish()
-            return run
+            whole = _buffers.adjacent_flat(outs)
+            if whole is not None:
+                def run(o: Operation) -> None:
+                    self._backend_or_raise().all_gather(whole, src.flat, o)
+                return run
+            parts = [_buffers.Staged(o, read=False, write=True) for o in outs]
+
+            def run_parts(o: Operation) -> None:
+                self._backend_or_raise().all_gather_parts([p.flat for p in parts], src.flat, o)
+                for p in parts:
+                    p.finish()
+            return run_parts
+        flat, finish = _buffers.pack(outs, read=False)
         counts = [_buffers.real_view(o).numel() for o in outs]
 
         def run_uneven(o: Operation) -> None:

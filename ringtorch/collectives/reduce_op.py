@@ -234,6 +234,7 @@ def _torch_kernel(kind: RedOpType, dtype: torch.dtype) -> Any:
 
 
 ByteReducer = Callable[[np.ndarray, np.ndarray, bool], None]
+ByteCombiner = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 
 
 def byte_reducer(op: Any, dtype: torch.dtype) -> ByteReducer:
@@ -243,6 +244,7 @@ def byte_reducer(op: Any, dtype: torch.dtype) -> ByteReducer:
     ``dtype``; afterwards ``dst`` holds ``dst (op) src`` (or ``src (op) dst`` when
     ``src_first``). Algorithms work on bytes so they never touch torch; this is the one place
     that knows how to add them. AVG and PREMUL_SUM reduce as SUM (the caller divides/scales).
+    The function's ``into`` attribute is its three-operand form (:func:`combiner_of`).
 
     Raises:
         RuntimeError, ValueError: as :func:`check_reduce_op`.
@@ -259,6 +261,10 @@ def byte_reducer(op: Any, dtype: torch.dtype) -> ByteReducer:
             else:
                 ufunc(d, src.view(np_dtype), out=d)
 
+        def into_numpy(dst: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+            ufunc(a.view(np_dtype), b.view(np_dtype), out=dst.view(np_dtype))
+
+        reduce_numpy.into = into_numpy  # type: ignore[attr-defined]
         return reduce_numpy
     fn = _torch_kernel(kind, dtype)
 
@@ -270,7 +276,18 @@ def byte_reducer(op: Any, dtype: torch.dtype) -> ByteReducer:
         else:
             fn(d, s, out=d)
 
+    def into_torch(dst: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+        fn(typed_view(a, dtype), typed_view(b, dtype), out=typed_view(dst, dtype))
+
+    reduce_torch.into = into_torch  # type: ignore[attr-defined]
     return reduce_torch
+
+
+def combiner_of(reduce: ByteReducer) -> ByteCombiner | None:
+    """The three-operand form ``g(dst, a, b)`` of a byte reducer: ``dst = a (op) b`` in one
+    pass over memory (no copy of ``a`` into ``dst`` first), or None for a reducer without
+    one. ``dst`` may be ``a`` or ``b`` itself, not a partial overlap of either."""
+    return getattr(reduce, "into", None)
 
 
 def reduce_into(dst: torch.Tensor, src: torch.Tensor, op: Any, *, src_first: bool = False) -> None:
@@ -292,10 +309,12 @@ def reduce_into(dst: torch.Tensor, src: torch.Tensor, op: Any, *, src_first: boo
 
 
 __all__ = [
+    "ByteCombiner",
     "ByteReducer",
     "RedOpType",
     "ReduceOp",
     "byte_reducer",
+    "combiner_of",
     "check_reduce_op",
     "make_premul_sum",
     "op_type",

@@ -11,6 +11,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import torch
+
 from ringtorch import _buffers
 from ringtorch._observe.operation import Operation
 from ringtorch.collectives import checks
@@ -36,6 +38,13 @@ def _check_op(op: object, dtype: object, name: str) -> None:
     check_reduce_op(op, dtype, name)
     if type(op) is RedOpType:
         _VALID.add(key)
+
+
+def _readable_apart(flat_in: torch.Tensor, flat_out: torch.Tensor) -> torch.Tensor:
+    """A reduce-scatter's input as the backend gets it: the caller's memory itself (backends
+    only read their input; no copy on the common path), or a private copy when it overlaps
+    the output (the backend would overwrite what it still has to read)."""
+    return flat_in.clone() if _buffers.overlaps(flat_in, flat_out) else flat_in
 
 
 class ReductionOps(GroupBase):
@@ -113,13 +122,22 @@ class ReductionOps(GroupBase):
         checks.same_dtype("reduce_scatter", ins, out.dtype)
         checks.numel_matches("reduce_scatter", ins, out)
         _check_op(opts.reduceOp, out.dtype, "reduce_scatter")
-        flat_in, _ = _buffers.pack(ins, read=True, own=True)
         dst = _buffers.Staged(out, read=False, write=True)
         red = opts.reduceOp
+        whole = _buffers.adjacent_flat(ins)
+        if whole is not None:  # one buffer already: the one-tensor form
+            flat_in = _readable_apart(whole, dst.flat)
 
-        def run(o: Operation) -> None:
-            self._backend_or_raise().reduce_scatter(dst.flat, flat_in, red, o)
-            dst.finish()
+            def run(o: Operation) -> None:
+                self._backend_or_raise().reduce_scatter(dst.flat, flat_in, red, o)
+                dst.finish()
+        else:  # read from every part where it is (the backend's list form)
+            parts = [_readable_apart(_buffers.Staged(i, read=True, write=False).flat, dst.flat)
+                     for i in ins]
+
+            def run(o: Operation) -> None:
+                self._backend_or_raise().reduce_scatter_parts(dst.flat, parts, red, o)
+                dst.finish()
 
         return self._collective("reduce_scatter", opts, run, [out, *ins], [out])
 
@@ -134,9 +152,8 @@ class ReductionOps(GroupBase):
             raise checks.fail("reduce_scatter_single", "input tensor must be the same size as "
                                                        "output size times world size")
         _check_op(opts.reduceOp, out.dtype, "reduce_scatter")
-        # The backend may use its input as scratch: never hand it the caller's tensor.
-        flat_in = _buffers.real_view(inp).contiguous().view(-1).clone()
         dst = _buffers.Staged(out, read=False, write=True)
+        flat_in = _readable_apart(_buffers.Staged(inp, read=True, write=False).flat, dst.flat)
         red = opts.reduceOp
 
         def run(o: Operation) -> None:

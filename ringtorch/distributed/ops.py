@@ -189,7 +189,7 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
         return None
     a.check_outputs_writable(tensor_list, "tensor_list")
     group = group or groups._get_default_group()
-    opts = AllgatherOptions(asyncOp=async_op)
+    opts = _options(AllgatherOptions, asyncOp=async_op)
     return _finish(group.allgather([[_real(o) for o in outs]], [_real(t)], opts), async_op)
 
 
@@ -207,7 +207,7 @@ def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
         return None
     a.check_outputs_writable(output_tensor, "output_tensor")
     group = group or groups._get_default_group()
-    opts = AllgatherOptions(asyncOp=async_op)
+    opts = _options(AllgatherOptions, asyncOp=async_op)
     return _finish(group.all_gather_single(_real(out), _real(inp), opts), async_op)
 
 
@@ -292,7 +292,7 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any
     a.check_outputs_writable(output, "output")
     _check_complex_op(op, [out, *ins], "reduce_scatter")
     group = group or groups._get_default_group()
-    opts = ReduceScatterOptions(reduceOp=op, asyncOp=async_op)
+    opts = _options(ReduceScatterOptions, reduceOp=op, asyncOp=async_op)
     return _finish(group.reduce_scatter([_real(out)], [[_real(i) for i in ins]], opts),
                    async_op)
 
@@ -313,7 +313,7 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op: Any = R
     a.check_outputs_writable(output, "output")
     _check_complex_op(op, [out, inp], "reduce_scatter")
     group = group or groups._get_default_group()
-    opts = ReduceScatterOptions(reduceOp=op, asyncOp=async_op)
+    opts = _options(ReduceScatterOptions, reduceOp=op, asyncOp=async_op)
     return _finish(group.reduce_scatter_single(_real(out), _real(inp), opts), async_op)
 
 

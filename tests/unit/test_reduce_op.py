@@ -8,10 +8,13 @@ import pytest
 import torch
 import torch.distributed as tdist
 
+from ringtorch._buffers import as_bytes
 from ringtorch.collectives.reduce_op import (
     RedOpType,
     ReduceOp,
+    byte_reducer,
     check_reduce_op,
+    combiner_of,
     make_premul_sum,
     op_type,
     premul_factor,
@@ -152,3 +155,29 @@ def test_reduce_into_rejects_different_shapes():
     with pytest.raises(ValueError, match=r"^reduce_into needs equal dtypes and sizes, got "
                                          r"torch.float32\[3\] and torch.float32\[2\]$"):
         reduce_into(torch.zeros(3), torch.zeros(2), R.SUM)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+@pytest.mark.parametrize("op", ["SUM", "MIN"])
+def test_the_three_operand_form_writes_a_op_b_into_a_third_buffer_or_into_an_operand(dtype, op):
+    a, b = _data(dtype, 5), _data(dtype, 6)
+    want = a.clone()
+    reduce_into(want, b, getattr(R, op))
+    combine = combiner_of(byte_reducer(getattr(R, op), dtype))
+    assert combine is not None
+    dst = torch.zeros_like(a)
+    combine(as_bytes(dst), as_bytes(a), as_bytes(b))
+    assert torch.equal(dst, want)
+    into_b = b.clone()  # dst may be an operand itself
+    combine(as_bytes(into_b), as_bytes(a), as_bytes(into_b))
+    assert torch.equal(into_b, want)
+
+
+def test_the_order_of_the_three_operand_form_is_a_then_b():
+    # min(0.0, -0.0) is order-dependent (both are equal): the order shows in the sign bit
+    combine = combiner_of(byte_reducer(R.MIN, torch.float32))
+    assert combine is not None
+    dst, plain = torch.tensor([1.0]), torch.tensor([0.0])
+    combine(as_bytes(dst), as_bytes(plain), as_bytes(torch.tensor([-0.0])))
+    reduce_into(plain, torch.tensor([-0.0]), R.MIN)
+    assert torch.signbit(dst).item() == torch.signbit(plain).item()

@@ -117,6 +117,18 @@ class Backend(ABC):
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, o: Operation) -> None:
         """``out`` (size * inp.numel()) receives every rank's ``inp``, in rank order."""
 
+    def all_gather_parts(self, outs: list[torch.Tensor], inp: torch.Tensor,
+                         o: Operation) -> None:
+        """Like all_gather, but rank j's ``inp`` lands in ``outs[j]`` (one tensor per rank, each
+        of inp's size and dtype, anywhere in memory): the list form, when its tensors are not
+        one buffer. This default gathers into a scratch buffer and copies the parts out; a
+        backend that can write every part in place overrides it."""
+        flat = torch.empty(len(outs) * inp.numel(), dtype=inp.dtype)
+        self.all_gather(flat, inp, o)
+        n = inp.numel()
+        for j, part in enumerate(outs):
+            part.copy_(flat[j * n:(j + 1) * n])
+
     @abstractmethod
     def gather(self, out: torch.Tensor | None, inp: torch.Tensor, root: int,
                o: Operation) -> None:
@@ -133,7 +145,15 @@ class Backend(ABC):
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: Any,
                        o: Operation) -> None:
         """``inp`` is size * out.numel(); rank r's ``out`` receives the reduction over ranks
-        of slice r."""
+        of slice r. ``inp`` is only read (the ProcessGroup hands over the caller's tensor),
+        and never overlaps ``out``."""
+
+    def reduce_scatter_parts(self, out: torch.Tensor, ins: list[torch.Tensor], op: Any,
+                             o: Operation) -> None:
+        """Like reduce_scatter, with the input as one tensor per rank (``ins[j]``: the piece
+        rank j receives the reduction of; each of out's size and dtype, only read). This
+        default concatenates them; a backend that can read every part in place overrides it."""
+        self.reduce_scatter(out, torch.cat(ins), op, o)
 
     @abstractmethod
     def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],

@@ -37,6 +37,7 @@ from ringtorch._wire.mesh import FrameMismatch, PeerMesh
 from ringtorch._wire.mesh_setup import connect_mesh
 from ringtorch.collectives.abort import AbortState
 from ringtorch.collectives.algorithms.select import parse_overrides
+from ringtorch.collectives.backends import native_parts
 from ringtorch.collectives.backends.base import Backend, BackendContext
 from ringtorch.collectives.backends.native_route import route_of
 from ringtorch.collectives.backends.native_status import (
@@ -353,6 +354,9 @@ class NativeBackend(Backend):
                                           low.itemsize)
             if low.post is not None:
                 low.post(out_bytes)
+
+    all_gather_parts = native_parts.all_gather_parts
+    reduce_scatter_parts = native_parts.reduce_scatter_parts
 
     def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
                    in_splits: list[int], o: Operation) -> None:

@@ -57,7 +57,8 @@ class Transport(Protocol):
 
     def reduce_scatter(self, call: CollectiveCall, out: np.ndarray, inp: np.ndarray,
                        reducer: ByteReducer, itemsize: int) -> None:
-        """Slice r of the reduction of every rank's ``inp`` into rank r's ``out``."""
+        """Slice r of the reduction of every rank's ``inp`` into rank r's ``out``; ``inp`` is
+        only read (it is the caller's tensor) and does not overlap ``out``."""
 
     def all_to_all(self, call: CollectiveCall, out: np.ndarray, inp: np.ndarray,
                    out_offsets: list[int], in_offsets: list[int]) -> None:

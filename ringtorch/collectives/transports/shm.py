@@ -87,6 +87,11 @@ class ShmTransport:
         """See SocketTransport."""
         shm_copy.all_gather(self.space, out, inp, itemsize, call, call.deadline)
 
+    def all_gather_parts(self, call: CollectiveCall, outs: list[np.ndarray], inp: np.ndarray,
+                         itemsize: int) -> None:
+        """all_gather with rank j's part landing in ``outs[j]`` (no scratch buffer)."""
+        shm_copy.all_gather_parts(self.space, outs, inp, itemsize, call, call.deadline)
+
     def gather(self, call: CollectiveCall, out: np.ndarray | None, inp: np.ndarray,
                itemsize: int) -> None:
         """See SocketTransport."""
@@ -101,6 +106,12 @@ class ShmTransport:
                        reducer: ByteReducer, itemsize: int) -> None:
         """See SocketTransport."""
         shm_reduce.reduce_scatter(self.space, out, inp, reducer, itemsize, call, call.deadline)
+
+    def reduce_scatter_parts(self, call: CollectiveCall, out: np.ndarray, ins: list[np.ndarray],
+                             reducer: ByteReducer, itemsize: int) -> None:
+        """reduce_scatter with rank j's piece read from ``ins[j]`` (no concatenation)."""
+        shm_reduce.reduce_scatter_parts(self.space, out, ins, reducer, itemsize, call,
+                                        call.deadline)
 
     def all_to_all(self, call: CollectiveCall, out: np.ndarray, inp: np.ndarray,
                    out_offsets: list[int], in_offsets: list[int]) -> None:

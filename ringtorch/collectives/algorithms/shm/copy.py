@@ -4,11 +4,14 @@ round, copy out.
 A message larger than a round's chunk goes through the two data slots chunk by chunk: while
 the readers copy chunk c out of one slot, the writers already copy chunk c + 1 into the other
 (shm_domain.py's round rules make that safe), so copying overlaps across ranks. Each rank
-copies its own data straight from its private buffer; only what a peer needs goes through
-shared memory.
+copies its own data straight from its private buffer, between its signal and its wait where it
+can; only what a peer needs goes through shared memory.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 
@@ -35,17 +38,46 @@ def all_gather(space: ShmSpace, out: np.ndarray, inp: np.ndarray, itemsize: int,
                deadline: float) -> None:
     """``out`` (size * inp.nbytes, uint8) receives every rank's ``inp`` in rank order."""
     m = inp.nbytes
+    all_gather_parts(space, [out[j * m:(j + 1) * m] for j in range(space.size)], inp, itemsize,
+                     desc, deadline, np.may_share_memory(out, inp))
+
+
+def all_gather_parts(space: ShmSpace, outs: Sequence[np.ndarray], inp: np.ndarray, itemsize: int,
+                     desc: Descriptor, deadline: float, overlap: bool | None = None) -> None:
+    """``outs[j]`` (uint8, inp's size) receives rank j's ``inp``. ``overlap``: whether any
+    part may share memory with ``inp`` (None: find out here).
+
+    Per chunk: copy it into this rank's slot, signal, copy it into this rank's own part
+    while the peers arrive (it is still in cache), wait, then copy every peer's chunk straight
+    from the peer's slot into its part. An ``inp`` that is this rank's part already (the
+    in-place all_gather FSDP uses) is not copied into it at all.
+    """
+    m = inp.nbytes
     steps = space.plan("all_gather", m, itemsize, desc, deadline)
-    r, p = space.rank, space.size
-    np.copyto(out[r * m:(r + 1) * m], inp)
+    r = space.rank
+    own = outs[r]
+    in_place = False
+    if overlap is None:
+        overlap = any(np.may_share_memory(o, inp) for o in outs)
+    if overlap:
+        in_place = _same_memory(own, inp)
+        if not in_place:  # overlapping elsewhere: our writes would reach what we still send
+            inp = inp.copy()
+    peers = [(j, o) for j, o in enumerate(outs) if j != r]
     for i, (a, b) in enumerate(steps.chunks):
         base = space.next_area(steps)
         np.copyto(space.view(r, base, b - a), inp[a:b])
-        space.round(i == 0, desc, deadline)
+        keep = None if in_place else partial(np.copyto, own[a:b], inp[a:b])
+        space.round(i == 0, desc, deadline, keep)
         # after the round every rank's chunk [a, b) is in its slot
-        for j in range(p):
-            if j != r:
-                np.copyto(out[j * m + a:j * m + b], space.view(j, base, b - a))
+        for j, o in peers:
+            np.copyto(o[a:b], space.view(j, base, b - a))
+
+
+def _same_memory(x: np.ndarray, y: np.ndarray) -> bool:
+    """Whether two contiguous byte arrays are the very same memory."""
+    return (x.nbytes == y.nbytes
+            and x.__array_interface__["data"][0] == y.__array_interface__["data"][0])
 
 
 def gather(space: ShmSpace, out: np.ndarray | None, inp: np.ndarray, root: int, itemsize: int,
@@ -99,4 +131,4 @@ def barrier(space: ShmSpace, desc: Descriptor, deadline: float) -> None:
     space.domain.arrive(desc, deadline)
 
 
-__all__ = ["all_gather", "barrier", "broadcast", "gather", "scatter"]
+__all__ = ["all_gather", "all_gather_parts", "barrier", "broadcast", "gather", "scatter"]

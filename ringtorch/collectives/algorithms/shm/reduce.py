@@ -20,7 +20,7 @@ here to each reduced slice once, while it is still in cache.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -115,18 +115,30 @@ def reduce_scatter(space: ShmSpace, out: np.ndarray, inp: np.ndarray, reduce: By
                    itemsize: int, desc: Descriptor, deadline: float) -> None:
     """Rank r's ``out`` receives the reduction over ranks of piece r of ``inp`` (uint8;
     ``inp`` holds ``size`` pieces of ``out.nbytes``)."""
+    m = out.nbytes
+    reduce_scatter_parts(space, out, [inp[d * m:(d + 1) * m] for d in range(space.size)],
+                         reduce, itemsize, desc, deadline)
+
+
+def reduce_scatter_parts(space: ShmSpace, out: np.ndarray, ins: Sequence[np.ndarray],
+                         reduce: ByteReducer, itemsize: int, desc: Descriptor,
+                         deadline: float) -> None:
+    """Rank r's ``out`` receives the reduction over ranks of their ``ins[r]`` (uint8, each
+    of out's size, only read; none overlaps ``out``). Per chunk: copy the pieces destined
+    for the peers into this rank's slot, one round, then reduce piece r straight from the
+    peers' slots and this rank's own piece into ``out``: one pass when two ranks take part."""
     r, p, m = space.rank, space.size, out.nbytes
-    steps = space.plan("reduce_scatter", inp.nbytes, itemsize, desc, deadline)
+    steps = space.plan("reduce_scatter", p * m, itemsize, desc, deadline)
     c = steps.chunk_nbytes
+    others = [(d, ins[d]) for d in range(p) if d != r]
+    own = ins[r]
     for i, (a, b) in enumerate(steps.chunks):
         base = space.next_area(steps)
-        for d in range(p):
-            if d != r:
-                np.copyto(space.view(r, base + d * c, b - a), inp[d * m + a:d * m + b])
+        for d, piece in others:
+            np.copyto(space.view(r, base + d * c, b - a), piece[a:b])
         space.round(i == 0, desc, deadline)
         # every rank's pieces of this chunk are in its slot: reduce piece r into out
-        operands = [inp[r * m + a:r * m + b] if j == r else space.view(j, base + r * c, b - a)
-                    for j in range(p)]
+        operands = [own[a:b] if j == r else space.view(j, base + r * c, b - a) for j in range(p)]
         reduce_in_rank_order(out[a:b], operands, -1, reduce)
 
 
@@ -150,4 +162,4 @@ def reduce(space: ShmSpace, buf: np.ndarray, reduce: ByteReducer, root: int, ite
             reduce_in_rank_order(buf[a:b], operands, r, reduce)
 
 
-__all__ = ["all_reduce", "reduce", "reduce_scatter"]
+__all__ = ["all_reduce", "reduce", "reduce_scatter", "reduce_scatter_parts"]

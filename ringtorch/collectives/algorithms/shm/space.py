@@ -7,13 +7,13 @@ of reduce_op.py. Everything here works on bytes, like the socket algorithms.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from ringtorch._wire.shm_domain import Descriptor, ShmDomain
 from ringtorch.collectives.algorithms.shm.plan import Plan, area_offset, plan, wanted_half
-from ringtorch.collectives.reduce_op import ByteReducer
+from ringtorch.collectives.reduce_op import ByteReducer, combiner_of
 
 _MAX_CACHED_VIEWS = 4096
 _MAX_CACHED_PLANS = 1024
@@ -69,12 +69,14 @@ class ShmSpace:
             base += area_offset(steps, self.domain.round + 1, self.domain.half)
         return base
 
-    def round(self, first: bool, desc: Descriptor, deadline: float) -> None:
-        """Enter the next round: the collective's first (checked against the peers) or a later one."""
+    def round(self, first: bool, desc: Descriptor, deadline: float,
+              meanwhile: Callable[[], None] | None = None) -> None:
+        """Enter the next round: the collective's first (checked against the peers) or a later
+        one; ``meanwhile`` runs between this rank's signal and its wait (ShmDomain.arrive)."""
         if first:
-            self.domain.arrive(desc, deadline)
+            self.domain.arrive(desc, deadline, meanwhile)
         else:
-            self.domain.step(desc, deadline)
+            self.domain.step(desc, deadline, meanwhile)
 
     def plan(self, op: str, nbytes: int, itemsize: int, desc: Descriptor, deadline: float) -> Plan:
         """The plan of ``op`` on ``nbytes``, after growing the slots if it wants more room
@@ -109,17 +111,23 @@ def reduce_in_rank_order(dst: np.ndarray, operands: Sequence[np.ndarray], dst_ho
 
     ``operands[j]`` is rank j's operand. ``dst_holds`` says which operand ``dst`` already
     holds (it may be ``operands[dst_holds]`` itself), or -1; when it is 2 or more, ``dst`` is
-    overwritten first, so ``operands[dst_holds]`` must then be a separate copy. Computing in
+    overwritten first, so ``operands[dst_holds]`` must then be a separate copy; otherwise
+    ``dst`` receives ``x_0 (op) x_1`` in one pass (the reducer's three-operand form), and no
+    operand may partly overlap it. Computing in
     rank order everywhere makes every rank's result bitwise identical to every other's and to
     a plain left-to-right reduction of the inputs.
     """
     p = len(operands)
     if not dst.nbytes:
         return
+    combine = combiner_of(reduce) if p >= 2 else None
     if dst_holds == 0:
         start = 1
     elif dst_holds == 1:
         reduce(dst, operands[0], True)
+        start = 2
+    elif combine is not None:  # one pass: dst = x_0 (op) x_1, no copy of x_0 first
+        combine(dst, operands[0], operands[1])
         start = 2
     else:
         np.copyto(dst, operands[0])
