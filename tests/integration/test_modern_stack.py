@@ -96,3 +96,22 @@ def test_fallback_refuses_operators_with_a_strategy_or_that_write_in_place() -> 
     from torch.distributed.tensor import DTensor
 
     assert aten.masked_fill_.Scalar not in DTensor._op_dispatcher._custom_op_handlers
+
+
+def test_fallback_is_off_until_enabled_and_disable_takes_it_out() -> None:
+    from torch.distributed.tensor import DTensor
+
+    from ringtorch.distributed.tensor import (
+        disable_replicate_fallback,
+        enable_replicate_fallback,
+    )
+
+    handlers = DTensor._op_dispatcher._custom_op_handlers
+    attention = [torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+                 torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default]
+    assert not any(op in handlers for op in attention)  # importing our path changed nothing
+    enable_replicate_fallback()
+    enable_replicate_fallback()  # twice is once
+    assert all(op in handlers for op in attention)
+    disable_replicate_fallback()
+    assert not any(op in handlers for op in attention)
