@@ -206,28 +206,43 @@ def unpack(flat: torch.Tensor, ts: Sequence[torch.Tensor]) -> None:
         offset += n
 
 
-# dtypes NumPy has: their bytes are reached through ``Tensor.numpy()`` (one call, the fastest
-# way to a uint8 array: a collective's fixed cost is a few microseconds); the others
-# (bfloat16, complex32, float8, uint16-64 in older NumPy builds) through a uint8 view first.
+# dtypes NumPy has: their bytes are reached through one DLPack export (the fastest way to a
+# uint8 array that leaves the tensor as it was: a collective's fixed cost is a few
+# microseconds); the others (bfloat16, complex32, float8, uint16-64 in older NumPy builds)
+# through a uint8 view first.
 _NUMPY_NATIVE = {torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8,
                  torch.uint8, torch.bool, torch.complex64, torch.complex128, torch.float16}
+
+
+def _shared_array(tensor: torch.Tensor) -> np.ndarray:
+    """A NumPy array over the tensor's memory (the array keeps the tensor alive).
+
+    Through DLPack, not ``Tensor.numpy()``: numpy() marks the tensor's storage as not
+    resizable for good, and torch's FSDP frees the storage of the tensors it gathered into by
+    resizing it to 0 (a tensor that went through a gloo collective can be freed so; one that
+    went through ringtorch's must be too). A tensor that requires grad is read through
+    detach(): the same memory, outside autograd.
+    """
+    if tensor.requires_grad:
+        tensor = tensor.detach()
+    try:
+        return np.from_dlpack(tensor)
+    except BufferError as exc:  # the conjugate bit, ...: numpy()'s error type, for callers
+        raise RuntimeError(str(exc)) from exc
 
 
 def as_bytes(tensor: torch.Tensor) -> np.ndarray:
     """The bytes of a contiguous CPU tensor as a 1-D uint8 NumPy array sharing its memory
     (any dtype; what the collective algorithms work on)."""
     if tensor.dtype in _NUMPY_NATIVE:
-        try:
-            arr = tensor.numpy()
-        except RuntimeError:  # it requires grad: the same memory, outside autograd
-            arr = tensor.detach().numpy()
+        arr = _shared_array(tensor)
         if arr.ndim != 1:
             arr = arr.reshape(-1)
         return arr.view(np.uint8)
     tensor = data_of(tensor)
     if tensor.dim() != 1:
         tensor = tensor.reshape(-1)
-    return tensor.view(torch.uint8).numpy()
+    return _shared_array(tensor.view(torch.uint8))
 
 
 def typed_view(data: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
@@ -269,7 +284,7 @@ def byte_view(tensor: torch.Tensor) -> memoryview:
         raise ValueError("byte_view needs a contiguous tensor")
     if flat.stride(0) != 1:  # one element with a 0 stride (autograd's expanded gradients)
         flat = flat.as_strided((flat.numel(),), (1,))
-    return memoryview(flat.view(torch.uint8).numpy()).cast("B")  # type: ignore[arg-type]
+    return memoryview(_shared_array(flat.view(torch.uint8))).cast("B")  # type: ignore[arg-type]
 
 
 def tensor_from_bytes(buf: Any, dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor:

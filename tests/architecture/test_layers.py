@@ -57,6 +57,14 @@ ALLOWED: dict[str, set[str]] = {
                                     "ringtorch.distributed", "ringtorch.distributed.algorithms"},
     # the facade's public names (ringtorch.distributed) and futures; not rpc, autograd, nn
     "ringtorch.distributed.algorithms": {"ringtorch.distributed", "ringtorch.futures"},
+    # torch's modern stack under ringtorch's paths (docs/modern-stack.md): torch's modules and
+    # the re-export rule only, never the engine (their groups come through the backend door)
+    "ringtorch.distributed._torch_names": set(),
+    **dict.fromkeys(["ringtorch.distributed.device_mesh", "ringtorch.distributed.tensor",
+                     "ringtorch.distributed._tensor", "ringtorch.distributed.fsdp",
+                     "ringtorch.distributed.checkpoint", "ringtorch.distributed.pipelining",
+                     "ringtorch.distributed._functional_collectives"],
+                    {"ringtorch.distributed._torch_names"}),
     "ringtorch.distributed.run": {"ringtorch.launcher"},
     "ringtorch.distributed.launch": {"ringtorch.launcher"},
     "ringtorch.distributed.elastic": {"ringtorch._workers", "ringtorch.launcher",

@@ -25,12 +25,24 @@ ROOT = Path(torch.distributed.__file__).parent
 _FR_ANALYSER = ("torch's analyser of NCCL flight-recorder dumps; ringtorch's own records "
                 "are merged by its hang report (docs/hang-report.md)")
 _LATER = "a separate step: DTensor, DeviceMesh and the parallelisms built on them"
+# torch's modern stack is re-exported package by package (docs/modern-stack.md); the modules
+# inside a package are torch's own, reached under torch's path
+_INSIDE = ("a module inside a package of torch's modern stack; the package's public names are "
+           "re-exported under ringtorch's path (docs/modern-stack.md)")
 LEFT_OUT = {
-    "torch.distributed.checkpoint": "distributed checkpointing of sharded state: " + _LATER,
-    "torch.distributed.device_mesh": _LATER,
-    "torch.distributed.tensor": "DTensor and tensor parallelism: " + _LATER,
-    "torch.distributed.fsdp": "FSDP: " + _LATER,
-    "torch.distributed.pipelining": "pipeline parallelism: a separate step",
+    **dict.fromkeys([f"torch.distributed.checkpoint.{m}" for m in (
+        "api", "default_planner", "filesystem", "hf_storage", "logger", "logging_handlers",
+        "metadata", "optimizer", "planner", "planner_helpers", "quantized_hf_storage",
+        "resharding", "staging", "state_dict_loader", "state_dict_saver", "storage",
+        "utils")], _INSIDE),
+    **dict.fromkeys([f"torch.distributed.tensor.{m}" for m in (
+        "debug", "device_mesh", "experimental", "placement_types", "parallel.api",
+        "parallel.ddp", "parallel.fsdp", "parallel.input_reshard", "parallel.loss",
+        "parallel.style")], _INSIDE),
+    **dict.fromkeys([f"torch.distributed.fsdp.{m}" for m in (
+        "api", "fully_sharded_data_parallel", "sharded_grad_scaler", "wrap")], _INSIDE),
+    **dict.fromkeys([f"torch.distributed.pipelining.{m}" for m in (
+        "microbatch", "schedules", "stage")], _INSIDE),
     "torch.distributed.flight_recorder.components": _FR_ANALYSER,
     "torch.distributed.flight_recorder.fr_trace": _FR_ANALYSER,
     "torch.distributed.config": "switches of torch.compile and torchcomms, which ringtorch "

@@ -21,8 +21,9 @@ KNOWN_MISSING = {
     "BuiltinCommHookType": "DDP internals: ringtorch.nn.parallel has its own reducer and hooks",
     "Logger": "DDP's C++ logger",
     "Reducer": "DDP's C++ reducer: ringtorch.nn.parallel has its own",
-    "DeviceMesh": "DTensor/DeviceMesh are out of scope for v1 (FEATURES.md section P)",
-    "init_device_mesh": "DTensor/DeviceMesh are out of scope for v1 (FEATURES.md section P)",
+    **dict.fromkeys(["DeviceMesh", "init_device_mesh"],
+                    "torch's DeviceMesh builds torch's groups: ringtorch.distributed.device_mesh "
+                    "re-exports it, for groups of backend 'ringtorch' (docs/modern-stack.md)"),
     "ProcessGroupGloo": "the gloo library's class; ringtorch's 'gloo' is its own backend",
     "log": "torch's module logger, not API",
     "timedelta": "datetime.timedelta, imported by torch's module, not API",

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ringtorch._buffers import byte_view
+from ringtorch._buffers import as_bytes, byte_view
 
 
 @pytest.mark.parametrize("make", [
@@ -33,3 +33,18 @@ def test_byte_view_shares_memory_with_the_tensor() -> None:
 def test_byte_view_refuses_a_non_contiguous_tensor() -> None:
     with pytest.raises(ValueError, match="byte_view needs a contiguous tensor"):
         byte_view(torch.zeros(4, 4).t())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.bool])
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_reaching_a_tensors_bytes_leaves_its_storage_resizable(dtype: torch.dtype,
+                                                               requires_grad: bool) -> None:
+    # torch's FSDP frees the storage it gathered into by resizing it to 0: a tensor that went
+    # through a collective must stay resizable, as it does through gloo (numpy() would not)
+    for reach in (as_bytes, byte_view):
+        t = torch.zeros(4, dtype=dtype, requires_grad=requires_grad and dtype.is_floating_point)
+        view = reach(t)
+        assert len(bytes(view)) == t.nbytes
+        del view
+        t.untyped_storage().resize_(0)
+        assert t.untyped_storage().nbytes() == 0

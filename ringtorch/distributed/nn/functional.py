@@ -11,8 +11,9 @@ Ranks named by ``src``/``dst`` are global ranks, as in ``ringtorch.distributed``
 compares them with the rank inside ``group`` (broadcast's backward, gather, scatter) this module
 compares global with global, so subgroups whose ranks are not numbered from 0 work too; for
 every group where both numberings agree the results are torch's. torch's FutureWarnings
-pointing to ``torch.distributed._functional_collectives`` are not raised (ringtorch has no
-such module).
+pointing to ``torch.distributed._functional_collectives`` are not raised (that module works on
+torch's groups; ringtorch.distributed._functional_collectives re-exports it for groups of
+backend "ringtorch").
 """
 
 from __future__ import annotations
