@@ -48,3 +48,19 @@ def test_reaching_a_tensors_bytes_leaves_its_storage_resizable(dtype: torch.dtyp
         del view
         t.untyped_storage().resize_(0)
         assert t.untyped_storage().nbytes() == 0
+
+
+def test_as_bytes_writes_through_to_a_parameter_and_keeps_it_alive() -> None:
+    p = torch.nn.Parameter(torch.ones(3))
+    view = as_bytes(p)
+    del p  # the array keeps the tensor (and its memory) alive
+    view[:4] = np.array([5.0], dtype=np.float32).view(np.uint8)
+    assert view.base.tensor.tolist() == [5.0, 1.0, 1.0]
+
+
+def test_as_bytes_refuses_a_tensor_whose_bits_say_its_memory_is_not_its_values() -> None:
+    for t in (torch.ones(2, dtype=torch.complex64).conj(), torch.ones(2)._neg_view()):
+        with pytest.raises(RuntimeError, match=r"a tensor with its conjugate or negative bit set "
+                                               r"has no plain bytes: call resolve_conj\(\) / "
+                                               r"resolve_neg\(\) on it first"):
+            as_bytes(t)
