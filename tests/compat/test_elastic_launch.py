@@ -27,6 +27,9 @@ from ringtorch.distributed.elastic.multiprocessing.errors import ChildFailedErro
 from ringtorch.testing import free_port, wait_for
 from tests.compat import _elastic_programs as P
 
+# long (torch's elastic launch tests, a launcher run each: 100 s): in the slow stage
+pytestmark = pytest.mark.slow
+
 APIS = {"torch": torch_api, "ringtorch": ring_api}
 DIST = {"torch": "torch.distributed", "ringtorch": "ringtorch.distributed"}
 

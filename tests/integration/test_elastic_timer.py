@@ -23,6 +23,9 @@ import pytest
 
 from tests.integration import _timer_workers as W
 
+# long (each test waits out real expiry timers: 55 s): in the slow stage, not the default suite
+pytestmark = pytest.mark.slow
+
 OURS, TORCH = "ringtorch.distributed.elastic.timer", "torch.distributed.elastic.timer"
 WORKERS = Path(W.__file__)
 ROOT = WORKERS.parents[2]

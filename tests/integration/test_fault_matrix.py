@@ -29,7 +29,8 @@ import pytest
 
 from ringtorch.testing.fault_matrix import Cell, CellResult, Settings, named_ranks, run_cell
 
-pytestmark = pytest.mark.netns
+# long (the whole fault matrix runs in the slow stage: README, Tests)
+pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
 USER_TIMEOUT_S = 2.0
 STALL_WARNING_S = 1.0

@@ -23,7 +23,8 @@ import pytest
 
 from ringtorch.testing.netns import TwoHosts
 
-pytestmark = pytest.mark.netns
+# long (the whole fault matrix runs in the slow stage: README, Tests)
+pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
 RANKS = str(Path(__file__).with_name("_partition_ranks.py"))
 HORIZON_MS = 2000

@@ -14,6 +14,9 @@ import pytest
 from ringtorch.testing import run_ranks
 from tests.integration import _comm_hooks_ranks as ranks
 
+# long (PowerSGD against torch's hook at worlds 2 and 4: 37 s): in the slow stage
+pytestmark = pytest.mark.slow
+
 STEPS = 150
 RANK1 = dict(matrix_approximation_rank=1, start_powerSGD_iter=2)
 
