@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 import ringtorch.distributed as dist
+from ringtorch.testing import wait_for
 
 
 def _as_victim(play: Callable[[], Any]) -> dict[str, Any]:
@@ -171,8 +172,8 @@ def frozen_then_resumed(rank: int, world_size: int) -> dict[str, Any]:
     client.wait(["t/rank2-pid"])
     os.kill(pid, signal.SIGSTOP)
     client.set("t/rank2-stopped", "1")
-    while client.add("t/shrunk", 0) < 2:  # the survivors train on without it
-        time.sleep(0.01)
+    wait_for(lambda: client.add("t/shrunk", 0) >= 2, 60,  # the survivors train on without it
+             "the two survivors to shrink and train on", interval=0.01)
     os.kill(pid, signal.SIGCONT)
     client.wait(["t/rank2-result"])
     os.waitpid(pid, 0)
