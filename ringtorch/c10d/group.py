@@ -12,6 +12,7 @@ the flight recorder are the engine's, the same as through ``ringtorch.distribute
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -51,8 +52,11 @@ class RingtorchGroup(dist.ProcessGroup):
         """The engine's group that runs this group's operations."""
         return self._engine
 
-    def _opts(self, kind: type, opts: Any) -> Any:
-        """The engine's options for torch's; inside a coalescing block every call queues."""
+    def _opts(self, kind: type, opts: Any, default: Callable[[], Any]) -> Any:
+        """The engine's options (class ``kind``) for torch's ``opts`` (``default()``: torch's
+        own class, when None); inside a coalescing block every call queues."""
+        if opts is None:
+            opts = default()
         return translate(kind, opts, True if self._coalesced is not None else None)
 
     def _w(self, work: Any, opts: Any = None) -> Any:
@@ -126,38 +130,32 @@ class RingtorchGroup(dist.ProcessGroup):
     # -- reductions -------------------------------------------------------------------------
 
     def allreduce(self, tensors: Any, opts: Any = None) -> Any:
-        opts = opts if opts is not None else dist.AllreduceOptions()
-        eo = self._opts(o.AllreduceOptions, opts)
+        eo = self._opts(o.AllreduceOptions, opts, dist.AllreduceOptions)
         return self._w(self._engine.allreduce(list(tensors), eo), eo)
 
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Any:
-        opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
-        eo = self._opts(o.AllreduceCoalescedOptions, opts)
+        eo = self._opts(o.AllreduceCoalescedOptions, opts, dist.AllreduceCoalescedOptions)
         return self._w(self._engine.allreduce_coalesced(list(tensors), eo), eo)
 
     def reduce(self, tensors: Any, opts: Any = None) -> Any:
-        opts = opts if opts is not None else dist.ReduceOptions()
-        eo = self._opts(o.ReduceOptions, opts)
+        eo = self._opts(o.ReduceOptions, opts, dist.ReduceOptions)
         return self._w(self._engine.reduce(list(tensors), eo), eo)
 
     def reduce_scatter(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
-        opts = opts if opts is not None else dist.ReduceScatterOptions()
-        eo = self._opts(o.ReduceScatterOptions, opts)
+        eo = self._opts(o.ReduceScatterOptions, opts, dist.ReduceScatterOptions)
         return self._w(self._engine.reduce_scatter(
             list(outputs), [list(i) for i in inputs],
             eo), eo)
 
     def reduce_scatter_single(self, output: Any, input: Any, opts: Any = None) -> Any:
-        opts = opts if opts is not None else dist.ReduceScatterOptions()
-        eo = self._opts(o.ReduceScatterOptions, opts)
+        eo = self._opts(o.ReduceScatterOptions, opts, dist.ReduceScatterOptions)
         return self._w(self._engine.reduce_scatter_single(output, input, eo), eo)
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_tensor_coalesced(self, outputs: Any, inputs: Any,
                                         opts: Any = None) -> Any:
-        opts = opts if opts is not None else dist.ReduceScatterOptions()
-        eo = self._opts(o.ReduceScatterOptions, opts)
+        eo = self._opts(o.ReduceScatterOptions, opts, dist.ReduceScatterOptions)
         return self._w(self._engine.reduce_scatter_tensor_coalesced(
             list(outputs), list(inputs),
             eo), eo)
@@ -167,62 +165,53 @@ class RingtorchGroup(dist.ProcessGroup):
     # -- data movement ----------------------------------------------------------------------
 
     def broadcast(self, tensors: Any, opts: Any = None) -> Any:
-        opts = opts if opts is not None else dist.BroadcastOptions()
-        eo = self._opts(o.BroadcastOptions, opts)
+        eo = self._opts(o.BroadcastOptions, opts, dist.BroadcastOptions)
         return self._w(self._engine.broadcast(list(tensors), eo), eo)
 
     def allgather(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
-        opts = opts if opts is not None else _AllgatherOptions()
-        eo = self._opts(o.AllgatherOptions, opts)
+        eo = self._opts(o.AllgatherOptions, opts, _AllgatherOptions)
         return self._w(self._engine.allgather(
             [list(x) for x in outputs], list(inputs),
             eo), eo)
 
     def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> Any:
-        opts = opts if opts is not None else _AllgatherOptions()
-        eo = self._opts(o.AllgatherOptions, opts)
+        eo = self._opts(o.AllgatherOptions, opts, _AllgatherOptions)
         return self._w(self._engine.all_gather_single(output, input, eo), eo)
 
     _allgather_base = all_gather_single
 
     def allgather_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
-        opts = opts if opts is not None else _AllgatherOptions()
-        eo = self._opts(o.AllgatherOptions, opts)
+        eo = self._opts(o.AllgatherOptions, opts, _AllgatherOptions)
         return self._w(self._engine.allgather_coalesced(
             [list(x) for x in outputs], list(inputs),
             eo), eo)
 
     def allgather_into_tensor_coalesced(self, outputs: Any, inputs: Any,
                                         opts: Any = None) -> Any:
-        opts = opts if opts is not None else _AllgatherOptions()
-        eo = self._opts(o.AllgatherOptions, opts)
+        eo = self._opts(o.AllgatherOptions, opts, _AllgatherOptions)
         return self._w(self._engine.allgather_into_tensor_coalesced(list(outputs), list(inputs), eo), eo)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     def gather(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
-        opts = opts if opts is not None else dist.GatherOptions()
-        eo = self._opts(o.GatherOptions, opts)
+        eo = self._opts(o.GatherOptions, opts, dist.GatherOptions)
         return self._w(self._engine.gather(
             [list(x) for x in outputs], list(inputs),
             eo), eo)
 
     def scatter(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
-        opts = opts if opts is not None else dist.ScatterOptions()
-        eo = self._opts(o.ScatterOptions, opts)
+        eo = self._opts(o.ScatterOptions, opts, dist.ScatterOptions)
         return self._w(self._engine.scatter(
             list(outputs), [list(x) for x in inputs],
             eo), eo)
 
     def alltoall(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
-        opts = opts if opts is not None else dist.AllToAllOptions()
-        eo = self._opts(o.AllToAllOptions, opts)
+        eo = self._opts(o.AllToAllOptions, opts, dist.AllToAllOptions)
         return self._w(self._engine.alltoall(list(outputs), list(inputs), eo), eo)
 
     def alltoall_base(self, output: Any, input: Any, output_split_sizes: Any = None,
                       input_split_sizes: Any = None, opts: Any = None) -> Any:
-        opts = opts if opts is not None else dist.AllToAllOptions()
-        eo = self._opts(o.AllToAllOptions, opts)
+        eo = self._opts(o.AllToAllOptions, opts, dist.AllToAllOptions)
         return self._w(self._engine.alltoall_base(
             output, input, list(output_split_sizes or []), list(input_split_sizes or []),
             eo), eo)
@@ -230,8 +219,7 @@ class RingtorchGroup(dist.ProcessGroup):
     all_to_all_single = alltoall_base
 
     def barrier(self, opts: Any = None) -> Any:
-        opts = opts if opts is not None else dist.BarrierOptions()
-        eo = self._opts(o.BarrierOptions, opts)
+        eo = self._opts(o.BarrierOptions, opts, dist.BarrierOptions)
         return self._w(self._engine.barrier(eo), eo)
 
     def monitored_barrier(self, timeout: timedelta | None = None,
