@@ -84,17 +84,11 @@ def check_writable(obj: Any, name: str) -> None:
                          f"pass a writable array (e.g. np.ascontiguousarray(a))")
 
 
-def data_of(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` itself, or for one that requires grad (a parameter) its ``detach()``: the
-    same memory, outside autograd. Collectives read and write the caller's memory as torch's
-    do, without recording anything for autograd (NumPy and in-place writes refuse a tensor
-    that requires grad)."""
-    return tensor.detach() if tensor.requires_grad else tensor
-
-
 def real_view(tensor: torch.Tensor) -> torch.Tensor:
-    """A complex tensor as its (real, imag) pairs, as torch sends it; others unchanged (both
-    outside autograd: :func:`data_of`)."""
+    """A complex tensor as its (real, imag) pairs, as torch sends it; others unchanged. Both
+    outside autograd: one that requires grad (a parameter) is its ``detach()``, the same
+    memory, since collectives read and write the caller's memory as torch's do, without
+    recording anything for autograd (in-place writes refuse a tensor that requires grad)."""
     if tensor.requires_grad:
         tensor = tensor.detach()
     return torch.view_as_real(tensor) if tensor.is_complex() else tensor
@@ -279,13 +273,10 @@ def byte_view(tensor: torch.Tensor) -> memoryview:
     """The bytes of a contiguous CPU tensor, shared with it (any dtype, bfloat16 included)."""
     if tensor.numel() == 0:
         return memoryview(b"")
-    tensor = data_of(tensor)
-    flat = tensor.reshape(-1)
-    if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
+    # (one element with a 0 stride, as autograd's expanded gradients, counts as contiguous)
+    if not tensor.is_contiguous():
         raise ValueError("byte_view needs a contiguous tensor")
-    if flat.stride(0) != 1:  # one element with a 0 stride (autograd's expanded gradients)
-        flat = flat.as_strided((flat.numel(),), (1,))
-    return memoryview(_shared_array(flat.view(torch.uint8))).cast("B")  # type: ignore[arg-type]
+    return memoryview(_shared_array(tensor)).cast("B")  # type: ignore[arg-type]
 
 
 def tensor_from_bytes(buf: Any, dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor:
@@ -318,7 +309,6 @@ __all__ = [
     "as_tensor",
     "byte_view",
     "check_writable",
-    "data_of",
     "flat_view",
     "is_buffer",
     "overlaps",
