@@ -19,7 +19,7 @@ with those four attributes, the collectives layer's CollectiveCall is one): ``no
 (what the rank is doing, any transport) and, for its first shared-memory round, a per-slot
 copy that every peer compares with its own after the round: ranks that called different
 collectives, sizes, dtypes or roots fail at their first round, before any data is read, as does
-a rank whose peer arrived and then aborted. ``now`` reports a rank stuck in a socket collective.
+a rank whose peer aborted before it arrived. ``now`` reports a rank stuck in a socket collective.
 
 Waits spin on the peer's round word (0.3 µs a hand-off), then yield the CPU (ranks may
 outnumber cores), then sleep with back-off. Every millisecond or so a waiting rank also checks
@@ -242,6 +242,10 @@ class ShmDomain:
         self._warn_after = -1.0
         self._current = desc
         self._stats["collectives"] += 1
+        for j in self.peers:  # one that gave up (aborted) before this rank arrived: refuse
+            if self.words[j][W_ABORTED]:
+                self._fail(self.reports.peer_aborted(desc, self.names[self.rank], self.names[j],
+                                                     self._reason(j)), [self.names[j]])
         self._write_desc(W_ROUND_DESC[t & 1], desc)
         self._write_desc(W_NOW, desc)
         self._signal_and_wait(t, desc, deadline, meanwhile)
@@ -251,10 +255,6 @@ class ShmDomain:
             w = self.words[j]
             if w[at] != seq or w[at + 1] != kind or w[at + 2] != detail or w[at + 3] != nbytes:
                 self._fail(self._mismatch(desc, j, self._read_desc(j, at)), [j])
-        for j in self.peers:  # after every mismatch: that is what a peer aborted for, if any
-            if self.words[j][W_ABORTED]:
-                self._fail(self.reports.peer_aborted(desc, self.names[self.rank], self.names[j],
-                                                     self._reason(j)), [self.names[j]])
 
     def step(self, desc: Descriptor, deadline: float, meanwhile: Callable[[], None] | None = None) -> None:
         """Enter the next round of the current collective (data published before; see module)."""
