@@ -295,10 +295,30 @@ def render_recorder(r: dict[str, Any]) -> str:
             f"(the default) +{rec['on_ns'] - rec['off_ns']:,.0f} ns{alone}.")
 
 
+def render_fsdp(r: dict[str, Any]) -> str:
+    """Per world size: each configuration's median step, then the two targets' ratios."""
+    names = ["fsdp2 ringtorch", "fsdp2 gloo", "ddp ringtorch", "ddp door", "compute",
+             "comm ringtorch", "comm gloo"]
+    rows = [[str(row["world"]), *[f"{row[n.replace(' ', '_') + '_s'] * 1e3:.1f}" for n in names],
+             f"{row['vs_gloo']:.2f}", f"{row['vs_ddp']:.2f}"] for row in r["rows"]]
+    text = table(["world", *[f"{n} ms" for n in names], "fsdp2 ringtorch / gloo",
+                  "fsdp2 ringtorch / ddp ringtorch"], rows)
+    return (f"{r['layers']} x [Linear({r['width']}, {r['width']}) + ReLU], batch {r['batch']} "
+            f"per rank, SGD, per-layer `fully_shard`; median step of the slowest rank over "
+            f"{r['rounds']} rounds of {r['steps']} steps, configurations alternating.\n\n{text}")
+
+
+def render_dtensor(r: dict[str, Any]) -> str:
+    row = [str(r["world"]), human(r["bytes"]), us(r["ringtorch_s"] * 1e6),
+           us(r["gloo_s"] * 1e6), ratio(r["ratio"])]
+    return table(["world", "size", "ringtorch µs", "gloo µs", "gloo / ringtorch"], [row])
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "store": render_store, "collectives": render_collectives, "shm": render_collectives,
     "hierarchy": render_hierarchy, "ddp": render_ddp, "rpc": render_rpc, "mpi": render_mpi,
-    "autograd": render_autograd, "recorder": render_recorder}
+    "autograd": render_autograd, "recorder": render_recorder, "fsdp": render_fsdp,
+    "dtensor": render_dtensor}
 
 
 def block(area: str, env: dict[str, Any], regenerate: str) -> str:

@@ -166,6 +166,25 @@ def _recorder(r: dict[str, Any]) -> tuple[str, list[Target]]:
     return headline, targets
 
 
+def _fsdp(r: dict[str, Any]) -> tuple[str, list[Target]]:
+    headline = "; ".join(f"world {row['world']}: {ratio(1 / row['vs_gloo'])} gloo's FSDP2"
+                         for row in r["rows"])
+    targets: list[Target] = []
+    for row in r["rows"]:
+        w = row["world"]
+        targets += [(f"world {w}: step ≤ 0.5x gloo's", f"{row['vs_gloo']:.2f}x",
+                     row["vs_gloo"] <= 0.5),
+                    (f"world {w}: step ≤ 1.3x ringtorch's DDP step", f"{row['vs_ddp']:.2f}x",
+                     row["vs_ddp"] <= 1.3)]
+    return headline, targets
+
+
+def _dtensor(r: dict[str, Any]) -> tuple[str, list[Target]]:
+    x = r["ratio"]
+    return f"{human(r['bytes'])} at world {r['world']}: {ratio(x)}", [
+        (f"{human(r['bytes'])}, world {r['world']}: ≥ 3x gloo", ratio(x), x >= 3)]
+
+
 # area: (its label in the table, anchor, rows from its results); the table's order
 AREAS: dict[str, tuple[str, str, Callable[[dict[str, Any]], tuple[str, list[Target]]]]] = {
     "collectives": ("all_reduce", "gloo, Open MPI", _collectives),
@@ -177,6 +196,8 @@ AREAS: dict[str, tuple[str, str, Callable[[dict[str, Any]], tuple[str, list[Targ
     "autograd": ("distributed autograd", "torch's", _autograd),
     "mpi": ("MPI backend", "raw mpi4py", _mpi),
     "recorder": ("flight recorder", "recorder off", _recorder),
+    "fsdp": ("FSDP2 step (backend door)", "torch's FSDP2 on gloo; ringtorch's DDP", _fsdp),
+    "dtensor": ("DTensor Shard(0) → Replicate", "gloo", _dtensor),
 }
 
 

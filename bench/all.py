@@ -7,7 +7,8 @@
     python -m bench.all ...                    # the same, from the repository root
 
 Each area runs its script (bench/store.py, collectives.py, hierarchical.py, ddp.py, rpc.py,
-mpi_overhead.py, dist_autograd.py, recorder.py) with the settings below and ``--json OUT/AREA.json``
+mpi_overhead.py, dist_autograd.py, fsdp.py, dtensor.py, recorder.py) with the settings below
+and ``--json OUT/AREA.json``
 (bench/_report.py's format: the results with the machine, commit, date and load), then its
 generated block is rewritten from that file (bench/_page.py), in BENCHMARKS.md or, for the
 tables the page only links to, docs/benchmarks/details.md, and so are its rows of the page's
@@ -74,6 +75,10 @@ AREAS: dict[str, Area] = {
     "mpi": Area("mpi_overhead.py", (), ("--max-bytes", "16K", "--seconds", "0.02")),
     "autograd": Area("dist_autograd.py", ("--rounds", "3", "--steps", "200"),
                      ("--rounds", "1", "--steps", "20")),
+    "fsdp": Area("fsdp.py", ("--rounds", "3", "--steps", "10"),
+                 ("--world-sizes", "2", "--rounds", "1", "--steps", "2", "--warmup", "1")),
+    "dtensor": Area("dtensor.py", ("--rounds", "7"),
+                    ("--bytes", "65536", "--rounds", "1", "--iters", "5")),
     "recorder": Area("recorder.py", ("--repeats", "5"), ("--quick",)),
 }
 PLOT_AREA = "collectives"
