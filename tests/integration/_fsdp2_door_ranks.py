@@ -60,7 +60,8 @@ def _full(net: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def world2(rank: int, ws: int, ckpt: str, async_ckpt: str) -> dict[str, Any]:
     """Mixed precision on ringtorch and on gloo; state dicts after two fp32 steps; a DCP save
-    with the optimizer; an async_save on a group of its own while training goes on."""
+    with the optimizer; an async_save on a group of its own while training goes on, then one
+    on the default group."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -99,6 +100,10 @@ def world2(rank: int, ws: int, ckpt: str, async_ckpt: str) -> dict[str, Any]:
                             process_group=saver)
     out["after_async"] = train(net, opt, range(2, 3), rank, ws)  # while the upload runs
     future.result()
+    # on the default group, waited for before the next collective: after the third step
+    model_sd, optim_sd = get_state_dict(net, opt)
+    dcp.async_save({"model": model_sd, "optim": optim_sd},
+                   checkpoint_id=async_ckpt + "_default").result()
     dist.destroy_process_group()
     return out
 
