@@ -20,7 +20,7 @@ MICROBATCHES = 4
 
 def mlp() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    return torch.nn.Sequential(torch.nn.Linear(8, 36), torch.nn.ReLU(), torch.nn.Linear(36, 8))
 
 
 class Block(torch.nn.Module):
@@ -30,8 +30,8 @@ class Block(torch.nn.Module):
         super().__init__()
         torch.manual_seed(1)
         self.norm = torch.nn.LayerNorm(8)
-        self.up = torch.nn.Linear(8, 32)
-        self.down = torch.nn.Linear(32, 8)
+        self.up = torch.nn.Linear(8, 36)
+        self.down = torch.nn.Linear(36, 8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))

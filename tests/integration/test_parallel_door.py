@@ -1,11 +1,12 @@
 """Tensor, sequence and pipeline parallelism of torch on backend "ringtorch" compute what the
 whole module computes in one process.
 
-One job at world 2 (tests/integration/_parallel_door_ranks.py): ``parallelize_module`` with
-ColwiseParallel/RowwiseParallel on an MLP and with SequenceParallel around a transformer
-block's MLP, forward and backward; then ``torch.distributed.pipelining``'s GPipe and 1F1B
-schedules on two stages of four Linear layers, four microbatches. Expected values: the same
-modules, whole, on the whole batch here.
+One job at world 2 and one at world 3 (tests/integration/_parallel_door_ranks.py):
+``parallelize_module`` with ColwiseParallel/RowwiseParallel on an MLP and with
+SequenceParallel around a transformer block's MLP, forward and backward; then
+``torch.distributed.pipelining``'s GPipe and 1F1B schedules on one stage per rank over four
+Linear layers, four microbatches. Expected values: the same modules, whole, on the whole
+batch here.
 """
 
 from __future__ import annotations
@@ -18,17 +19,16 @@ import torch
 from ringtorch.testing import run_ranks
 from tests.integration import _parallel_door_ranks as R
 
-WS = 2
-
 
 @functools.cache
-def _job() -> list[dict]:
-    return run_ranks(R.parallel, WS, timeout=120)
+def _job(ws: int) -> list[dict]:
+    return run_ranks(R.parallel, ws, timeout=120)
 
 
-@pytest.fixture(scope="module")
-def results() -> list[dict]:
-    return _job()
+# world 3: three pipeline stages, the last with one Linear layer
+@pytest.fixture(scope="module", params=[2, 3], ids=["world2", "world3"])
+def results(request: pytest.FixtureRequest) -> list[dict]:
+    return _job(request.param)
 
 
 def _grads(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -55,7 +55,7 @@ def test_sequence_parallel_block_equals_the_whole_block(results: list[dict]) -> 
     for rank, res in enumerate(results):
         kind, local, grads = res["sp"]
         assert kind == "Tensor"
-        torch.testing.assert_close(local, out.detach().chunk(WS, dim=1)[rank])
+        torch.testing.assert_close(local, out.detach().chunk(len(results), dim=1)[rank])
         for name, ref in _grads(block).items():
             torch.testing.assert_close(grads[name], ref, msg=f"{name} rank {rank}")
 
