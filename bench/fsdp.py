@@ -3,6 +3,7 @@
     python bench/fsdp.py                          # worlds 2 and 4, 3 rounds of 10 steps
     python bench/fsdp.py --world-sizes 2 --rounds 1 --steps 3 --warmup 1
     python bench/fsdp.py --json bench/out/fsdp.json
+    python bench/fsdp.py --world-sizes 2 --rounds 1 --profile    # where the step's time goes
 
 The model is 8 x [Linear(1024, 1024) + ReLU] (8.4 M parameters), batch 16 per rank, SGD;
 torch's FSDP2 shards each Linear with ``fully_shard`` and then the root. One job per world
@@ -30,7 +31,10 @@ at most 1.3x ringtorch's DDP step. One intra-op thread per rank.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import os
+import pstats
 import statistics
 import sys
 import time
@@ -84,8 +88,10 @@ def _comm_step(group: Any, world: int) -> Any:
 
 
 def run_rank(rank: int, world: int, rounds: int, steps: int, warmup: int,
-             facade_port: int) -> dict[str, list[float]]:
-    """Per-step seconds of each configuration on this rank, all rounds in a row."""
+             facade_port: int, profile: bool = False) -> dict[str, Any]:
+    """Per-step seconds of each configuration on this rank, all rounds in a row; with
+    ``profile``, rank 0 also returns cProfile's top functions over the FSDP2 steps of each
+    backend (the calling thread only: the lane's thread is not seen)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -121,15 +127,26 @@ def run_rank(rank: int, world: int, rounds: int, steps: int, warmup: int,
     calls = {name: train(model) for name, model in models.items()}
     calls["comm ringtorch"] = _comm_step(None, world)
     calls["comm gloo"] = _comm_step(gloo, world)
-    times: dict[str, list[float]] = {name: [] for name in calls}
+    times: dict[str, Any] = {name: [] for name in calls}
+    profiles = {name: cProfile.Profile() for name in ("fsdp2 ringtorch", "fsdp2 gloo")}
     for round_ in range(rounds):
         for name, call in calls.items():
             for i in range(steps + (warmup if round_ == 0 else 0)):
                 rdist.barrier()
+                timed = round_ > 0 or i >= warmup
+                prof = profiles.get(name) if profile and timed and rank == 0 else None
                 start = time.perf_counter()
-                call()
-                if round_ > 0 or i >= warmup:
+                if prof is not None:
+                    prof.runcall(call)
+                else:
+                    call()
+                if timed:
                     times[name].append(time.perf_counter() - start)
+    if profile and rank == 0:
+        for name, prof in profiles.items():
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(15)
+            times[f"profile {name}"] = text.getvalue()
     rdist.barrier()
     rdist.destroy_process_group()
     dist.destroy_process_group()
@@ -141,10 +158,13 @@ def measure(world: int, args: argparse.Namespace) -> dict[str, float]:
     from ringtorch.testing.harness import job_port, run_ranks
 
     per_rank = run_ranks(run_rank, world, timeout=1200,
-                         args=(args.rounds, args.steps, args.warmup, job_port()))
+                         args=(args.rounds, args.steps, args.warmup, job_port(), args.profile))
+    for name, text in per_rank[0].items():
+        if name.startswith("profile "):
+            print(f"world {world}, rank 0, {name[8:]}, cProfile of the timed steps:\n{text}")
     n = len(per_rank[0]["compute"])
     return {name: statistics.median(max(r[name][i] for r in per_rank) for i in range(n))
-            for name in per_rank[0]}
+            for name in CONFIGS}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per round")
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--profile", action="store_true",
+                        help="print cProfile's top functions of rank 0's FSDP2 steps (the "
+                        "profiler slows them: the step times of such a run are not the bench's)")
     parser.add_argument("--json", type=Path,
                         help="also write the results here (bench/_report.py's format)")
     args = parser.parse_args(argv)
