@@ -22,7 +22,7 @@ import torch
 
 from ringtorch.testing.harness import job_port
 
-# long (six jobs of two processes, each starting torch: 105 s on 2 loaded cores): in the
+# long (six jobs of two processes, each starting torch: 105-150 s on 2 cores at load 25-30): in the
 # slow stage, not the default suite
 pytestmark = pytest.mark.slow
 
@@ -62,9 +62,12 @@ def _fsdp2_run(launcher: str, backend: str, folder: Path, *extra: str
 
 
 def test_the_fsdp2_example_trains_and_resumes_as_on_gloo(tmp_path: Path) -> None:
-    first = _fsdp2_run("ringrun", "ringtorch", tmp_path / "ring")
+    # the first run with the example's two options: bf16 parameters (fp32 reduction) and
+    # explicit prefetching (all_gathers issued a layer ahead)
+    options = ("--mixed-precision", "--explicit-prefetching")
+    first = _fsdp2_run("ringrun", "ringtorch", tmp_path / "ring", *options)
     resumed = _fsdp2_run("torchrun", "ringtorch", tmp_path / "ring", "--dcp-api")
-    gloo_first = _fsdp2_run("torchrun", "gloo", tmp_path / "gloo")
+    gloo_first = _fsdp2_run("torchrun", "gloo", tmp_path / "gloo", *options)
     gloo_resumed = _fsdp2_run("torchrun", "gloo", tmp_path / "gloo", "--dcp-api")
     assert "resumed from" not in first[3] and "resumed from" in resumed[3]
     for mine, gloo in ((first, gloo_first), (resumed, gloo_resumed)):
