@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-# long (runs every benchmark script end to end: 36 s): in the slow stage, not the default suite
+# long (runs benchmark scripts end to end: 36 s, and 45 s more for fsdp and dtensor at load
+# 25): in the slow stage, not the default suite
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,3 +85,31 @@ def test_a_quick_recorder_run_measures_both_transports_and_writes_its_table(
         assert abs(float(line[2]) - row["default_us"] / row["off_us"]) <= 0.0006
     if not tracing:
         assert "not available" in block
+
+
+def test_quick_fsdp_and_dtensor_runs_write_their_tables_and_targets(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "all.py"), "--quick", "--only",
+                           "fsdp,dtensor", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    fsdp = json.loads((tmp_path / "fsdp.json").read_text())["results"]
+    (row,) = fsdp["rows"]
+    assert row["world"] == 2
+    assert row["vs_gloo"] == row["fsdp2_ringtorch_s"] / row["fsdp2_gloo_s"]
+    assert row["vs_ddp"] == row["fsdp2_ringtorch_s"] / row["ddp_ringtorch_s"]
+    dtensor = json.loads((tmp_path / "dtensor.json").read_text())["results"]
+    assert dtensor["world"] == 2 and dtensor["bytes"] == 65536
+    assert dtensor["ratio"] == dtensor["gloo_s"] / dtensor["ringtorch_s"]
+    details = (tmp_path / "details.md").read_text()
+    block = details[details.index("<!-- bench/all.py: begin fsdp -->"):
+                    details.index("<!-- bench/all.py: end fsdp -->")]
+    assert f"| 2 | {row['fsdp2_ringtorch_s'] * 1e3:.1f} | {row['fsdp2_gloo_s'] * 1e3:.1f} |" \
+        in block, block
+    page = (tmp_path / "BENCHMARKS.md").read_text()
+    summary = page[page.index("<!-- bench/all.py: begin summary -->"):
+                   page.index("<!-- bench/all.py: end summary -->")]
+    rows = [line for line in summary.splitlines() if line.startswith("| FSDP2 step")]
+    verdict = "PASS" if row["vs_gloo"] <= 0.5 else "**FAIL**"
+    assert f"| world 2: step ≤ 0.5x gloo's | {row['vs_gloo']:.2f}x | {verdict} |" in rows[0]
+    (dt_row,) = [line for line in summary.splitlines() if line.startswith("| DTensor")]
+    assert f"{dtensor['ratio']:.2f}x" in dt_row
