@@ -31,7 +31,7 @@ C_TYPES = {
     "ncclComm_t": ctypes.c_void_p, "const ncclComm_t": ctypes.c_void_p,
     "ncclComm_t*": ctypes.POINTER(ctypes.c_void_p), "cudaStream_t": ctypes.c_void_p,
     "ncclUniqueId": nccl_lib.UniqueId, "ncclUniqueId*": ctypes.POINTER(nccl_lib.UniqueId),
-    "const char*": ctypes.c_char_p,
+    "const char*": ctypes.c_char_p, "ncclConfig_t*": ctypes.POINTER(nccl_lib.Config),
 }
 
 
@@ -77,6 +77,23 @@ def _mismatches(table: tuple[nccl_lib.Function, ...]) -> list[str]:
 def test_every_bound_function_matches_ncclh_parameter_by_parameter() -> None:
     assert ctypes.sizeof(nccl_lib.UniqueId) == 128
     assert _mismatches(nccl_lib.FUNCTIONS) == []
+    bound = {fn.name for fn in nccl_lib.FUNCTIONS}
+    assert {"ncclCommInitRankConfig", "ncclBroadcast", "ncclReduce", "ncclAllGather",
+            "ncclReduceScatter", "ncclSend", "ncclRecv"} <= bound
+
+
+def test_the_config_struct_is_the_oldest_prefix_of_ncclh() -> None:
+    text = re.sub(r"/\*.*?\*/", "", (_include_dir() / "nccl.h").read_text(), flags=re.S)
+    body = re.search(r"typedef struct ncclConfig_v\d+ \{(.*?)\}", text, flags=re.S)
+    assert body is not None
+    header_fields = re.findall(r"(\w+)\s*;", body.group(1))
+    declared = [name for name, _ in nccl_lib.Config._fields_]
+    assert header_fields[:len(declared)] == declared
+    magic = re.search(r"#define NCCL_API_MAGIC\s+(0x[0-9a-fA-F]+)", text)
+    assert magic is not None and int(magic.group(1), 16) == nccl_lib.CONFIG_MAGIC
+    config = nccl_lib.Config.nonblocking()
+    assert (config.size, config.blocking, config.version) == (
+        ctypes.sizeof(nccl_lib.Config), 0, 21400)
 
 
 def test_the_header_check_catches_a_swap_of_same_typed_parameters() -> None:
