@@ -116,6 +116,8 @@ class BackendConfig:
         if name is None:
             for other in self.device_backend_map.values():
                 registry.require(other)  # a GPU-only backend says what it needs
+            if Backend.NCCL in self.device_backend_map.values():
+                return Backend.NCCL  # its CPU side: ringtorch's native backend (registry)
             raise RuntimeError(f"backend config {self!r} has no backend for CPU tensors, and "
                                f"ringtorch runs collectives on CPU tensors")
         return name
@@ -136,7 +138,8 @@ def is_mpi_available() -> bool:
 
 
 def is_nccl_available() -> bool:
-    """Whether the NCCL backend is available (not yet in ringtorch)."""
+    """Whether the NCCL backend is available: False until a recorded GPU run confirms it
+    (docs/gpu.md), and where torch sees no GPU or no NCCL library is found."""
     return registry.is_available("nccl")
 
 
