@@ -228,7 +228,10 @@ class NcclGroup:
         return None
 
     def settle(self, work: NcclWork) -> None:
-        """Complete ``work`` (its end event has completed) and let go of its tensors."""
+        """Complete ``work`` (its end event has completed) and let go of its tensors; unless
+        the communicator failed, which fails it (a failed NCCL kernel may still finish)."""
+        if self._comm_failed():
+            return
         with self._lock:
             if work in self._pending:
                 self._pending.remove(work)
@@ -246,10 +249,7 @@ class NcclGroup:
                 if not self._pending:
                     self._wake.wait(_LIVENESS_EVERY_S)
                 pending = list(self._pending)
-            code = self.comm.async_error()
-            if code not in (nccl_comm.SUCCESS, nccl_comm.IN_PROGRESS):
-                self._fail(f"the NCCL communicator reported {_ERROR_NAMES.get(code, code)}"
-                           + self._dead_ranks() + _said(self.comm.error_text()))
+            if self._comm_failed():
                 return
             now = time.monotonic()
             for work in pending:
@@ -266,6 +266,15 @@ class NcclGroup:
                     self._fail(f"a peer is gone{dead}")
                     return
             time.sleep(_POLL_S)
+
+    def _comm_failed(self) -> bool:
+        """Whether the communicator reports an error (then the group fails with it)."""
+        code = self.comm.async_error()
+        if code in (nccl_comm.SUCCESS, nccl_comm.IN_PROGRESS):
+            return False
+        self._fail(f"the NCCL communicator reported {_ERROR_NAMES.get(code, code)}"
+                   + self._dead_ranks() + _said(self.comm.error_text()))
+        return True
 
     def _dead_ranks(self) -> str:
         dead = [r for r in range(self.size) if r != self.rank

@@ -173,8 +173,9 @@ def faults(rank: int, ws: int) -> dict[str, Any]:
             "nccl", timeout=short, device_id=torch.device("cuda", 0)))
         out["hung_init_s"] = time.monotonic() - started
     out["initialized_after_hung_init"] = dist.is_initialized()
-    # an operation past the timeout: rank 1's never completes, rank 0's waits for it
-    dist.init_process_group("nccl", timeout=short, device_id=0)
+    # an operation past the timeout: rank 1's never completes (it stalls), rank 0's waits for
+    # it; rank 1's timeout is longer, so that each rank's own deadline is what fails it
+    dist.init_process_group("nccl", timeout=timedelta(seconds=2 + 4 * rank), device_id=0)
     out["bound"] = str(dist.group.WORLD.bound_device_id)
     t = d.put(values(rank, N, 1))
     if rank == 1:
@@ -229,5 +230,11 @@ def killed(rank: int, ws: int, victim: int) -> dict[str, Any]:
     started = time.monotonic()
     _get_default_store().set(f"issued/{rank}", "1")
     wait_for(work.is_completed, timeout=30, what="the all_reduce to fail")
-    return {"first": first, "error": str(work.exception()), "seconds": time.monotonic() - started,
+    said = {"first": first, "error": str(work.exception()),
+            "seconds": time.monotonic() - started,
             "next": _error(lambda: dist.all_reduce(d.put(values(rank, N, 3))))}
+    # no survivor exits before the others have their result (an exited one is "gone" too)
+    store = _get_default_store()
+    store.set(f"told/{rank}", "1")
+    store.wait([f"told/{r}" for r in range(ws) if r != victim])
+    return said
