@@ -110,21 +110,22 @@ def _send_recv(rank: int, ws: int, d: _Dev, mode: str) -> dict[str, Any]:
 
 def _ordering(rank: int, rt: Any, d: _Dev) -> dict[str, Any]:
     """The call returns before the work queued on the current stream ran, and that work is
-    included; ``wait()`` orders the current stream without blocking the host."""
+    included; ``wait()`` orders the current stream without blocking the host. PREMUL_SUM by
+    2, so that even at world 1 a result computed before the fill differs from the right one."""
     said: dict[str, Any] = {}
     cur = rt.current_stream(0)
     t = rt.empty((4,), torch.float32, 0)
     src = torch.from_numpy(values(rank, 4, 80))
     rt.busy(cur, SLOW)
     rt.launch(cur, lambda: t.copy_(src))
-    dist.all_reduce(t)
+    dist.all_reduce(t, op=make_premul_sum(2.0))
     said["order/sync_returned_before_queued_work"] = not cur.query()
     said["order/queued_work_included"] = d.read(t)
     t2 = rt.empty((4,), torch.float32, 0)
     src2 = torch.from_numpy(values(rank, 4, 81))
     rt.busy(cur, SLOW)
     rt.launch(cur, lambda: t2.copy_(src2))
-    work = dist.all_reduce(t2, async_op=True)
+    work = dist.all_reduce(t2, op=make_premul_sum(2.0), async_op=True)
     said["order/async_not_done_before_queued_work"] = not work.is_completed()
     work.wait()
     said["order/wait_did_not_block_host"] = not cur.query()
