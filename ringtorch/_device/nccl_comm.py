@@ -12,6 +12,7 @@ is safe from any thread, on a communicator that is initialising, working or hung
 
 from __future__ import annotations
 
+import time
 from typing import Any, Protocol
 
 import torch
@@ -23,6 +24,7 @@ from ringtorch._device.confirmed import confirmed
 SUCCESS = 0
 IN_PROGRESS = nccl_lib.IN_PROGRESS
 REMOTE_ERROR = 6  # ncclRemoteError: a peer died or the network failed
+_ENQUEUE_S = 60.0  # how long a non-blocking communicator may take to accept one call
 # ReduceOp names (ringtorch's and torch's) -> ncclRedOp_t
 REDUCE_OPS = {"SUM": nccl_lib.SUM, "PRODUCT": nccl_lib.PROD, "MAX": nccl_lib.MAX,
               "MIN": nccl_lib.MIN, "AVG": nccl_lib.AVG}
@@ -137,9 +139,17 @@ class RealComm:
         self.nranks = nranks
 
     def _enqueue(self, name: str, **arguments: Any) -> None:
-        # a non-blocking communicator may answer ncclInProgress: the work is queued
-        code = self._lib.raw(name, comm=self._comm, **arguments)
-        if code not in (SUCCESS, IN_PROGRESS):
+        self._settled(name, self._lib.raw(name, comm=self._comm, **arguments))
+
+    def _settled(self, name: str, code: int) -> None:
+        """Raise unless ``code`` is success; a non-blocking communicator may answer
+        ncclInProgress (the call goes on in the background), and NCCL asks that nothing
+        else be called on it until ncclCommGetAsyncError no longer says so."""
+        deadline = time.monotonic() + _ENQUEUE_S
+        while code == IN_PROGRESS and time.monotonic() < deadline:
+            time.sleep(0.0001)
+            code = self._lib.async_error(self._comm)
+        if code != SUCCESS:
             raise nccl_lib.NcclError(f"{name} failed: {self._lib.error_string(code)} "
                                      f"(ncclResult_t {code}){self._lib._last_error(self._comm)}",
                                      code)
@@ -155,7 +165,7 @@ class RealComm:
         self._lib.comm_abort(self._comm)
 
     def destroy(self) -> None:
-        self._lib.comm_destroy(self._comm)
+        self._settled("ncclCommDestroy", self._lib.raw("ncclCommDestroy", comm=self._comm))
 
     def all_reduce(self, send: torch.Tensor, recv: torch.Tensor, op: int, stream: Any) -> None:
         dtype, count = _dtype(send)
@@ -198,10 +208,7 @@ class RealComm:
         self._lib.group_start()
 
     def group_end(self) -> None:
-        code = self._lib.raw("ncclGroupEnd")
-        if code not in (SUCCESS, IN_PROGRESS):
-            raise nccl_lib.NcclError(f"ncclGroupEnd failed: {self._lib.error_string(code)} "
-                                     f"(ncclResult_t {code})", code)
+        self._settled("ncclGroupEnd", self._lib.raw("ncclGroupEnd"))
 
 
 class RealNccl:

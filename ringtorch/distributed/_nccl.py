@@ -309,10 +309,13 @@ class NcclGroup:
                 self.error = DistBackendError(f"process group '{self.group_name}' has been "
                                               f"destroyed")
         if self.comm is not None:
-            if abort or self._pending:
+            try:
+                if abort or self._pending:
+                    self.comm.abort()
+                else:
+                    self.comm.destroy()
+            except Exception:  # a communicator that cannot be destroyed is aborted
                 self.comm.abort()
-            else:
-                self.comm.destroy()
 
 
 def _said(text: str) -> str:
