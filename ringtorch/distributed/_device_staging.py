@@ -20,6 +20,12 @@ the call runs as (``staged_call`` runs the entry point itself on the host buffer
    host operation is done, as torch's does). The copy-back is enqueued as soon as the host
    operation completes, whether or not anyone waits.
 
+A group with an NCCL side (backend "nccl", or a map naming ``cuda:nccl``; ``_nccl.py``) takes
+its device tensors there instead (``_nccl_ops.py``), for the operations NCCL runs; the others
+(the coalesced forms, ``batch_isend_irecv``), and every operation of a group whose ranks
+share a GPU that its NCCL cannot, are staged here. With backend "nccl" open and
+staging closed, a group without an NCCL side gets the entry point as it is.
+
 Rules kept: a pinned buffer (and the device tensors it served) is reused or dropped only after
 the event recorded behind its last copy has completed; nothing here runs for host tensors and
 nothing initialises CUDA in a process that has no CUDA tensor (the simulated runtime is

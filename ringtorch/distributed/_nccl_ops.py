@@ -214,7 +214,110 @@ def _p2p(side: NcclGroup, kw: dict[str, Any], kind: str, async_op: bool) -> Any:
     return None
 
 
+def _grouped(side: NcclGroup, name: str, kw: dict[str, Any], tensors: list[torch.Tensor],
+             outputs: list[torch.Tensor], copies: list[tuple[torch.Tensor, torch.Tensor]],
+             p2p: list[tuple[str, torch.Tensor, int]]) -> Any:
+    """One operation made of local copies and sends/receives that progress together (one
+    NCCL group), as torch's ProcessGroupNCCL runs gather, scatter and all-to-all."""
+    def enqueue(comm: Any, stream: Any, keep: list[Any]) -> None:
+        if copies:
+            side.rt.launch(stream, lambda: [dst.copy_(src) for dst, src in copies])
+        if p2p:
+            comm.group_start()
+            try:
+                for kind, buf, peer in p2p:
+                    getattr(comm, kind)(buf, peer, stream)
+            finally:
+                comm.group_end()
+
+    return _collective(side, name, tensors, outputs, kw, enqueue)
+
+
+def _root(kw: dict[str, Any], global_name: str, group_name: str) -> int:
+    if kw.get(global_name) is None and kw.get(group_name) is None:
+        return _rank({**kw, global_name: 0}, kw["group"], global_name, group_name)
+    return _rank(kw, kw["group"], global_name, group_name)
+
+
+def _sized(parts: list[torch.Tensor], like: torch.Tensor, what: str, size: int) -> None:
+    if len(parts) != size or any(p.numel() != like.numel() or p.dtype != like.dtype
+                                 for p in parts):
+        raise ValueError(f"{what} must hold {size} tensors of the same size and dtype as "
+                         f"the tensor")
+
+
+def _gather(side: NcclGroup, kw: dict[str, Any]) -> Any:
+    t = a.check_single_tensor(kw["tensor"], "tensor")
+    root = _root(kw, "dst", "group_dst")
+    if side.rank != root:
+        return _grouped(side, "gather", kw, [t], [], [], [("send", t, root)])
+    outs = a.check_tensor_list(kw["gather_list"], "gather_list")
+    _sized(outs, t, "gather_list", side.size)
+    p2p = [("recv", o, r) for r, o in enumerate(outs) if r != root]
+    return _grouped(side, "gather", kw, [t, *outs], outs, [(outs[root], t)], p2p)
+
+
+def _scatter(side: NcclGroup, kw: dict[str, Any]) -> Any:
+    t = a.check_single_tensor(kw["tensor"], "tensor")
+    root = _root(kw, "src", "group_src")
+    if side.rank != root:
+        return _grouped(side, "scatter", kw, [t], [t], [], [("recv", t, root)])
+    ins = a.check_tensor_list(kw["scatter_list"], "scatter_list")
+    _sized(ins, t, "scatter_list", side.size)
+    p2p = [("send", i, r) for r, i in enumerate(ins) if r != root]
+    return _grouped(side, "scatter", kw, [t, *ins], [t], [(t, ins[root])], p2p)
+
+
+def _exchange(side: NcclGroup, name: str, kw: dict[str, Any], outs: list[torch.Tensor],
+              ins: list[torch.Tensor], tensors: list[torch.Tensor],
+              outputs: list[torch.Tensor]) -> Any:
+    """Part r of ``ins`` to rank r, rank r's into part r of ``outs`` (empty parts skipped:
+    both ends of a pair know its size)."""
+    me = side.rank
+    p2p: list[tuple[str, torch.Tensor, int]] = []
+    for r in range(side.size):
+        if r != me and ins[r].numel():
+            p2p.append(("send", ins[r], r))
+        if r != me and outs[r].numel():
+            p2p.append(("recv", outs[r], r))
+    return _grouped(side, name, kw, tensors, outputs, [(outs[me], ins[me])], p2p)
+
+
+def _all_to_all_single(side: NcclGroup, kw: dict[str, Any]) -> Any:
+    out = a.check_single_tensor(kw["output"], "output")
+    inp = a.check_single_tensor(kw["input"], "input")
+    a.ensure_same_dtype(out, inp)
+
+    def parts(t: torch.Tensor, splits: Any, what: str) -> list[torch.Tensor]:
+        if not splits:
+            if t.shape[0] % side.size:
+                raise ValueError(f"{what}'s first dimension ({t.shape[0]}) must divide by "
+                                 f"the group's size ({side.size})")
+            splits = [t.shape[0] // side.size] * side.size
+        if len(splits) != side.size or sum(splits) != t.shape[0]:
+            raise ValueError(f"{what} split sizes {list(splits)} do not split its first "
+                             f"dimension ({t.shape[0]}) into {side.size} parts")
+        return list(torch.split(t, list(splits)))
+
+    outs = parts(out, kw.get("output_split_sizes"), "output")
+    ins = parts(inp, kw.get("input_split_sizes"), "input")
+    return _exchange(side, "alltoall_base", kw, outs, ins, [out, inp], [out])
+
+
+def _all_to_all(side: NcclGroup, kw: dict[str, Any]) -> Any:
+    outs = a.check_tensor_list(kw["output_tensor_list"], "output_tensor_list")
+    ins = a.check_tensor_list(kw["input_tensor_list"], "input_tensor_list")
+    if len(outs) != side.size or len(ins) != side.size:
+        raise ValueError(f"all_to_all needs {side.size} input and {side.size} output tensors")
+    a.ensure_same_dtype(outs, ins)
+    return _exchange(side, "alltoall", kw, outs, ins, [*outs, *ins], outs)
+
+
 _OPS: dict[str, Callable[[NcclGroup, dict[str, Any]], Any]] = {
+    "gather": _gather,
+    "scatter": _scatter,
+    "all_to_all_single": _all_to_all_single,
+    "all_to_all": _all_to_all,
     "all_reduce": _all_reduce,
     "broadcast": _broadcast,
     "reduce": _reduce,

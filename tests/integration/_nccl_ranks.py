@@ -70,6 +70,21 @@ def run(rank: int, ws: int, backend: str) -> dict[str, Any]:
         t, whole = d.blank(N), d.put(values(rank, N * ws, 20))
         done(dist.reduce_scatter_single(t, whole, async_op=aop))
         out[f"{mode}/reduce_scatter_tensor"] = d.read(t)
+        t = d.put(values(rank, N, 6))
+        outs = [d.blank(N) for _ in range(ws)] if rank == 0 else None
+        done(dist.gather(t, outs, dst=0, async_op=aop))
+        out[f"{mode}/gather"] = [d.read(o) for o in outs] if outs else None
+        t = d.blank(N)
+        ins = [d.put(values(r, N, 7)) for r in range(ws)] if rank == ws - 1 else None
+        done(dist.scatter(t, ins, src=ws - 1, async_op=aop))
+        out[f"{mode}/scatter"] = d.read(t)
+        outs, ins = [d.blank(N) for _ in range(ws)], [d.put(values(rank, N, 30 + r))
+                                                        for r in range(ws)]
+        done(dist.all_to_all(outs, ins, async_op=aop))
+        out[f"{mode}/all_to_all"] = [d.read(o) for o in outs]
+        t, whole = d.blank(N * ws), d.put(values(rank, N * ws, 40))
+        done(dist.all_to_all_single(t, whole, async_op=aop))
+        out[f"{mode}/all_to_all_single"] = d.read(t)
         if ws > 1:
             out.update(_send_recv(rank, ws, d, mode))
     t = d.put(values(rank, N, 11))

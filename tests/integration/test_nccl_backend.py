@@ -79,6 +79,24 @@ def test_collectives_on_device_tensors_match_numpy(runtime: str, ws: int, mode: 
             f"reduce_scatter_tensor rank {rank}")
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize(("runtime", "ws"), WORLDS)
+def test_gather_scatter_and_all_to_all_on_device_tensors(runtime: str, ws: int,
+                                                          mode: str) -> None:
+    for rank, res in enumerate(results(runtime, ws)):
+        if rank == 0:
+            for r in range(ws):
+                _eq(res[f"{mode}/gather"][r], values(r, N, 6), f"gather part {r}")
+        else:
+            assert res[f"{mode}/gather"] is None
+        _eq(res[f"{mode}/scatter"], values(rank, N, 7), f"scatter rank {rank}")
+        for r in range(ws):
+            _eq(res[f"{mode}/all_to_all"][r], values(r, N, 30 + rank), f"all_to_all {rank}")
+        _eq(res[f"{mode}/all_to_all_single"],
+            np.concatenate([values(r, N * ws, 40)[rank * N:(rank + 1) * N] for r in range(ws)]),
+            f"all_to_all_single rank {rank}")
+
+
 @pytest.mark.parametrize(("runtime", "ws"), WORLDS)
 def test_reduction_ops_on_device_tensors_match_numpy(runtime: str, ws: int) -> None:
     for rank, res in enumerate(results(runtime, ws)):
