@@ -22,7 +22,7 @@ the call runs as (``staged_call`` runs the entry point itself on the host buffer
 
 A group with an NCCL side (backend "nccl", or a map naming ``cuda:nccl``; ``_nccl.py``) takes
 its device tensors there instead (``_nccl_ops.py``), for the operations NCCL runs; the others
-(the coalesced forms, ``batch_isend_irecv``), and every operation of a group whose ranks
+(the coalesced forms), and every operation of a group whose ranks
 share a GPU that its NCCL cannot, are staged here. With backend "nccl" open and
 staging closed, a group without an NCCL side gets the entry point as it is.
 

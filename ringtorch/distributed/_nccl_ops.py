@@ -313,6 +313,23 @@ def _all_to_all(side: NcclGroup, kw: dict[str, Any]) -> Any:
     return _exchange(side, "alltoall", kw, outs, ins, [*outs, *ins], outs)
 
 
+def batch(side: NcclGroup, rt: Any, ops: list[tuple[str, torch.Tensor, int]]) -> list[Any] | None:
+    """``batch_isend_irecv`` of device tensors on ``side``: one NCCL group of sends and
+    receives (``ops``: kind, tensor, group peer), one Work for them all (returned for each,
+    as torch's coalesced batch); None where the group's ranks share a GPU its NCCL cannot."""
+    side.ensure(rt.device_index(ops[0][1]))
+    if side.shared_path:
+        return None
+    for kind, _, peer in ops:
+        if peer == side.rank:
+            raise ValueError(f"backend 'nccl' cannot {kind} to or from its own rank in "
+                             f"batch_isend_irecv")
+    tensors = [t for _, t, _ in ops]
+    work = _grouped(side, "batch_isend_irecv", {"async_op": True}, tensors,
+                    [t for kind, t, _ in ops if kind == "recv"], [], ops)
+    return [work] * len(ops)
+
+
 _OPS: dict[str, Callable[[NcclGroup, dict[str, Any]], Any]] = {
     "gather": _gather,
     "scatter": _scatter,

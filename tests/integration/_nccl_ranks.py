@@ -96,11 +96,33 @@ def run(rank: int, ws: int, backend: str) -> dict[str, Any]:
     t = d.put(values(rank, N, 13))
     dist.all_reduce(t, op=make_premul_sum(2.0))
     out["premul_sum"] = d.read(t)
+    out["band"] = _error(lambda: dist.all_reduce(d.put(values(rank, N, 14)),
+                                                 op=dist.ReduceOp.BAND))
+    out.update(_staged(rank, ws, d))
     if ws <= 2:
         out.update(_ordering(rank, rt, d))
     out.update(_dispatch(rank, rt, d))
     dist.destroy_process_group()
     return out
+
+
+def _staged(rank: int, ws: int, d: _Dev) -> dict[str, Any]:
+    """The coalesced forms take the staged path on the group; batch_isend_irecv is one NCCL
+    group of its sends and receives (in an order that would deadlock as separate calls)."""
+    said: dict[str, Any] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        ts = [d.put(values(rank, 4, 60)), d.put(values(rank, 3, 61))]
+        dist.all_reduce_coalesced(ts)
+    said["staged/all_reduce_coalesced"] = [d.read(t) for t in ts]
+    if ws > 1:
+        nxt, prv = (rank + 1) % ws, (rank - 1) % ws
+        t, got = d.put(values(rank, 5, 70)), d.blank(5)
+        for work in dist.batch_isend_irecv([dist.P2POp(dist.irecv, got, prv),
+                                            dist.P2POp(dist.isend, t, nxt)]):
+            work.wait()
+        said["batch_isend_irecv"] = d.read(got)
+    return said
 
 
 def _send_recv(rank: int, ws: int, d: _Dev, mode: str) -> dict[str, Any]:

@@ -39,12 +39,22 @@ def _backend(ws: int) -> str:
     return "cpu:gloo,cuda:nccl" if ws == 3 else "nccl"
 
 
-@functools.cache
 def results(runtime: str, ws: int) -> list[dict]:
+    outcome = _run(runtime, ws)
+    if isinstance(outcome, BaseException):  # one failed job fails its tests, once
+        raise outcome
+    return outcome
+
+
+@functools.cache
+def _run(runtime: str, ws: int) -> list[dict] | BaseException:
     env = {"RINGTORCH_DEVICE_RUNTIME": runtime, "RINGTORCH_DEVICE_UNCONFIRMED": "1"}
     if runtime == "sim":
         env["RINGTORCH_NCCL_FAKE"] = "1"
-    return run_ranks(R.run, ws, args=(_backend(ws),), timeout=150, env=env)
+    try:
+        return run_ranks(R.run, ws, args=(_backend(ws),), timeout=150, env=env)
+    except Exception as exc:
+        return exc
 
 
 def _sum(ws: int, n: int, salt: int) -> np.ndarray:
@@ -103,6 +113,7 @@ def test_reduction_ops_on_device_tensors_match_numpy(runtime: str, ws: int) -> N
         _eq(res["max"], np.max([values(r, N, 11) for r in range(ws)], axis=0), f"max {rank}")
         np.testing.assert_allclose(res["avg"], _sum(ws, N, 12) / ws, err_msg=f"avg {rank}")
         _eq(res["premul_sum"], 2 * _sum(ws, N, 13), f"premul_sum rank {rank}")
+        assert res["band"] == "ValueError: Cannot use ReduceOp.BAND with NCCL"
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -112,6 +123,16 @@ def test_send_and_recv_on_device_tensors(runtime: str, ws: int, mode: str) -> No
         _eq(res[f"{mode}/send_recv"], values((rank - 1) % ws, N, 50), f"recv rank {rank}")
         if mode == "sync":
             assert res["sync/recv_returns"] == (rank - 1) % ws
+
+
+@pytest.mark.parametrize(("runtime", "ws"), WORLDS)
+def test_coalesced_forms_are_staged_and_a_batch_is_one_nccl_group(runtime: str, ws: int) -> None:
+    for rank, res in enumerate(results(runtime, ws)):
+        got = res["staged/all_reduce_coalesced"]
+        _eq(got[0], _sum(ws, 4, 60), f"coalesced part 0 rank {rank}")
+        _eq(got[1], _sum(ws, 3, 61), f"coalesced part 1 rank {rank}")
+        if ws > 1:
+            _eq(res["batch_isend_irecv"], values((rank - 1) % ws, 5, 70), f"batch {rank}")
 
 
 @pytest.mark.parametrize(("runtime", "ws"), SMALL)
