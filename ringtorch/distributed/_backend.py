@@ -83,6 +83,8 @@ class BackendConfig:
         self.device_backend_map: dict[str, str] = {}
         if backend == Backend.UNDEFINED:
             self.device_backend_map["cpu"] = Backend.GLOO
+            if registry.is_available(Backend.NCCL):  # torch: the accelerator's backend too
+                self.device_backend_map["cuda"] = Backend.NCCL
         elif ":" in backend:
             for pair in backend.lower().split(","):
                 parts = pair.split(":")

@@ -31,7 +31,7 @@ SLOW = 0.5  # seconds the current stream is kept busy where a case must see it s
 N = 6
 
 
-def run(rank: int, ws: int, backend: str) -> dict[str, Any]:
+def run(rank: int, ws: int, backend: str | None) -> dict[str, Any]:
     """Every operation sync and async on device tensors, the ordering cases and the
     dispatch by device; returns {case: numpy result}."""
     rt = _setup()

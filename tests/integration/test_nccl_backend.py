@@ -3,8 +3,8 @@
 One set of test bodies over two runtimes: ``sim`` (the simulated device with the fake NCCL,
 RINGTORCH_NCCL_FAKE=1: worlds 1-4, in the default suite) and ``cuda`` (the NCCL library on a
 GPU, world 1; marked gpu(1) and nccl_lib, run by the GPU check). The feature is opened with
-RINGTORCH_DEVICE_UNCONFIRMED=1, as the GPU check does; world 3 names the map
-"cpu:gloo,cuda:nccl", the others "nccl". One world per (runtime, size) runs every case
+RINGTORCH_DEVICE_UNCONFIRMED=1, as the GPU check does; world 2 names no backend (the default
+map), world 3 the map "cpu:gloo,cuda:nccl", the others "nccl". One world per (runtime, size) runs every case
 (tests/integration/_nccl_ranks.py); expected values come from NumPy over inputs the test
 rebuilds itself. The closed behaviour (no switch: today's messages) runs in this process.
 """
@@ -35,8 +35,10 @@ CLOSED = ("Backend 'nccl' is not available: the NCCL backend is not available in
           "(ringtorch's native CPU backend).")
 
 
-def _backend(ws: int) -> str:
-    return "cpu:gloo,cuda:nccl" if ws == 3 else "nccl"
+def _backend(ws: int) -> str | None:
+    """What each world names: world 2 nothing (the default map, "cpu:gloo,cuda:nccl" where
+    NCCL is available, as in torch), world 3 the map, the others "nccl"."""
+    return {2: None, 3: "cpu:gloo,cuda:nccl"}.get(ws, "nccl")
 
 
 def results(runtime: str, ws: int) -> list[dict]:
@@ -68,8 +70,8 @@ def _eq(got: np.ndarray, expected: np.ndarray, what: str) -> None:
 @pytest.mark.parametrize(("runtime", "ws"), WORLDS)
 def test_every_rank_ran_nccl_on_the_runtime_asked_for(runtime: str, ws: int) -> None:
     for res in results(runtime, ws):
-        assert (res["runtime"], res["backend"], res["available"]) == (runtime, _backend(ws),
-                                                                      True)
+        assert (res["runtime"], res["backend"], res["available"]) == (
+            runtime, _backend(ws) or "undefined", True)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
