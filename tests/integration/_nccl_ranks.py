@@ -99,6 +99,13 @@ def run(rank: int, ws: int, backend: str | None) -> dict[str, Any]:
     out["band"] = _error(lambda: dist.all_reduce(d.put(values(rank, N, 14)),
                                                  op=dist.ReduceOp.BAND))
     out.update(_staged(rank, ws, d))
+    if ws >= 3:  # a subgroup has its own communicator (its unique id under its own prefix)
+        sub = dist.new_group([0, 2])
+        t = d.put(values(rank, N, 15))
+        if rank in (0, 2):
+            dist.all_reduce(t, group=sub)
+            out["subgroup"] = d.read(t)
+            out["subgroup_own_side"] = sub.device_backend is not dist.group.WORLD.device_backend
     if ws <= 2:
         out.update(_ordering(rank, rt, d))
     out.update(_dispatch(rank, rt, d))

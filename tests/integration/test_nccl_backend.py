@@ -137,6 +137,16 @@ def test_coalesced_forms_are_staged_and_a_batch_is_one_nccl_group(runtime: str, 
             _eq(res["batch_isend_irecv"], values((rank - 1) % ws, 5, 70), f"batch {rank}")
 
 
+@pytest.mark.parametrize(("runtime", "ws"), [("sim", 3), ("sim", 4)])
+def test_a_subgroup_runs_on_its_own_communicator(runtime: str, ws: int) -> None:
+    for rank, res in enumerate(results(runtime, ws)):
+        if rank in (0, 2):
+            _eq(res["subgroup"], values(0, N, 15) + values(2, N, 15), f"subgroup rank {rank}")
+            assert res["subgroup_own_side"] is True
+        else:
+            assert "subgroup" not in res
+
+
 @pytest.mark.parametrize(("runtime", "ws"), SMALL)
 def test_an_operation_includes_queued_work_and_never_blocks_the_host(runtime: str,
                                                                      ws: int) -> None:
