@@ -204,6 +204,27 @@ def test_open_nccl_without_a_gpu_says_what_it_needs() -> None:
             dist.init_process_group("nccl", store=HashStore(), rank=0, world_size=1)
 
 
+def test_a_group_without_nccl_takes_device_tensors_as_before_while_staging_is_closed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # "nccl" open (the switch), staging closed (as once nccl_backend is confirmed and
+    # cuda_tensors is not): a "gloo" group runs its entry point as it is, without staging
+    from ringtorch import _device
+    from ringtorch.distributed import _device_staging
+
+    monkeypatch.setattr(_device_staging, "opened", lambda: False)
+    with _config.override(DEVICE_UNCONFIRMED=True, DEVICE_RUNTIME="sim", NCCL_FAKE="1"):
+        rt = _device.runtime()
+        dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
+        try:
+            t = rt.empty((3,), torch.float32, 0)
+            t.fill_(2.0)
+            dist.all_reduce(t)
+            assert t.tolist() == [2.0, 2.0, 2.0]
+            assert ("sim", 0) not in _device_staging._state.streams  # nothing was staged
+        finally:
+            dist.destroy_process_group()
+
+
 def _re(text: str) -> str:
     import re
 
