@@ -2,7 +2,8 @@
 
 ``Backend("GLOO") == "gloo"``: backend names are lowercase strings. ``"gloo"`` selects
 ringtorch's native CPU backend, which plays gloo's role (it is not the gloo library);
-``"mpi"`` and ``"nccl"`` are known names whose use raises an error saying what they need.
+``"mpi"`` and ``"nccl"`` are known names whose use raises an error saying what they need
+where they cannot run (``"nccl"`` until its device feature is open: docs/gpu.md).
 ``Backend.register_backend(name, func)`` adds a user backend: ``func(store, rank, size,
 timeout)`` returns a ``ringtorch.collectives.backends.base.Backend``.
 """

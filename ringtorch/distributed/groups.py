@@ -68,12 +68,16 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     Give either ``store`` with ``rank`` and ``world_size``, or ``init_method`` (a URL:
     ``env://`` (the default), ``tcp://host:port``, ``file:///path``); the call blocks until
     every rank has joined. ``backend="gloo"`` (or None) selects ringtorch's native CPU
-    backend, which plays gloo's role; ``"mpi"`` needs mpi4py and an MPI launcher, ``"nccl"``
-    is not available yet (the error says so). ``group_name`` is ignored, as in torch.
+    backend, which plays gloo's role; ``"mpi"`` needs mpi4py and an MPI launcher; ``"nccl"``
+    (and a map such as ``"cpu:gloo,cuda:nccl"``) runs CUDA tensors on NCCL once its device
+    feature is open (docs/gpu.md; until then the error says it is not available), and
+    ``device_id`` may then name a CUDA device (its communicator is made at once).
+    ``group_name`` is ignored, as in torch.
 
     Raises:
         ValueError: the default group exists already ("trying to initialize the default
-            process group twice!"), or ``device_id`` is not a CPU device.
+            process group twice!"), or ``device_id`` is a device no backend of the group
+            runs.
         TypeError: ``timeout`` is not a ``timedelta``.
         RuntimeError: the backend is unknown or not available here.
     """
