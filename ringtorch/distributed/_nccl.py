@@ -113,7 +113,7 @@ class NcclGroup:
         self.group_name = group_name
         self.global_ranks = global_ranks
         self.rt = _device.runtime()
-        self.lib = _library(store, group_name, global_ranks)
+        self.lib: Any = None  # loaded with the communicator: a group may never need it
         self.device = device
         self.comm: Any = None
         self.stream: Any = None
@@ -146,6 +146,8 @@ class NcclGroup:
                                  f"a tensor on cuda:{device} cannot join it")
             return
         self.device = device
+        if self.lib is None:
+            self.lib = _library(self.store, self.group_name, self.global_ranks)
         deadline = time.monotonic() + self.timeout.total_seconds()
         if self._shares_gpu(deadline) and self.lib.version() < SHARED_GPU_VERSION:
             self.shared_path = True
