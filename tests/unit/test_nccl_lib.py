@@ -211,3 +211,53 @@ def test_a_one_rank_communicator_all_reduces_a_cuda_tensor() -> None:
         assert lib.async_error(comm) == 0
     finally:
         lib.comm_destroy(comm)
+
+
+@pytest.mark.gpu(1)
+def test_a_nonblocking_init_waiting_for_a_missing_peer_stays_in_progress_until_aborted() -> None:
+    import time
+
+    from ringtorch._device import nccl_comm
+
+    lib = nccl_comm.RealNccl()
+    comm = lib.init_rank(2, lib.unique_id(), 0, 0)  # rank 1 never joins
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        assert comm.async_error() == nccl_comm.IN_PROGRESS
+        time.sleep(0.05)
+    started = time.monotonic()
+    comm.abort()
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.gpu(1)
+def test_a_nonblocking_one_rank_communicator_runs_each_collective_on_a_stream() -> None:
+    import time
+
+    import torch
+
+    from ringtorch._device import nccl_comm
+
+    lib = nccl_comm.RealNccl()
+    comm = lib.init_rank(1, lib.unique_id(), 0, 0)
+    deadline = time.monotonic() + 60
+    while comm.async_error() == nccl_comm.IN_PROGRESS and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert comm.async_error() == nccl_comm.SUCCESS
+    try:
+        stream = torch.cuda.Stream()
+        data = torch.arange(8, dtype=torch.float32, device="cuda")
+        outs = [torch.full((8,), -1.0, device="cuda") for _ in range(5)]
+        torch.cuda.current_stream().synchronize()  # data and outs are written before the ops
+        comm.all_reduce(data, outs[0], nccl_comm.REDUCE_OPS["SUM"], stream)
+        comm.broadcast(data, outs[1], 0, stream)
+        comm.reduce(data, outs[2], nccl_comm.REDUCE_OPS["MAX"], 0, stream)
+        comm.all_gather(data, outs[3], stream)
+        comm.reduce_scatter(data, outs[4], nccl_comm.REDUCE_OPS["SUM"], stream)
+        stream.synchronize()
+        expected = torch.arange(8, dtype=torch.float32)
+        for i, out in enumerate(outs):
+            assert torch.equal(out.cpu(), expected), f"collective {i}"
+        assert comm.async_error() == nccl_comm.SUCCESS
+    finally:
+        comm.destroy()
