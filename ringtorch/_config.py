@@ -264,6 +264,13 @@ DEVICE_UNCONFIRMED = _knob(
     "for tests and the GPU check only: open the device features that no recorded GPU run has "
     "confirmed yet (collectives on CUDA tensors); off, such tensors are rejected as before",
 )
+NCCL_FAKE = _knob(
+    "RINGTORCH_NCCL_FAKE", "", str,
+    "for tests only: backend \"nccl\" runs on a fake NCCL (ringtorch's CPU collectives on the "
+    "simulated device runtime) instead of the library; \"1\", or comma-separated faults: "
+    "hang_init (the communicator's init never completes), version=X.Y.Z (the version it "
+    "reports)",
+)
 NCCL_LIBRARY = _knob(
     "RINGTORCH_NCCL_LIBRARY", "", str,
     "path of the NCCL library (libnccl.so.2) to bind; empty: the one torch has loaded, else "

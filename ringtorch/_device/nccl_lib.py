@@ -41,6 +41,32 @@ class UniqueId(ctypes.Structure):
 CommPtr = ctypes.c_void_p  # ncclComm_t: an opaque pointer
 StreamPtr = ctypes.c_void_p  # cudaStream_t
 
+CONFIG_MAGIC = 0xCAFEBEEF
+CONFIG_UNDEF_INT = -(2**31)  # NCCL_CONFIG_UNDEF_INT (INT_MIN): "library default"
+CONFIG_VERSION = 21400  # the oldest ncclConfig_t layout (2.14), declared below
+
+
+class Config(ctypes.Structure):
+    """``ncclConfig_t`` as NCCL 2.14 laid it out: the prefix every later version keeps.
+
+    The struct is versioned (``size``, ``magic``, ``version`` first); NCCL reads only the
+    fields of the version a caller declares, so declaring the oldest prefix with its size
+    and version works on every library from 2.14 on. Only ``blocking`` is set (0: the init
+    returns ncclInProgress at once, and a hung init can be aborted); the rest are left to
+    the library (``CONFIG_UNDEF_INT``, NULL). A layout mistake cannot show without a GPU
+    (ncclCommInitRankConfig checks CUDA first): the GPU check's NCCL tests cover it.
+    """
+
+    _fields_ = [("size", ctypes.c_size_t), ("magic", ctypes.c_uint), ("version", ctypes.c_uint),
+                ("blocking", ctypes.c_int), ("cgaClusterSize", ctypes.c_int),
+                ("minCTAs", ctypes.c_int), ("maxCTAs", ctypes.c_int),
+                ("netName", ctypes.c_char_p)]
+
+    @classmethod
+    def nonblocking(cls) -> Config:
+        return cls(ctypes.sizeof(cls), CONFIG_MAGIC, CONFIG_VERSION, 0, CONFIG_UNDEF_INT,
+                   CONFIG_UNDEF_INT, CONFIG_UNDEF_INT, None)
+
 
 @dataclass(frozen=True)
 class Function:
@@ -57,6 +83,9 @@ FUNCTIONS: tuple[Function, ...] = (
     Function("ncclCommInitRank", Result, (
         ("comm", ctypes.POINTER(CommPtr)), ("nranks", ctypes.c_int), ("commId", UniqueId),
         ("rank", ctypes.c_int))),
+    Function("ncclCommInitRankConfig", Result, (
+        ("comm", ctypes.POINTER(CommPtr)), ("nranks", ctypes.c_int), ("commId", UniqueId),
+        ("rank", ctypes.c_int), ("config", ctypes.POINTER(Config)))),
     Function("ncclCommDestroy", Result, (("comm", CommPtr),)),
     Function("ncclCommAbort", Result, (("comm", CommPtr),)),
     Function("ncclCommGetAsyncError", Result, (
@@ -67,6 +96,28 @@ FUNCTIONS: tuple[Function, ...] = (
         ("sendbuff", ctypes.c_void_p), ("recvbuff", ctypes.c_void_p), ("count", ctypes.c_size_t),
         ("datatype", ctypes.c_int), ("op", ctypes.c_int), ("comm", CommPtr),
         ("stream", StreamPtr))),
+    Function("ncclBroadcast", Result, (
+        ("sendbuff", ctypes.c_void_p), ("recvbuff", ctypes.c_void_p), ("count", ctypes.c_size_t),
+        ("datatype", ctypes.c_int), ("root", ctypes.c_int), ("comm", CommPtr),
+        ("stream", StreamPtr))),
+    Function("ncclReduce", Result, (
+        ("sendbuff", ctypes.c_void_p), ("recvbuff", ctypes.c_void_p), ("count", ctypes.c_size_t),
+        ("datatype", ctypes.c_int), ("op", ctypes.c_int), ("root", ctypes.c_int),
+        ("comm", CommPtr), ("stream", StreamPtr))),
+    Function("ncclAllGather", Result, (
+        ("sendbuff", ctypes.c_void_p), ("recvbuff", ctypes.c_void_p),
+        ("sendcount", ctypes.c_size_t), ("datatype", ctypes.c_int), ("comm", CommPtr),
+        ("stream", StreamPtr))),
+    Function("ncclReduceScatter", Result, (
+        ("sendbuff", ctypes.c_void_p), ("recvbuff", ctypes.c_void_p),
+        ("recvcount", ctypes.c_size_t), ("datatype", ctypes.c_int), ("op", ctypes.c_int),
+        ("comm", CommPtr), ("stream", StreamPtr))),
+    Function("ncclSend", Result, (
+        ("sendbuff", ctypes.c_void_p), ("count", ctypes.c_size_t), ("datatype", ctypes.c_int),
+        ("peer", ctypes.c_int), ("comm", CommPtr), ("stream", StreamPtr))),
+    Function("ncclRecv", Result, (
+        ("recvbuff", ctypes.c_void_p), ("count", ctypes.c_size_t), ("datatype", ctypes.c_int),
+        ("peer", ctypes.c_int), ("comm", CommPtr), ("stream", StreamPtr))),
     Function("ncclGroupStart", Result, ()),
     Function("ncclGroupEnd", Result, ()),
 )
@@ -204,6 +255,23 @@ class Nccl:
         comm = CommPtr()
         self.call("ncclCommInitRank", comm=ctypes.byref(comm), nranks=nranks, commId=uid,
                   rank=rank)
+        return int(comm.value or 0)
+
+    def comm_init_rank_nonblocking(self, nranks: int, unique_id: bytes, rank: int) -> int:
+        """A communicator whose init goes on in the background (``blocking=0``): poll
+        :meth:`async_error` until it is no longer ``IN_PROGRESS``; :meth:`comm_abort` stops
+        a hung one."""
+        if len(unique_id) != UNIQUE_ID_BYTES:
+            raise ValueError(f"an NCCL unique id has {UNIQUE_ID_BYTES} bytes, got {len(unique_id)}")
+        uid = UniqueId()
+        ctypes.memmove(uid.internal, unique_id, UNIQUE_ID_BYTES)
+        comm = CommPtr()
+        config = Config.nonblocking()
+        code = self.raw("ncclCommInitRankConfig", comm=ctypes.byref(comm), nranks=nranks,
+                        commId=uid, rank=rank, config=ctypes.byref(config))
+        if code not in (0, IN_PROGRESS):
+            raise NcclError(f"ncclCommInitRankConfig failed: {self.error_string(code)} "
+                            f"(ncclResult_t {code})" + self._last_error(None), code)
         return int(comm.value or 0)
 
     def comm_destroy(self, comm: int) -> None:

@@ -74,6 +74,9 @@ class GroupBase:
         # recorder's first guess at the call site, so that it need not walk the stack.
         self.site_depth = 0
         self.bound_device_id: torch.device | None = None
+        # the group's side for device tensors (backend "nccl"), set by the facade; closed
+        # with the group
+        self.device_backend: Any = None
 
     # -- what the group is ----------------------------------------------------------------
 
@@ -242,6 +245,8 @@ class GroupBase:
             lane.close(error)
         if self._self_box is not None:
             self._self_box.close(error)
+        if self.device_backend is not None:
+            self.device_backend.close(abort)
         if self._backend is not None:
             if abort:
                 self._backend.abort(reason)

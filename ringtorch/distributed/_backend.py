@@ -2,7 +2,8 @@
 
 ``Backend("GLOO") == "gloo"``: backend names are lowercase strings. ``"gloo"`` selects
 ringtorch's native CPU backend, which plays gloo's role (it is not the gloo library);
-``"mpi"`` and ``"nccl"`` are known names whose use raises an error saying what they need.
+``"mpi"`` and ``"nccl"`` are known names whose use raises an error saying what they need
+where they cannot run (``"nccl"`` until its device feature is open: docs/gpu.md).
 ``Backend.register_backend(name, func)`` adds a user backend: ``func(store, rank, size,
 timeout)`` returns a ``ringtorch.collectives.backends.base.Backend``.
 """
@@ -83,6 +84,8 @@ class BackendConfig:
         self.device_backend_map: dict[str, str] = {}
         if backend == Backend.UNDEFINED:
             self.device_backend_map["cpu"] = Backend.GLOO
+            if registry.is_available(Backend.NCCL):  # torch: the accelerator's backend too
+                self.device_backend_map["cuda"] = Backend.NCCL
         elif ":" in backend:
             for pair in backend.lower().split(","):
                 parts = pair.split(":")
@@ -116,6 +119,8 @@ class BackendConfig:
         if name is None:
             for other in self.device_backend_map.values():
                 registry.require(other)  # a GPU-only backend says what it needs
+            if Backend.NCCL in self.device_backend_map.values():
+                return Backend.NCCL  # its CPU side: ringtorch's native backend (registry)
             raise RuntimeError(f"backend config {self!r} has no backend for CPU tensors, and "
                                f"ringtorch runs collectives on CPU tensors")
         return name
@@ -136,7 +141,8 @@ def is_mpi_available() -> bool:
 
 
 def is_nccl_available() -> bool:
-    """Whether the NCCL backend is available (not yet in ringtorch)."""
+    """Whether the NCCL backend is available: False until a recorded GPU run confirms it
+    (docs/gpu.md), and where torch sees no GPU or no NCCL library is found."""
     return registry.is_available("nccl")
 
 

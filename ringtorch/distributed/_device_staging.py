@@ -20,6 +20,12 @@ the call runs as (``staged_call`` runs the entry point itself on the host buffer
    host operation is done, as torch's does). The copy-back is enqueued as soon as the host
    operation completes, whether or not anyone waits.
 
+A group with an NCCL side (backend "nccl", or a map naming ``cuda:nccl``; ``_nccl.py``) takes
+its device tensors there instead (``_nccl_ops.py``), for the operations NCCL runs; the others
+(the coalesced forms), and every operation of a group whose ranks
+share a GPU that its NCCL cannot, are staged here. With backend "nccl" open and
+staging closed, a group without an NCCL side gets the entry point as it is.
+
 Rules kept: a pinned buffer (and the device tensors it served) is reused or dropped only after
 the event recorded behind its last copy has completed; nothing here runs for host tensors and
 nothing initialises CUDA in a process that has no CUDA tensor (the simulated runtime is
@@ -41,6 +47,7 @@ from ringtorch import _config, _device
 from ringtorch._device.api import DeviceEvent, DeviceRuntime, DeviceStream
 from ringtorch._device.confirmed import confirmed
 from ringtorch.collectives.work import Work
+from ringtorch.distributed import _nccl, _nccl_ops
 
 FEATURE = "cuda_tensors"
 _KEEP_PER_SHAPE = 4  # pinned buffers kept per (runtime, numel, dtype) for reuse
@@ -67,6 +74,7 @@ class _State:
         self.lock = threading.Lock()
         self.streams: dict[tuple[str, int], DeviceStream] = {}
         self.pool: dict[tuple[str, int, torch.dtype], list[_Buffer]] = {}
+        self.local = threading.local()  # .plain: an entry point called as it is, not routed
 
 
 _state = _State()
@@ -269,9 +277,11 @@ def device_runtime(*values: Any) -> DeviceRuntime | None:
     device tensor and the feature is open; None otherwise (host tensors: the common case,
     a type check per value)."""
     rt = _device_runtime(values, _device.made("sim"))
-    if rt is None or not opened():
+    if rt is None or getattr(_state.local, "plain", False):
         return None
-    return rt
+    if opened() or _nccl.opened():
+        return rt
+    return None
 
 
 def staged_call(rt: DeviceRuntime, fn: Callable[..., Any], params: dict[str, Any]) -> Any:
@@ -279,9 +289,22 @@ def staged_call(rt: DeviceRuntime, fn: Callable[..., Any], params: dict[str, Any
     ``params`` (its ``locals()`` at entry), staged on ``rt``."""
     names, reads, writes = fn._staging  # type: ignore[attr-defined]
     kwargs = {name: params[name] for name in names if name in params}
+    inner = inspect.unwrap(fn)
+    side = _nccl_ops.group_of(kwargs.get("group"))
+    if side is not None and _nccl_ops.supported(inner.__name__):
+        present = [kwargs[n] for n in dict.fromkeys(reads + writes) if n in kwargs]
+        side.ensure(rt.device_index(_first_device(rt, present)))
+        if not side.shared_path:  # else ranks share a GPU this NCCL cannot: staged below
+            return _nccl_ops.call(side, inner.__name__, kwargs)
+    if side is None and not opened():  # backend "nccl" is open, staging is not: as before
+        _state.local.plain = True
+        try:
+            return inner(**kwargs)
+        finally:
+            _state.local.plain = False
     # the inner call sees host tensors only, so it runs the entry point's own body (a
     # deprecated alias warns once, at the user's call)
-    return _run(rt, inspect.unwrap(fn), kwargs, reads, writes)
+    return _run(rt, inner, kwargs, reads, writes)
 
 
 def _first_device(rt: DeviceRuntime, values: list[Any]) -> torch.Tensor:

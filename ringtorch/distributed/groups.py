@@ -68,12 +68,16 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     Give either ``store`` with ``rank`` and ``world_size``, or ``init_method`` (a URL:
     ``env://`` (the default), ``tcp://host:port``, ``file:///path``); the call blocks until
     every rank has joined. ``backend="gloo"`` (or None) selects ringtorch's native CPU
-    backend, which plays gloo's role; ``"mpi"`` needs mpi4py and an MPI launcher, ``"nccl"``
-    is not available yet (the error says so). ``group_name`` is ignored, as in torch.
+    backend, which plays gloo's role; ``"mpi"`` needs mpi4py and an MPI launcher; ``"nccl"``
+    (and a map such as ``"cpu:gloo,cuda:nccl"``) runs CUDA tensors on NCCL once its device
+    feature is open (docs/gpu.md; until then the error says it is not available), and
+    ``device_id`` may then name a CUDA device (its communicator is made at once).
+    ``group_name`` is ignored, as in torch.
 
     Raises:
         ValueError: the default group exists already ("trying to initialize the default
-            process group twice!"), or ``device_id`` is not a CPU device.
+            process group twice!"), or ``device_id`` is a device no backend of the group
+            runs.
         TypeError: ``timeout`` is not a ``timedelta``.
         RuntimeError: the backend is unknown or not available here.
     """
@@ -88,11 +92,16 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
             raise AssertionError("rank must be non-negative if using store")
     elif init_method is None:
         init_method = "env://"
-    _check_device_id(device_id)
+    device_id = _check_device_id(device_id)
+    if backend is None and device_id is not None and device_id.type == "cuda":
+        backend = Backend.NCCL  # torch: the default backend of the bound device's type
     # As in torch, get_backend() then reports "undefined" when no backend was named; the
     # group runs on the CPU backend ("gloo": ringtorch's native backend).
     backend_str = Backend(backend if backend is not None else "undefined")
     config = BackendConfig(backend_str)
+    if device_id is not None and device_id.type == "cuda" and not _runs_nccl(str(config)):
+        raise ValueError(f"device_id {device_id} is not available: backend {str(backend_str)!r} "
+                         f"has no backend for cuda tensors")
     impl_name = config.cpu_backend()
     if timeout is None:
         timeout = registry.default_timeout(backend_str)
@@ -109,8 +118,13 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         store.set_timeout(timeout)
     store = PrefixStore(_default_prefix(store, rank), store)
     name = _world.next_group_name()
-    pg = _make_group(world_size, rank, list(range(world_size)), impl_name, str(backend_str),
-                     store, name, timeout, "default_pg", pg_options, str(config))
+    try:
+        pg = _make_group(world_size, rank, list(range(world_size)), impl_name,
+                         str(backend_str), store, name, timeout, "default_pg", pg_options,
+                         str(config), device_id=device_id)
+    except BaseException:
+        _world.reset()  # nothing of a failed init stays: a later one starts from group "0"
+        raise
     _world.default_pg = pg
     _world.init_method = init_method
     HANG.install(store.underlying_store, rank, world_size, flight_recorder.dump)  # hang reports
@@ -134,13 +148,35 @@ def _default_prefix(store: Any, rank: int) -> str:
     return "default_pg" if generation == 1 else f"default_pg/{generation}"
 
 
-def _check_device_id(device_id: Any) -> None:
+def _check_device_id(device_id: Any) -> Any:
+    """``device_id`` as a torch.device (an int is a CUDA index, as torch takes it).
+
+    A CUDA device is accepted where backend "nccl" is available (torch: the bound device,
+    whose communicator is made at once); otherwise only a CPU device is.
+    """
     if device_id is None:
-        return
+        return None
+    if registry.is_available(Backend.NCCL):
+        import torch
+
+        if isinstance(device_id, int) and not isinstance(device_id, bool):
+            device_id = torch.device("cuda", device_id)
+        if getattr(device_id, "type", None) == "cuda":
+            if device_id.index is None:
+                raise ValueError("Please use a device_id with index.")
+            return device_id
     kind = getattr(device_id, "type", None)
     if kind != "cpu":
         raise ValueError(f"device_id {device_id} is not available: ringtorch runs collectives "
                          f"on CPU tensors (an accelerator backend is not available yet)")
+    return device_id
+
+
+def _runs_nccl(backend_config: str) -> bool:
+    """Whether a group of this backend map runs its CUDA tensors on backend "nccl" (and that
+    backend is available here)."""
+    return (BackendConfig(backend_config).get_device_backend_map().get("cuda") == Backend.NCCL
+            and registry.is_available(Backend.NCCL))
 
 
 def _mpi_world(rank: int, world_size: int) -> tuple[int, int, Any]:
@@ -157,9 +193,11 @@ def _mpi_world(rank: int, world_size: int) -> tuple[int, int, Any]:
 def _make_group(size: int, rank: int, global_ranks: list[int], impl_name: str,
                 backend_name: str, base_store: Any, group_name: str, timeout: timedelta,
                 group_desc: str, pg_options: Any, backend_config: str,
-                setup_timeout: timedelta | None = None) -> ProcessGroup:
+                setup_timeout: timedelta | None = None, device_id: Any = None) -> ProcessGroup:
     """Create one group's backend (this blocks until its members have met, for at most
-    ``setup_timeout``, default ``timeout``) and register it."""
+    ``setup_timeout``, default ``timeout``) and register it; a map that runs CUDA tensors on
+    "nccl" gives the group its NCCL side too (made now on ``device_id``, else at its first
+    operation on device tensors)."""
     store = PrefixStore(f"{group_name}/", base_store)
     if impl_name != Backend.MPI and size > 1:
         liveness.register(store, rank)  # for shrink_group's agreement, should a member die
@@ -170,6 +208,19 @@ def _make_group(size: int, rank: int, global_ranks: list[int], impl_name: str,
     pg = ProcessGroup(store, rank, size, backend=impl, backend_name=impl_name,
                       group_name=group_name, group_desc=group_desc, timeout=timeout,
                       global_ranks=global_ranks)
+    if _runs_nccl(backend_config):
+        from ringtorch.distributed._nccl import NcclGroup
+
+        if device_id is None and _world.default_pg is not None:
+            device_id = _world.default_pg.bound_device_id
+        pg.bound_device_id = device_id
+        try:
+            pg.device_backend = NcclGroup(store, rank, size, timeout, group_name,
+                                          tuple(global_ranks),
+                                          device_id.index if device_id is not None else None)
+        except BaseException:
+            pg.abort()
+            raise
     if impl_name != Backend.MPI:
         _debug.install(pg)
     _world.register(pg, backend_name, store, global_ranks, backend_config)

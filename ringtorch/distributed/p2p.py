@@ -17,7 +17,7 @@ import torch
 from ringtorch.collectives.process_group import ProcessGroup
 from ringtorch.collectives.work import Work
 from ringtorch.distributed import _args as a
-from ringtorch.distributed import groups
+from ringtorch.distributed import _nccl_ops, groups
 from ringtorch.distributed._device_staging import device_runtime, staged, staged_call
 
 
@@ -177,6 +177,13 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
                          "``torch.distributed.P2POp``.")
     if p2p_op_list and not all(p.group == p2p_op_list[0].group for p in p2p_op_list):
         raise ValueError("All ops need to use the same group.")
+    if p2p_op_list and (rt := device_runtime(*[p.tensor for p in p2p_op_list])) is not None:
+        side = _nccl_ops.group_of(p2p_op_list[0].group)
+        if side is not None:  # one NCCL group: separate calls on one stream could deadlock
+            batched = _nccl_ops.batch(side, rt, [("send" if p.op is isend else "recv",
+                                                  p.tensor, p.group_peer) for p in p2p_op_list])
+            if batched is not None:
+                return batched
     works = []
     for p in p2p_op_list:
         key = "group_dst" if p.op is isend else "group_src"

@@ -36,7 +36,8 @@ ALLOWED: dict[str, set[str]] = {
     "ringtorch._device": set(),  # the device seam: torch and _config only
     "ringtorch.store": {"ringtorch._wire"},
     "ringtorch.rendezvous": {"ringtorch.store"},
-    "ringtorch.collectives": {"ringtorch._wire", "ringtorch._buffers", "ringtorch._observe"},
+    "ringtorch.collectives": {"ringtorch._wire", "ringtorch._buffers", "ringtorch._observe",
+                              "ringtorch._device"},  # whether backend "nccl" is open, usable
     "ringtorch.futures": set(),
     "ringtorch.distributed": {"ringtorch.collectives", "ringtorch.rendezvous", "ringtorch.store",
                               "ringtorch._buffers", "ringtorch._observe",

@@ -31,7 +31,7 @@ C_TYPES = {
     "ncclComm_t": ctypes.c_void_p, "const ncclComm_t": ctypes.c_void_p,
     "ncclComm_t*": ctypes.POINTER(ctypes.c_void_p), "cudaStream_t": ctypes.c_void_p,
     "ncclUniqueId": nccl_lib.UniqueId, "ncclUniqueId*": ctypes.POINTER(nccl_lib.UniqueId),
-    "const char*": ctypes.c_char_p,
+    "const char*": ctypes.c_char_p, "ncclConfig_t*": ctypes.POINTER(nccl_lib.Config),
 }
 
 
@@ -77,6 +77,23 @@ def _mismatches(table: tuple[nccl_lib.Function, ...]) -> list[str]:
 def test_every_bound_function_matches_ncclh_parameter_by_parameter() -> None:
     assert ctypes.sizeof(nccl_lib.UniqueId) == 128
     assert _mismatches(nccl_lib.FUNCTIONS) == []
+    bound = {fn.name for fn in nccl_lib.FUNCTIONS}
+    assert {"ncclCommInitRankConfig", "ncclBroadcast", "ncclReduce", "ncclAllGather",
+            "ncclReduceScatter", "ncclSend", "ncclRecv"} <= bound
+
+
+def test_the_config_struct_is_the_oldest_prefix_of_ncclh() -> None:
+    text = re.sub(r"/\*.*?\*/", "", (_include_dir() / "nccl.h").read_text(), flags=re.S)
+    body = re.search(r"typedef struct ncclConfig_v\d+ \{(.*?)\}", text, flags=re.S)
+    assert body is not None
+    header_fields = re.findall(r"(\w+)\s*;", body.group(1))
+    declared = [name for name, _ in nccl_lib.Config._fields_]
+    assert header_fields[:len(declared)] == declared
+    magic = re.search(r"#define NCCL_API_MAGIC\s+(0x[0-9a-fA-F]+)", text)
+    assert magic is not None and int(magic.group(1), 16) == nccl_lib.CONFIG_MAGIC
+    config = nccl_lib.Config.nonblocking()
+    assert (config.size, config.blocking, config.version) == (
+        ctypes.sizeof(nccl_lib.Config), 0, 21400)
 
 
 def test_the_header_check_catches_a_swap_of_same_typed_parameters() -> None:
@@ -194,3 +211,53 @@ def test_a_one_rank_communicator_all_reduces_a_cuda_tensor() -> None:
         assert lib.async_error(comm) == 0
     finally:
         lib.comm_destroy(comm)
+
+
+@pytest.mark.gpu(1)
+def test_a_nonblocking_init_waiting_for_a_missing_peer_stays_in_progress_until_aborted() -> None:
+    import time
+
+    from ringtorch._device import nccl_comm
+
+    lib = nccl_comm.RealNccl()
+    comm = lib.init_rank(2, lib.unique_id(), 0, 0)  # rank 1 never joins
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        assert comm.async_error() == nccl_comm.IN_PROGRESS
+        time.sleep(0.05)
+    started = time.monotonic()
+    comm.abort()
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.gpu(1)
+def test_a_nonblocking_one_rank_communicator_runs_each_collective_on_a_stream() -> None:
+    import time
+
+    import torch
+
+    from ringtorch._device import nccl_comm
+
+    lib = nccl_comm.RealNccl()
+    comm = lib.init_rank(1, lib.unique_id(), 0, 0)
+    deadline = time.monotonic() + 60
+    while comm.async_error() == nccl_comm.IN_PROGRESS and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert comm.async_error() == nccl_comm.SUCCESS
+    try:
+        stream = torch.cuda.Stream()
+        data = torch.arange(8, dtype=torch.float32, device="cuda")
+        outs = [torch.full((8,), -1.0, device="cuda") for _ in range(5)]
+        torch.cuda.current_stream().synchronize()  # data and outs are written before the ops
+        comm.all_reduce(data, outs[0], nccl_comm.REDUCE_OPS["SUM"], stream)
+        comm.broadcast(data, outs[1], 0, stream)
+        comm.reduce(data, outs[2], nccl_comm.REDUCE_OPS["MAX"], 0, stream)
+        comm.all_gather(data, outs[3], stream)
+        comm.reduce_scatter(data, outs[4], nccl_comm.REDUCE_OPS["SUM"], stream)
+        stream.synchronize()
+        expected = torch.arange(8, dtype=torch.float32)
+        for i, out in enumerate(outs):
+            assert torch.equal(out.cpu(), expected), f"collective {i}"
+        assert comm.async_error() == nccl_comm.SUCCESS
+    finally:
+        comm.destroy()

@@ -5,8 +5,10 @@ one host, sockets across hosts, chosen per group by ``transports/``) under the n
 scripts use: it plays gloo's role (CPU collectives over TCP, here also shared memory and Unix
 sockets) but it is not the gloo library. ``"native"`` and ``"ringtorch"`` name the same
 backend. ``"mpi"`` is the MPI backend (backends/mpi.py, over mpi4py); without mpi4py asking
-for it raises an error that says what it needs, as ``"nccl"`` always does (no GPU backend
-yet). Users add their own with ``Backend.register_backend``, as in
+for it raises an error that says what it needs, as ``"nccl"`` does until the device
+feature ``nccl_backend`` is open (``ringtorch/_device/confirmed.py``); open, a "nccl" group
+runs its CPU tensors on the native backend and its device tensors on NCCL (the facade's
+``distributed/_nccl.py``). Users add their own with ``Backend.register_backend``, as in
 torch; built-in backends are imported on first use so that importing ringtorch stays cheap.
 """
 
@@ -53,6 +55,21 @@ def _mpi_missing() -> str | None:
             "run without MPI.")
 
 
+_NCCL_CLOSED = (
+    "the NCCL backend is not available in this version of ringtorch: it needs CUDA GPUs "
+    "and the NCCL library, and lands with the NCCL backend issue. ringtorch runs "
+    "collectives on CPU tensors: use backend='gloo' (ringtorch's native CPU backend).")
+
+
+def _nccl_missing() -> str | None:
+    # "nccl" is a device feature: closed (today's message) until a recorded GPU run opens it
+    from ringtorch._device import nccl_comm
+
+    if not nccl_comm.is_open():
+        return _NCCL_CLOSED
+    return nccl_comm.why_unusable()
+
+
 _NATIVE = "ringtorch.collectives.backends.native:NativeBackend"
 
 _ENTRIES: dict[str, _Entry] = {
@@ -61,10 +78,9 @@ _ENTRIES: dict[str, _Entry] = {
     "ringtorch": _Entry(import_path=_NATIVE),
     "mpi": _Entry(import_path="ringtorch.collectives.backends.mpi:MpiBackend",
                   missing=_mpi_missing),
-    "nccl": _Entry(unavailable=(
-        "the NCCL backend is not available in this version of ringtorch: it needs CUDA GPUs "
-        "and the NCCL library, and lands with the NCCL backend issue. ringtorch runs "
-        "collectives on CPU tensors: use backend='gloo' (ringtorch's native CPU backend).")),
+    # a group of backend "nccl" runs its CPU tensors (and barrier, object collectives) on
+    # the native backend; its device tensors go to the facade's NCCL side
+    "nccl": _Entry(import_path=_NATIVE, missing=_nccl_missing),
     "ucc": _Entry(unavailable="the UCC backend is not supported by ringtorch; use 'gloo'."),
     "xccl": _Entry(unavailable=("the XCCL backend (Intel GPUs) is not supported by ringtorch; "
                                 "use 'gloo'.")),
