@@ -30,8 +30,8 @@ WORLDS = [("sim", 1), ("sim", 2), ("sim", 3), ("sim", 4), pytest.param("cuda", 1
 SMALL = [("sim", 1), ("sim", 2), pytest.param("cuda", 1, marks=GPU)]
 N = R.N
 CLOSED = ("Backend 'nccl' is not available: the NCCL backend is not available in this version "
-          "of ringtorch: it needs CUDA GPUs and the NCCL library, and lands with the NCCL "
-          "backend issue. ringtorch runs collectives on CPU tensors: use backend='gloo' "
+          "of ringtorch: it needs CUDA GPUs and the NCCL library, and stays off until it has "
+          "been confirmed on a GPU. ringtorch runs collectives on CPU tensors: use backend='gloo' "
           "(ringtorch's native CPU backend).")
 
 

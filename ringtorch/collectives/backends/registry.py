@@ -57,7 +57,7 @@ def _mpi_missing() -> str | None:
 
 _NCCL_CLOSED = (
     "the NCCL backend is not available in this version of ringtorch: it needs CUDA GPUs "
-    "and the NCCL library, and lands with the NCCL backend issue. ringtorch runs "
+    "and the NCCL library, and stays off until it has been confirmed on a GPU. ringtorch runs "
     "collectives on CPU tensors: use backend='gloo' (ringtorch's native CPU backend).")
 
 
