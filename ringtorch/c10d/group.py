@@ -259,6 +259,30 @@ class RingtorchGroup(dist.ProcessGroup):
         self._engine.abort()
 
 
+class WorldGroup(RingtorchGroup):
+    """A group that ``ringtorch.distributed.init_process_group`` made, as torch's default
+    group: torch's ``new_group`` (and with it DeviceMesh) hands subgroup creation to a
+    default group with a ``new_group`` method, and this one hands it to the facade.
+
+    Args:
+        engine: the facade's default group.
+        make_subgroup: ``make_subgroup(ranks, group_name, timeout, pg_options, group_desc)``
+            returns torch's object for the new subgroup, or None on a rank outside it.
+    """
+
+    def __init__(self, engine: ProcessGroup, make_subgroup: Callable[..., Any]) -> None:
+        super().__init__(engine)
+        self._make_subgroup = make_subgroup
+
+    def new_group(self, ranks: list[int], timeout: timedelta | None = None,
+                  pg_options: Any = None, group_name: str | None = None,
+                  group_desc: str | None = None) -> RingtorchGroup | None:
+        """torch's subgroup ``group_name`` of global ``ranks`` (torch enters it in its
+        world); None on a rank outside it (torch then returns ``NON_GROUP_MEMBER``)."""
+        return self._make_subgroup(list(ranks), str(group_name), timeout, pg_options,
+                                   group_desc)
+
+
 def _AllgatherOptions() -> Any:
     return dist.distributed_c10d.AllgatherOptions()
 
@@ -289,4 +313,4 @@ def create(backend_opts: Any, pg_options: Any = None) -> RingtorchGroup:
     return RingtorchGroup(engine)
 
 
-__all__ = ["NAME", "RingtorchGroup", "create"]
+__all__ = ["NAME", "RingtorchGroup", "WorldGroup", "create"]
