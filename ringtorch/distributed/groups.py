@@ -71,9 +71,12 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
 
     Give either ``store`` with ``rank`` and ``world_size``, or ``init_method`` (a URL:
     ``env://`` (the default), ``tcp://host:port``, ``file:///path``); the call blocks until
-    every rank has joined. ``backend="gloo"`` (or None) selects ringtorch's native CPU
-    backend, which plays gloo's role; ``"mpi"`` needs mpi4py and an MPI launcher, ``"nccl"``
-    is not available yet (the error says so). ``group_name`` is ignored, as in torch.
+    every rank has joined. ``backend="gloo"`` (or None, or ``"ringtorch"``) selects
+    ringtorch's native CPU backend, which plays gloo's role; ``"mpi"`` needs mpi4py and an
+    MPI launcher, ``"nccl"`` is not available yet (the error says so). ``group_name`` is
+    ignored, as in torch. A group on the native backend is torch's default group too (backend
+    "ringtorch" there), so torch's DeviceMesh, DTensor, FSDP and DCP run on it, unless torch
+    had a default group of its own already (docs/modern-stack.md, "One world").
 
     Raises:
         ValueError: the default group exists already ("trying to initialize the default
