@@ -52,6 +52,14 @@ class RingtorchGroup(dist.ProcessGroup):
         """The engine's group that runs this group's operations."""
         return self._engine
 
+    def __getattr__(self, name: str) -> Any:
+        """What the engine's group has and torch's does not (``global_ranks``,
+        ``shares_memory``, ...): a group made through ``ringtorch.distributed`` is this object,
+        and ringtorch's own code (DDP's reducer) reads those."""
+        if name.startswith("__") or name == "_engine":
+            raise AttributeError(name)
+        return getattr(self._engine, name)
+
     def _opts(self, kind: type, opts: Any, default: Callable[[], Any]) -> Any:
         """The engine's options (class ``kind``) for torch's ``opts`` (``default()``: torch's
         own class, when None); inside a coalescing block every call queues."""

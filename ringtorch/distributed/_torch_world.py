@@ -101,6 +101,12 @@ def subgroup_made_for_torch(pg: ProcessGroup | None) -> Any:
     return wrapper
 
 
+def torch_object(pg: Any) -> Any:
+    """What the facade hands out for its group ``pg``: torch's object for it when it is in
+    torch's world (so that torch's functions and libraries take it too), else ``pg``."""
+    return _world.torch_groups.get(pg, pg)
+
+
 def follow_torch_count() -> None:
     """The facade's group-name counter catches up with torch's (torch named a group)."""
     _world.group_count = max(_world.group_count, _c10d()._world.group_count)
@@ -154,4 +160,5 @@ def withdraw_all() -> None:
 
 __all__ = ["door_ranks", "engine_of", "follow_count", "follow_torch_count", "is_published",
            "publish", "publish_default", "subgroup_made_for_torch", "torch_default_engine",
+           "torch_object",
            "withdraw", "withdraw_all"]

@@ -422,7 +422,7 @@ def new_group(ranks: list[int] | None = None, timeout: timedelta | None = None,
                      group_desc if group_desc is not None else "undefined", pg_options,
                      str(BackendConfig(backend)))
     _torch_world.publish(pg, impl_name, ranks)
-    return pg
+    return _torch_world.torch_object(pg)
 
 
 def _torch_subgroup(ranks: list[int], name: str, timeout: timedelta | None, pg_options: Any,

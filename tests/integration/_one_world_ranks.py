@@ -94,18 +94,21 @@ def program(rank: int, ws: int, ckpt_dir: str, door_port: int) -> dict[str, Any]
     dcp.load(state, checkpoint_id=ckpt_dir)
     out["dcp"] = {k: v.full_tensor() for k, v in state["model"].items()}
 
-    # new_group beside the mesh's subgroups: names in step, every group in both worlds, and a
-    # DeviceMesh on one of torch's groups
+    # new_group beside the mesh's subgroups: names in step, every group in both worlds; the
+    # facade's group object goes to torch's functions and to a DeviceMesh
     g = dist.new_group([0, 1])
     tg = tdist.new_group([0, 1])
     out["names"] = (tdist.distributed_c10d._get_process_group_name(mesh2["pp"].get_group()),
                     rc10d._get_process_group_name(g),
                     tdist.distributed_c10d._get_process_group_name(tg),
-                    rc10d._get_process_group_name(dist.group.WORLD))
+                    rc10d._get_process_group_name(dist.group.WORLD),
+                    tdist.distributed_c10d._get_process_group_name(g))
     y = torch.ones(2) * (rank + 1)
-    dist.all_reduce(y, group=g)
-    sub = DeviceMesh.from_group(tg, "cpu")
-    out["sub_mesh"] = (y, distribute_tensor(x, sub, [Shard(0)]).full_tensor())
+    dist.all_reduce(y, group=g)     # [3, 3]
+    tdist.all_reduce(y, group=g)    # [6, 6]
+    sub = DeviceMesh.from_group(g, "cpu")
+    out["sub_mesh"] = (y, tdist.get_rank(g), dist.get_rank(g), dist.get_rank(tg),
+                       distribute_tensor(x, sub, [Shard(0)]).full_tensor())
 
     # both doors on one group object: the mesh's group
     pg = mesh.get_group()

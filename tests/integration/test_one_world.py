@@ -80,14 +80,16 @@ def test_fsdp2_training_and_dcp_on_the_facades_group_match_one_process(
                                        msg=f"dcp {name} rank {rank}")
 
 
-def test_new_group_and_torchs_subgroups_share_one_name_counter(results: list[dict]) -> None:
+def test_the_facades_new_group_is_torchs_group_and_names_follow_one_counter(results: list[dict]) -> None:
     for rank, res in enumerate(results):
         # "0" the default; the 2-D mesh's "pp" groups [0] and [1] are "1" and "2"; then the
-        # facade's new_group "3" and torch's new_group "4"
-        assert res["names"] == (str(rank + 1), "3", "4", "0")
-        y, full = res["sub_mesh"]
-        torch.testing.assert_close(y, torch.full((2,), 3.0), rtol=0, atol=0)
-        torch.testing.assert_close(full, X, rtol=0, atol=0)
+        # facade's new_group "3" (torch's name for it too) and torch's new_group "4"
+        assert res["names"] == (str(rank + 1), "3", "4", "0", "3")
+        y, torch_rank, our_rank, our_rank_of_torchs, full = res["sub_mesh"]
+        # [1] and [2] summed through the facade, then the result summed through torch
+        torch.testing.assert_close(y, torch.full((2,), 6.0), rtol=0, atol=0)
+        assert (torch_rank, our_rank, our_rank_of_torchs) == (rank, rank, rank)
+        torch.testing.assert_close(full, X, rtol=0, atol=0)  # a DeviceMesh on the facade's
 
 
 def test_both_doors_run_on_one_group_object(results: list[dict]) -> None:
