@@ -52,14 +52,6 @@ class RingtorchGroup(dist.ProcessGroup):
         """The engine's group that runs this group's operations."""
         return self._engine
 
-    def __getattr__(self, name: str) -> Any:
-        """What the engine's group has and torch's does not (``global_ranks``,
-        ``shares_memory``, ...): a group made through ``ringtorch.distributed`` is this object,
-        and ringtorch's own code (DDP's reducer) reads those."""
-        if name.startswith("__") or name == "_engine":
-            raise AttributeError(name)
-        return getattr(self._engine, name)
-
     def _opts(self, kind: type, opts: Any, default: Callable[[], Any]) -> Any:
         """The engine's options (class ``kind``) for torch's ``opts`` (``default()``: torch's
         own class, when None); inside a coalescing block every call queues."""
@@ -267,7 +259,19 @@ class RingtorchGroup(dist.ProcessGroup):
         self._engine.abort()
 
 
-class WorldGroup(RingtorchGroup):
+class FacadeGroup(RingtorchGroup):
+    """A group ``ringtorch.distributed`` made, as torch's world holds it and the facade hands
+    it out. What the engine's group has and torch's does not (``global_ranks``,
+    ``shares_memory``, ...) reads through to the engine's group, for ringtorch's own code
+    above the facade (DDP's reducer) that holds this object."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_engine":
+            raise AttributeError(name)
+        return getattr(self._engine, name)
+
+
+class WorldGroup(FacadeGroup):
     """A group that ``ringtorch.distributed.init_process_group`` made, as torch's default
     group: torch's ``new_group`` (and with it DeviceMesh) hands subgroup creation to a
     default group with a ``new_group`` method, and this one hands it to the facade.
@@ -284,7 +288,7 @@ class WorldGroup(RingtorchGroup):
 
     def new_group(self, ranks: list[int], timeout: timedelta | None = None,
                   pg_options: Any = None, group_name: str | None = None,
-                  group_desc: str | None = None) -> RingtorchGroup | None:
+                  group_desc: str | None = None) -> FacadeGroup | None:
         """torch's subgroup ``group_name`` of global ``ranks`` (torch enters it in its
         world); None on a rank outside it (torch then returns ``NON_GROUP_MEMBER``)."""
         return self._make_subgroup(list(ranks), str(group_name), timeout, pg_options,
@@ -321,4 +325,4 @@ def create(backend_opts: Any, pg_options: Any = None) -> RingtorchGroup:
     return RingtorchGroup(engine)
 
 
-__all__ = ["NAME", "RingtorchGroup", "WorldGroup", "create"]
+__all__ = ["NAME", "FacadeGroup", "RingtorchGroup", "WorldGroup", "create"]

@@ -77,10 +77,10 @@ def publish(pg: ProcessGroup, impl_name: str, global_ranks: list[int]) -> None:
     """Enter the facade's new subgroup ``pg`` in torch's world (when the default is there)."""
     if impl_name not in _ENGINE_NAMES or not is_published():
         return
-    from ringtorch.c10d.group import RingtorchGroup
+    from ringtorch.c10d.group import FacadeGroup
     from ringtorch.c10d.store_for_torch import StoreForTorch
 
-    wrapper = RingtorchGroup(pg)
+    wrapper = FacadeGroup(pg)
     _world.torch_groups[pg] = wrapper
     _c10d()._register_pg_in_world(wrapper, backend_name=NAME,
                                   store=StoreForTorch(pg.get_group_store()),
@@ -94,9 +94,9 @@ def subgroup_made_for_torch(pg: ProcessGroup | None) -> Any:
     rank outside it); torch enters it in its world itself."""
     if pg is None:
         return None
-    from ringtorch.c10d.group import RingtorchGroup
+    from ringtorch.c10d.group import FacadeGroup
 
-    wrapper = RingtorchGroup(pg)
+    wrapper = FacadeGroup(pg)
     _world.torch_groups[pg] = wrapper
     return wrapper
 
