@@ -110,6 +110,11 @@ def program(rank: int, ws: int, ckpt_dir: str, door_port: int) -> dict[str, Any]
     out["sub_mesh"] = (y, tdist.get_rank(g), dist.get_rank(g), dist.get_rank(tg),
                        distribute_tensor(x, sub, [Shard(0)]).full_tensor())
 
+    # the subgroup helpers make their groups with new_group: torch's world has them too
+    cur, _ = dist.new_subgroups(1)
+    out["subgroups"] = (tdist.get_process_group_ranks(cur),
+                        tdist.distributed_c10d._get_process_group_name(cur))
+
     # both doors on one group object: the mesh's group
     pg = mesh.get_group()
     z = torch.ones(2) * (rank + 1)

@@ -90,6 +90,8 @@ def test_the_facades_new_group_is_torchs_group_and_names_follow_one_counter(resu
         torch.testing.assert_close(y, torch.full((2,), 6.0), rtol=0, atol=0)
         assert (torch_rank, our_rank, our_rank_of_torchs) == (rank, rank, rank)
         torch.testing.assert_close(full, X, rtol=0, atol=0)  # a DeviceMesh on the facade's
+        # new_subgroups(1): groups [0] "5" and [1] "6"
+        assert res["subgroups"] == ([rank], str(5 + rank))
 
 
 def test_both_doors_run_on_one_group_object(results: list[dict]) -> None:
