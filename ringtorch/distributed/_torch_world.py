@@ -13,6 +13,8 @@ torch's ``new_group`` hands subgroup creation to a default group that has a ``ne
 method; the facade's default group in torch's world (``WorldGroup``) has one, so a subgroup
 torch's code makes (a DeviceMesh dimension) is made by the facade under torch's name for it,
 and is a group of both worlds. The facade's and torch's group-name counters move together.
+The facade hands out torch's object for a group it entered (``torch_object``) and takes
+torch's objects wherever it takes a group (``engine_of``), so one object serves both doors.
 
 Nothing is published when torch's world has a default group already (a program that
 initialized torch itself) or when the facade's group does not run on the engine (MPI).
@@ -29,7 +31,7 @@ from ringtorch.distributed._world import _world
 
 # the facade's backend names that run the engine's native backend (the registry's names)
 _ENGINE_NAMES = ("gloo", "native", "ringtorch")
-NAME = "ringtorch"  # torch's name of the backend (ringtorch.c10d.group.NAME)
+NAME = "ringtorch"  # torch's name of the backend (ringtorch.c10d.group.NAME, not imported)
 _CONFIG = f"cpu:{NAME}"
 # the backend door's module: imported on the first publication, not with the facade (a
 # RingtorchGroup exists only once it is)
