@@ -259,6 +259,42 @@ class RingtorchGroup(dist.ProcessGroup):
         self._engine.abort()
 
 
+class FacadeGroup(RingtorchGroup):
+    """A group ``ringtorch.distributed`` made, as torch's world holds it and the facade hands
+    it out. What the engine's group has and torch's does not (``global_ranks``,
+    ``shares_memory``, ...) reads through to the engine's group, for ringtorch's own code
+    above the facade (DDP's reducer) that holds this object."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_engine":
+            raise AttributeError(name)
+        return getattr(self._engine, name)
+
+
+class WorldGroup(FacadeGroup):
+    """A group that ``ringtorch.distributed.init_process_group`` made, as torch's default
+    group: torch's ``new_group`` (and with it DeviceMesh) hands subgroup creation to a
+    default group with a ``new_group`` method, and this one hands it to the facade.
+
+    Args:
+        engine: the facade's default group.
+        make_subgroup: ``make_subgroup(ranks, group_name, timeout, pg_options, group_desc)``
+            returns torch's object for the new subgroup, or None on a rank outside it.
+    """
+
+    def __init__(self, engine: ProcessGroup, make_subgroup: Callable[..., Any]) -> None:
+        super().__init__(engine)
+        self._make_subgroup = make_subgroup
+
+    def new_group(self, ranks: list[int], timeout: timedelta | None = None,
+                  pg_options: Any = None, group_name: str | None = None,
+                  group_desc: str | None = None) -> FacadeGroup | None:
+        """torch's subgroup ``group_name`` of global ``ranks`` (torch enters it in its
+        world); None on a rank outside it (torch then returns ``NON_GROUP_MEMBER``)."""
+        return self._make_subgroup(list(ranks), str(group_name), timeout, pg_options,
+                                   group_desc)
+
+
 def _AllgatherOptions() -> Any:
     return dist.distributed_c10d.AllgatherOptions()
 
@@ -289,4 +325,4 @@ def create(backend_opts: Any, pg_options: Any = None) -> RingtorchGroup:
     return RingtorchGroup(engine)
 
 
-__all__ = ["NAME", "RingtorchGroup", "create"]
+__all__ = ["NAME", "FacadeGroup", "RingtorchGroup", "WorldGroup", "create"]

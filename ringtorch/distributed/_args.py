@@ -18,14 +18,17 @@ import torch
 from ringtorch import _buffers
 from ringtorch.collectives.process_group import ProcessGroup
 from ringtorch.distributed import groups
+from ringtorch.distributed._torch_world import engine_of
 from ringtorch.distributed._world import GroupMember, is_non_member
 
 
 def group_or_default(group: Any) -> Any:
-    """``group``, or the default group for None and ``group.WORLD``."""
+    """The engine's group to run on: ``group``'s (torch's object for it, as DeviceMesh and
+    ``torch.distributed.new_group`` hand out, stands for it), or the default group for None
+    and ``group.WORLD``."""
     if group is None or group is GroupMember.WORLD:
         return groups._get_default_group()
-    return group
+    return engine_of(group)
 
 
 def not_in_group(group: Any) -> bool:

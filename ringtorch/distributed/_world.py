@@ -34,6 +34,8 @@ class _World:
     pg_names: dict[ProcessGroup, str] = field(default_factory=dict)
     pg_group_ranks: dict[ProcessGroup, dict[int, int]] = field(default_factory=dict)
     pg_backend_config: dict[ProcessGroup, str] = field(default_factory=dict)
+    # each group's object in torch's c10d world (a RingtorchGroup over it; _torch_world.py)
+    torch_groups: dict[ProcessGroup, Any] = field(default_factory=dict)
     group_count: int = 0
     init_method: str | None = None
     saved_excepthook: Any = None
@@ -48,7 +50,8 @@ class _World:
 
     def forget(self, pg: ProcessGroup) -> None:
         """Remove one group (not the default one) from the table."""
-        for table in (self.pg_map, self.pg_names, self.pg_group_ranks, self.pg_backend_config):
+        for table in (self.pg_map, self.pg_names, self.pg_group_ranks, self.pg_backend_config,
+                      self.torch_groups):
             table.pop(pg, None)
 
     def reset(self) -> None:
@@ -58,6 +61,7 @@ class _World:
         self.pg_names.clear()
         self.pg_group_ranks.clear()
         self.pg_backend_config.clear()
+        self.torch_groups.clear()
         self.group_count = 0
         self.init_method = None
         if self.saved_excepthook is not None:

@@ -19,7 +19,6 @@ from ringtorch.collectives.process_group import ProcessGroup
 from ringtorch.collectives.reduce_op import RedOpType, ReduceOp
 from ringtorch.collectives.work import Work
 from ringtorch.distributed import _args as a
-from ringtorch.distributed import groups
 from ringtorch.distributed._device_staging import device_runtime, staged, staged_call
 from ringtorch.distributed.ops import (
     _real,
@@ -101,7 +100,7 @@ def all_gather_coalesced(output_tensor_lists: list[list[torch.Tensor]],
         checked = a.check_tensor_list(lst, "output_tensor_lists")
         a.ensure_same_dtype(checked)
         outs.append([_real(t) for t in checked])
-    group = group or groups._get_default_group()
+    group = a.group_or_default(group)
     work = group.allgather_coalesced(outs, [_real(t) for t in ins],
                                      AllgatherOptions(asyncOp=async_op))
     if async_op:

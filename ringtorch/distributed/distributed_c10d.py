@@ -121,6 +121,7 @@ from ringtorch.distributed import (
     supports_complex,
 )
 from ringtorch.distributed._args import check_single_tensor, check_tensor_list
+from ringtorch.distributed._torch_world import engine_of, torch_object
 from ringtorch.distributed._world import _world
 from ringtorch.distributed.groups import _get_default_group as _get_default_group
 from ringtorch.distributed.groups import _get_default_store as _get_default_store
@@ -169,7 +170,7 @@ def _get_global_rank(group: ProcessGroup, rank: int) -> int:
 def _get_process_group_name(pg: ProcessGroup) -> str:
     """The name ``pg`` was registered under, or ``"None"`` for a group this process does not
     know."""
-    return _world.pg_names.get(pg, "None")
+    return _world.pg_names.get(engine_of(pg), "None")
 
 
 def _get_group_tag(pg: ProcessGroup) -> str:
@@ -178,7 +179,7 @@ def _get_group_tag(pg: ProcessGroup) -> str:
     Raises:
         KeyError: ``pg`` is not a group of this process.
     """
-    return f"ptd:{_world.pg_names[pg]}"
+    return f"ptd:{_world.pg_names[engine_of(pg)]}"
 
 
 def _resolve_process_group(group_name: str) -> ProcessGroup:
@@ -189,7 +190,7 @@ def _resolve_process_group(group_name: str) -> ProcessGroup:
     """
     for pg, name in _world.pg_names.items():
         if name == group_name:
-            return pg
+            return torch_object(pg)
     raise ValueError(f"Could not resolve process group {group_name!r}: no group of that name "
                      f"in this process")
 

@@ -26,7 +26,7 @@ from ringtorch.collectives import liveness
 from ringtorch.collectives.backends import registry
 from ringtorch.collectives.backends.base import BackendContext
 from ringtorch.collectives.process_group import ProcessGroup
-from ringtorch.distributed import _debug, flight_recorder
+from ringtorch.distributed import _debug, _torch_world, flight_recorder
 from ringtorch.distributed._backend import Backend, BackendConfig
 from ringtorch.distributed._world import NON_GROUP_MEMBER, GroupMember, _world, is_non_member
 from ringtorch.store import HashStore, PrefixStore, Store
@@ -45,6 +45,10 @@ def _check_valid_timeout(timeout: Any) -> None:
 
 def _get_default_group() -> ProcessGroup:
     if _world.default_pg is None:
+        # a program that initialized through the backend door: torch's default group's engine
+        door = _torch_world.torch_default_engine()
+        if door is not None:
+            return door
         raise ValueError("Default process group has not been initialized, please make sure to "
                          "call init_process_group.")
     return _world.default_pg
@@ -67,12 +71,15 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
 
     Give either ``store`` with ``rank`` and ``world_size``, or ``init_method`` (a URL:
     ``env://`` (the default), ``tcp://host:port``, ``file:///path``); the call blocks until
-    every rank has joined. ``backend="gloo"`` (or None) selects ringtorch's native CPU
-    backend, which plays gloo's role; ``"mpi"`` needs mpi4py and an MPI launcher; ``"nccl"``
-    (and a map such as ``"cpu:gloo,cuda:nccl"``) runs CUDA tensors on NCCL once its device
-    feature is open (docs/gpu.md; until then the error says it is not available), and
-    ``device_id`` may then name a CUDA device (its communicator is made at once).
-    ``group_name`` is ignored, as in torch.
+    every rank has joined. ``backend="gloo"`` (or None, or ``"ringtorch"``) selects
+    ringtorch's native CPU backend, which plays gloo's role; ``"mpi"`` needs mpi4py and an
+    MPI launcher; ``"nccl"`` (and a map such as ``"cpu:gloo,cuda:nccl"``) runs CUDA tensors
+    on NCCL once its device feature is open (docs/gpu.md; until then the error says it is not
+    available), and ``device_id`` may then name a CUDA device (its communicator is made at
+    once). ``group_name`` is ignored, as in torch. A group on the native backend is torch's
+    default group too (backend "ringtorch" there), so torch's DeviceMesh, DTensor, FSDP and
+    DCP run on it, unless torch had a default group of its own already (docs/modern-stack.md,
+    "One world").
 
     Raises:
         ValueError: the default group exists already ("trying to initialize the default
@@ -127,6 +134,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         raise
     _world.default_pg = pg
     _world.init_method = init_method
+    _torch_world.publish_default(pg, impl_name, store, _torch_subgroup)  # torch's world too
     HANG.install(store.underlying_store, rank, world_size, flight_recorder.dump)  # hang reports
     _install_excepthook(rank)
     trace_run.start_if_asked(None if impl_name == Backend.MPI else store, rank, world_size)
@@ -276,21 +284,23 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
     """
     if is_non_member(group):
         return
-    pg = _world.default_pg if group is None else group
+    pg = _world.default_pg if group is None else _torch_world.engine_of(group)
     if pg is None:
         raise AssertionError("Process group cannot be None")
     if pg not in _world.pg_map:
         raise ValueError("Invalid process group specified")
-    if group is None or group is _world.default_pg:
+    if group is None or pg is _world.default_pg:
         trace_run.finish()  # before shutdown: the records still know their route
         TOTALS.write()  # the end-of-job summary's totals, in case the process is killed later
         for each in sorted(_world.pg_names, key=lambda g: int(_world.pg_names[g])
                            if _world.pg_names[g].isdigit() else -1, reverse=True):
             each.shutdown()
+        _torch_world.withdraw_all()  # torch's world, and the groups torch's code made there
         _world.reset()
         HANG.uninstall()
     else:
         pg.shutdown()
+        _torch_world.withdraw(pg)
         _world.forget(pg)
 
 
@@ -310,7 +320,7 @@ def get_world_size(group: ProcessGroup | None = None) -> int:
         return -1
     if group is None or group is GroupMember.WORLD:
         return _get_default_group().size()
-    return group.size()
+    return _torch_world.engine_of(group).size()
 
 
 def get_backend(group: ProcessGroup | None = None) -> str:
@@ -319,10 +329,12 @@ def get_backend(group: ProcessGroup | None = None) -> str:
     Raises:
         ValueError: this rank is not in ``group``, or ``group`` is not a live group.
     """
-    pg = group or _get_default_group()
+    pg = _torch_world.engine_of(group) or _get_default_group()
     if is_non_member(pg):
         raise ValueError("Invalid process group specified")
     entry = _world.pg_map.get(pg)
+    if entry is None and _torch_world.door_ranks(pg) is not None:
+        return Backend(pg.name())  # a group torch made through the backend door
     if entry is None:
         raise ValueError(f"Process group {pg} is not initialized in the world group map. Please "
                          f"initialize the group first.")
@@ -331,9 +343,11 @@ def get_backend(group: ProcessGroup | None = None) -> str:
 
 def get_backend_config(group: ProcessGroup | None = None) -> str:
     """The backend configuration of ``group`` ("cpu:gloo")."""
-    pg = group or _get_default_group()
+    pg = _torch_world.engine_of(group) or _get_default_group()
     if is_non_member(pg):
         raise ValueError("Invalid process group specified")
+    if pg not in _world.pg_backend_config and _torch_world.door_ranks(pg) is not None:
+        return f"cpu:{pg.name()}"  # a group torch made through the backend door
     return _world.pg_backend_config[pg]
 
 
@@ -345,10 +359,7 @@ def get_group_rank(group: ProcessGroup, global_rank: int) -> int:
     """
     if group is GroupMember.WORLD:
         return global_rank
-    if group not in _world.pg_group_ranks:
-        raise ValueError(f"Group {group} is not registered, please create group with "
-                         f"torch.distributed.new_group API")
-    ranks = _world.pg_group_ranks[group]
+    ranks = _ranks_of(group)
     if global_rank not in ranks:
         raise ValueError(f"Global rank {global_rank} is not part of group {group}")
     return ranks[global_rank]
@@ -362,10 +373,7 @@ def get_global_rank(group: ProcessGroup, group_rank: int) -> int:
     """
     if group is GroupMember.WORLD:
         return group_rank
-    if group not in _world.pg_group_ranks:
-        raise ValueError(f"Group {group} is not registered, please create group with "
-                         f"torch.distributed.new_group API")
-    for glob, local in _world.pg_group_ranks[group].items():
+    for glob, local in _ranks_of(group).items():
         if local == group_rank:
             return glob
     raise ValueError(f"Group rank {group_rank} is not part of group {group}")
@@ -373,7 +381,23 @@ def get_global_rank(group: ProcessGroup, group_rank: int) -> int:
 
 def get_process_group_ranks(group: ProcessGroup | None) -> list[int]:
     """The global ranks of ``group``'s members, in group-rank order."""
-    return list(_world.pg_group_ranks[group or _get_default_group()].keys())
+    return list(_ranks_of(group or _get_default_group()).keys())
+
+
+def _ranks_of(group: Any) -> dict[int, int]:
+    """global rank -> group rank of ``group`` (the facade's, or torch's object for one).
+
+    Raises:
+        ValueError: ``group`` is not a group of this process.
+    """
+    pg = _torch_world.engine_of(group)
+    ranks = _world.pg_group_ranks.get(pg)
+    if ranks is None:
+        ranks = _torch_world.door_ranks(pg)
+    if ranks is None:
+        raise ValueError(f"Group {group} is not registered, please create group with "
+                         f"torch.distributed.new_group API")
+    return ranks
 
 
 def get_pg_count() -> int:
@@ -440,13 +464,34 @@ def new_group(ranks: list[int] | None = None, timeout: timedelta | None = None,
         name = hashlib.sha1(joined.encode(), usedforsecurity=False).hexdigest()
     else:
         name = _world.next_group_name()
+        _torch_world.follow_count()
     if my_rank not in ranks:
         return NON_GROUP_MEMBER
     registry.require(impl_name)
-    return _make_group(len(ranks), ranks.index(my_rank), ranks, impl_name, str(backend),
-                       default_store, name, timeout,
-                       group_desc if group_desc is not None else "undefined", pg_options,
-                       str(BackendConfig(backend)))
+    pg = _make_group(len(ranks), ranks.index(my_rank), ranks, impl_name, str(backend),
+                     default_store, name, timeout,
+                     group_desc if group_desc is not None else "undefined", pg_options,
+                     str(BackendConfig(backend)))
+    _torch_world.publish(pg, impl_name, ranks)
+    return _torch_world.torch_object(pg)
+
+
+def _torch_subgroup(ranks: list[int], name: str, timeout: timedelta | None, pg_options: Any,
+                    group_desc: str | None) -> Any:
+    """torch's object for the subgroup torch's ``new_group`` asked the default group for
+    (named by torch, every rank calling, ranks checked by torch), made like ``new_group``'s
+    on the default group's backend; None on a rank outside it."""
+    _torch_world.follow_torch_count()
+    default = _get_default_group()
+    backend, default_store = _world.pg_map[default]
+    if default.rank() not in ranks:
+        return None
+    pg = _make_group(len(ranks), ranks.index(default.rank()), ranks,
+                     BackendConfig(backend).cpu_backend(), str(backend), default_store, name,
+                     timeout or registry.default_timeout(backend),
+                     group_desc if group_desc is not None else "undefined", pg_options,
+                     str(BackendConfig(backend)))
+    return _torch_world.subgroup_made_for_torch(pg)
 
 
 __all__ = [

@@ -188,7 +188,7 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
         a.warn_not_in_group("all_gather")
         return None
     a.check_outputs_writable(tensor_list, "tensor_list")
-    group = group or groups._get_default_group()
+    group = a.group_or_default(group)
     opts = _options(AllgatherOptions, asyncOp=async_op)
     return _finish(group.allgather([[_real(o) for o in outs]], [_real(t)], opts), async_op)
 
@@ -206,7 +206,7 @@ def all_gather_single(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
         a.warn_not_in_group("all_gather_single")
         return None
     a.check_outputs_writable(output_tensor, "output_tensor")
-    group = group or groups._get_default_group()
+    group = a.group_or_default(group)
     opts = _options(AllgatherOptions, asyncOp=async_op)
     return _finish(group.all_gather_single(_real(out), _real(inp), opts), async_op)
 
@@ -291,7 +291,7 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any
         return None
     a.check_outputs_writable(output, "output")
     _check_complex_op(op, [out, *ins], "reduce_scatter")
-    group = group or groups._get_default_group()
+    group = a.group_or_default(group)
     opts = _options(ReduceScatterOptions, reduceOp=op, asyncOp=async_op)
     return _finish(group.reduce_scatter([_real(out)], [[_real(i) for i in ins]], opts),
                    async_op)
@@ -312,7 +312,7 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op: Any = R
         return None
     a.check_outputs_writable(output, "output")
     _check_complex_op(op, [out, inp], "reduce_scatter")
-    group = group or groups._get_default_group()
+    group = a.group_or_default(group)
     opts = _options(ReduceScatterOptions, reduceOp=op, asyncOp=async_op)
     return _finish(group.reduce_scatter_single(_real(out), _real(inp), opts), async_op)
 
@@ -333,7 +333,7 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
     inp = a.check_single_tensor(input, "input")
     a.ensure_same_dtype(out, inp)
     a.check_outputs_writable(output, "output")
-    group = group or groups._get_default_group()
+    group = a.group_or_default(group)
     opts = AllToAllOptions(asyncOp=async_op)
     work = group.alltoall_base(_real(out), _real(inp), list(output_split_sizes or []),
                                list(input_split_sizes or []), opts)
@@ -354,7 +354,7 @@ def all_to_all(output_tensor_list: list[torch.Tensor], input_tensor_list: list[t
     ins = a.check_tensor_list(input_tensor_list, "input_tensor_list")
     a.ensure_same_dtype(outs, ins)
     a.check_outputs_writable(output_tensor_list, "output_tensor_list")
-    group = group or groups._get_default_group()
+    group = a.group_or_default(group)
     opts = AllToAllOptions(asyncOp=async_op)
     return _finish(group.alltoall([_real(o) for o in outs], [_real(i) for i in ins], opts),
                    async_op)
@@ -365,7 +365,7 @@ def barrier(group: ProcessGroup | None = GroupMember.WORLD, async_op: bool = Fal
             timeout: timedelta | None = None) -> Work | None:
     """Return once every rank of ``group`` has entered the barrier (``timeout`` overrides
     the group's)."""
-    group = group or groups._get_default_group()
+    group = a.group_or_default(group)
     if a.not_in_group(group):
         a.warn_not_in_group("barrier")
         return None
@@ -402,7 +402,7 @@ def monitored_barrier(group: ProcessGroup | None = GroupMember.WORLD, timeout: A
                       f"{timeout} assuming it represents seconds", stacklevel=2)
         timeout = timedelta(seconds=timeout)
     a.check_timeout(timeout)
-    pg = group if group is not None else groups._get_default_group()
+    pg = a.group_or_default(group)
     return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
 
 

@@ -22,6 +22,7 @@ from ringtorch._errors import DistError
 from ringtorch.collectives.process_group import ProcessGroup
 from ringtorch.distributed import groups
 from ringtorch.distributed._backend import BackendConfig
+from ringtorch.distributed._torch_world import engine_of
 from ringtorch.distributed._world import NON_GROUP_MEMBER, _world
 from ringtorch.distributed.shrink import SHRINK_ABORT, shrink
 
@@ -69,6 +70,7 @@ class ShrunkWorld:
         """
         if old is None or old is NON_GROUP_MEMBER:
             return None if old is None else NON_GROUP_MEMBER
+        old = engine_of(old)  # torch's object for a group stands for it
         if old in self.groups:
             return self.groups[old]
         raise ValueError(f"{old} was not a group of this process before the shrink")

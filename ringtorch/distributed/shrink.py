@@ -26,6 +26,7 @@ from ringtorch.collectives.process_group import ProcessGroup
 from ringtorch.distributed import groups
 from ringtorch.distributed._backend import BackendConfig
 from ringtorch.distributed._shrink_agree import ShrinkRefusedError, agree, store_lost
+from ringtorch.distributed._torch_world import engine_of
 from ringtorch.distributed._world import _world
 from ringtorch.store import PrefixStore
 
@@ -68,7 +69,7 @@ def shrink_group(ranks_to_exclude: list[int], group: ProcessGroup | None = None,
         DistStoreError: the store cannot be reached (its host died).
     """
     _check_inputs(ranks_to_exclude, shrink_flags)
-    target = group if group is not None else groups._get_default_group()
+    target = engine_of(group) if group is not None else groups._get_default_group()
     size = target.size()
     if size <= 1:
         raise ValueError(f"Cannot shrink a process group with size {size}. Group must have at "

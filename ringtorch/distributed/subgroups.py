@@ -10,6 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 from ringtorch.collectives.process_group import ProcessGroup
+from ringtorch.distributed._torch_world import engine_of
 from ringtorch.distributed.groups import (
     _get_default_group,
     get_process_group_ranks,
@@ -94,7 +95,7 @@ def split_group(parent_pg: ProcessGroup | None = None, split_ranks: list[list[in
     """
     if not split_ranks:
         raise ValueError("split_ranks cannot be None or empty")
-    if parent_pg is not None and parent_pg is not _get_default_group():
+    if parent_pg is not None and engine_of(parent_pg) is not _get_default_group():
         raise ValueError("ringtorch's split_group splits the default group only; pass "
                          "parent_pg=None")
     current, _ = new_subgroups_by_enumeration(split_ranks, timeout=timeout, backend=backend,

@@ -41,7 +41,10 @@ ALLOWED: dict[str, set[str]] = {
     "ringtorch.futures": set(),
     "ringtorch.distributed": {"ringtorch.collectives", "ringtorch.rendezvous", "ringtorch.store",
                               "ringtorch._buffers", "ringtorch._observe",
-                              "ringtorch._device"},  # staging device tensors
+                              "ringtorch._device",  # staging device tensors
+                              # one world: the facade's groups in torch's c10d world, as the
+                              # backend door's RingtorchGroup (distributed/_torch_world.py)
+                              "ringtorch.c10d"},
     # the backend door: torch's ProcessGroup over the engine's, through torch's own store
     "ringtorch.c10d": {"ringtorch.collectives", "ringtorch.store", "ringtorch._observe"},
     "ringtorch.distributed.rpc": {"ringtorch.rendezvous", "ringtorch.store", "ringtorch._wire",

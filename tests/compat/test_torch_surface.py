@@ -23,7 +23,8 @@ KNOWN_MISSING = {
     "Reducer": "DDP's C++ reducer: ringtorch.nn.parallel has its own",
     **dict.fromkeys(["DeviceMesh", "init_device_mesh"],
                     "torch's DeviceMesh builds torch's groups: ringtorch.distributed.device_mesh "
-                    "re-exports it, for groups of backend 'ringtorch' (docs/modern-stack.md)"),
+                    "re-exports it, on groups of either door (ringtorch.distributed's are "
+                    "torch's too; docs/modern-stack.md)"),
     "ProcessGroupGloo": "the gloo library's class; ringtorch's 'gloo' is its own backend",
     "log": "torch's module logger, not API",
     "timedelta": "datetime.timedelta, imported by torch's module, not API",

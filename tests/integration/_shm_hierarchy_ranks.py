@@ -110,7 +110,8 @@ def subgroup(rank: int, world_size: int, hosts: str) -> dict[str, Any]:
     for label, g in (("world", dist.group.WORLD), ("sub", sub)):
         if g == dist.GroupMember.NON_GROUP_MEMBER:
             continue
-        b = g._get_backend()
+        # the engine's backend: new_group hands out torch's object for the group (one world)
+        b = getattr(g, "engine", g)._get_backend()
         out[f"{label}/uses"] = what_it_uses(b)
         t = torch.full((5,), float(rank + 1))
         dist.all_reduce(t, group=g)

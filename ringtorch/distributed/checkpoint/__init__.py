@@ -1,9 +1,9 @@
 """Distributed checkpointing (save, load, async_save, planners, storage) under ringtorch's path.
 
 torch's code, re-exported: the public names of ``torch.distributed.checkpoint``, unchanged.
-It runs on ringtorch's engine when its groups are made through backend "ringtorch"
-(``torch.distributed.init_process_group("ringtorch")``, or ``init_device_mesh("cpu", ...)``
-after it); docs/modern-stack.md. This path imports torch's module only, never the engine.
+It runs on ringtorch's engine on groups of either door (``ringtorch.distributed.init_process_group``,
+whose groups are torch's too, or ``torch.distributed.init_process_group("ringtorch")``);
+docs/modern-stack.md. This path imports torch's module only, never the engine.
 
 The submodules ``state_dict``, ``format_utils`` and ``stateful`` are ringtorch's paths too;
 torch's other submodules are reached under torch's path.

@@ -1,9 +1,9 @@
 """get_state_dict/set_state_dict and friends under ringtorch's path.
 
 torch's code, re-exported: the public names of ``torch.distributed.checkpoint.state_dict``, unchanged.
-It runs on ringtorch's engine when its groups are made through backend "ringtorch"
-(``torch.distributed.init_process_group("ringtorch")``, or ``init_device_mesh("cpu", ...)``
-after it); docs/modern-stack.md. This path imports torch's module only, never the engine.
+It runs on ringtorch's engine on groups of either door (``ringtorch.distributed.init_process_group``,
+whose groups are torch's too, or ``torch.distributed.init_process_group("ringtorch")``);
+docs/modern-stack.md. This path imports torch's module only, never the engine.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """FSDP under ringtorch's path: FSDP2's fully_shard and FSDP1's FullyShardedDataParallel.
 
 torch's code, re-exported: the public names of ``torch.distributed.fsdp``, unchanged.
-It runs on ringtorch's engine when its groups are made through backend "ringtorch"
-(``torch.distributed.init_process_group("ringtorch")``, or ``init_device_mesh("cpu", ...)``
-after it); docs/modern-stack.md. This path imports torch's module only, never the engine.
+It runs on ringtorch's engine on groups of either door (``ringtorch.distributed.init_process_group``,
+whose groups are torch's too, or ``torch.distributed.init_process_group("ringtorch")``);
+docs/modern-stack.md. This path imports torch's module only, never the engine.
 
 One name is ringtorch's: ``FullyShardedDataParallel`` is a subclass of torch's whose
 FULL_STATE_DICT with ``offload_to_cpu=True`` works on CPU modules (_cpu_state_dict.py).
