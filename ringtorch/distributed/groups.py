@@ -28,6 +28,7 @@ from ringtorch.collectives.backends.base import BackendContext
 from ringtorch.collectives.process_group import ProcessGroup
 from ringtorch.distributed import _debug, _torch_world, flight_recorder
 from ringtorch.distributed._backend import Backend, BackendConfig
+from ringtorch.distributed._init_device import check_device_id, runs_nccl
 from ringtorch.distributed._world import NON_GROUP_MEMBER, GroupMember, _world, is_non_member
 from ringtorch.store import HashStore, PrefixStore, Store
 
@@ -99,14 +100,14 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
             raise AssertionError("rank must be non-negative if using store")
     elif init_method is None:
         init_method = "env://"
-    device_id = _check_device_id(device_id)
+    device_id = check_device_id(device_id)
     if backend is None and device_id is not None and device_id.type == "cuda":
         backend = Backend.NCCL  # torch: the default backend of the bound device's type
     # As in torch, get_backend() then reports "undefined" when no backend was named; the
     # group runs on the CPU backend ("gloo": ringtorch's native backend).
     backend_str = Backend(backend if backend is not None else "undefined")
     config = BackendConfig(backend_str)
-    if device_id is not None and device_id.type == "cuda" and not _runs_nccl(str(config)):
+    if device_id is not None and device_id.type == "cuda" and not runs_nccl(str(config)):
         raise ValueError(f"device_id {device_id} is not available: backend {str(backend_str)!r} "
                          f"has no backend for cuda tensors")
     impl_name = config.cpu_backend()
@@ -156,37 +157,6 @@ def _default_prefix(store: Any, rank: int) -> str:
     return "default_pg" if generation == 1 else f"default_pg/{generation}"
 
 
-def _check_device_id(device_id: Any) -> Any:
-    """``device_id`` as a torch.device (an int is a CUDA index, as torch takes it).
-
-    A CUDA device is accepted where backend "nccl" is available (torch: the bound device,
-    whose communicator is made at once); otherwise only a CPU device is.
-    """
-    if device_id is None:
-        return None
-    if registry.is_available(Backend.NCCL):
-        import torch
-
-        if isinstance(device_id, int) and not isinstance(device_id, bool):
-            device_id = torch.device("cuda", device_id)
-        if getattr(device_id, "type", None) == "cuda":
-            if device_id.index is None:
-                raise ValueError("Please use a device_id with index.")
-            return device_id
-    kind = getattr(device_id, "type", None)
-    if kind != "cpu":
-        raise ValueError(f"device_id {device_id} is not available: ringtorch runs collectives "
-                         f"on CPU tensors (an accelerator backend is not available yet)")
-    return device_id
-
-
-def _runs_nccl(backend_config: str) -> bool:
-    """Whether a group of this backend map runs its CUDA tensors on backend "nccl" (and that
-    backend is available here)."""
-    return (BackendConfig(backend_config).get_device_backend_map().get("cuda") == Backend.NCCL
-            and registry.is_available(Backend.NCCL))
-
-
 def _mpi_world(rank: int, world_size: int) -> tuple[int, int, Any]:
     """Rank and size as the MPI runtime assigned them (torch ignores the given ones)."""
     if world_size != -1 or rank != -1:
@@ -216,7 +186,7 @@ def _make_group(size: int, rank: int, global_ranks: list[int], impl_name: str,
     pg = ProcessGroup(store, rank, size, backend=impl, backend_name=impl_name,
                       group_name=group_name, group_desc=group_desc, timeout=timeout,
                       global_ranks=global_ranks)
-    if _runs_nccl(backend_config):
+    if runs_nccl(backend_config):
         from ringtorch.distributed._nccl import NcclGroup
 
         if device_id is None and _world.default_pg is not None:
@@ -431,7 +401,7 @@ def new_group(ranks: list[int] | None = None, timeout: timedelta | None = None,
         TypeError: ``timeout`` is not a ``timedelta``.
     """
     default = _get_default_group()
-    _check_device_id(device_id)
+    check_device_id(device_id)
     default_backend, default_store = _world.pg_map[default]
     backend = Backend(backend) if backend else default_backend
     impl_name = BackendConfig(backend).cpu_backend()
