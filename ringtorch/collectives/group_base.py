@@ -194,11 +194,12 @@ class GroupBase:
         work = Work(op_name, -1, run, outputs, operation=o)
         if RECORDER.on:
             RECORDER.add(o, 3 + self.site_depth)
+        inline = not getattr(opts, "asyncOp", True)
         if profiling.profiler_on():
             o.profile = profiling.begin(self._backend_name, op_name, self._profile_id(),
                                         described, outputs, recorded=recorded)
-        self._collectives.submit(work, inline=not getattr(opts, "asyncOp", True),
-                                 collective=True)
+            inline = False  # its range ends on the lane's thread: asynchronous (profiling.py)
+        self._collectives.submit(work, inline=inline, collective=True)
         return work
 
     def _profile_id(self) -> tuple[str, int, int]:

@@ -151,6 +151,7 @@ class P2POps(GroupBase):
         if profiling.profiler_on():
             o.profile = profiling.begin(self._backend_name, op_name, self._profile_id(),
                                         outputs, outputs, peer=peer)
+            async_op = True  # its range ends on the lane's thread: asynchronous (profiling.py)
         lane.submit(work, inline=not async_op)
         return work
 
