@@ -140,7 +140,9 @@ def _describe(entry: dict[str, Any]) -> str:
     if call.get("root", -1) not in (-1, None):
         parts.append(f"root {call['root']}")
     inner = f" ({', '.join(parts)})" if parts else ""
-    return f"{entry['op']} #{entry['seq']}{inner}"
+    parent = entry.get("parent")
+    within = f" of {parent['op']}" if isinstance(parent, dict) and parent.get("op") else ""
+    return f"{entry['op']} #{entry['seq']}{inner}{within}"
 
 
 def _site(entry: dict[str, Any]) -> str:

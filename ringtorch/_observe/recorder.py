@@ -58,7 +58,7 @@ VERSION = 1
 
 # A Record (a dump's copy of an operation) is a list, its fields at these positions.
 (KIND, GROUP, OP, SITE, ENQUEUED, STARTED, FINISHED, SEQ, CALL, ROUTE, ERROR, NBYTES, PEER,
- DETAIL, ID) = range(15)
+ DETAIL, ID, PARENT) = range(16)
 
 _by_id = attrgetter("id")
 _finished_of = attrgetter("finished")
@@ -94,6 +94,7 @@ class Record(list):  # type: ignore[type-arg]
         route: what the operation travelled by, resolved at dump time: an object whose
             ``route(record)`` returns ``(transport, algorithm)`` (the backend), or None.
         detail: a short free text (an RPC's function name, a p2p tag).
+        parent: the operation this one is a part of (an object collective), or None.
     """
 
     __slots__ = ()
@@ -113,12 +114,14 @@ class Record(list):  # type: ignore[type-arg]
     nbytes = property(itemgetter(NBYTES))
     peer = property(itemgetter(PEER))
     detail = property(itemgetter(DETAIL))
+    parent = property(itemgetter(PARENT))
 
     @classmethod
     def of(cls, o: Operation, number: int) -> Record:
         """A copy of the live operation ``o``, numbered ``number``."""
         return cls([o.kind, o.group, o.op, o.site, o.enqueued, o.started, o.finished, o.seq,
-                    o.call, o.route, o.error, o.nbytes, o.peer, o.detail, number])
+                    o.call, o.route, o.error, o.nbytes, o.peer, o.detail, number,
+                    getattr(o, "parent", None)])
 
     def size(self) -> int:
         """Bytes of the operation: as the caller gave them, else the call's (-1: unknown)."""
@@ -237,6 +240,15 @@ class FlightRecorder:
             fresh.append(o)
             if len(fresh) >= COUNT_EVERY:
                 self._maintain(fresh)
+
+    def add_whole(self, o: Operation) -> None:
+        """Record ``o``, an operation made of parts that record themselves (an object
+        collective, whose tensor collectives name it their ``parent``): in the ring, with
+        the user's call site found by a walk (they are rare), and not handed to the
+        summary's counter, which counts its parts."""
+        o.site = self._walk(-1)  # -1: never remembered as a verified site
+        o.id = next(self._numbers)
+        self._ring.append(o)
 
     def record(self, kind: str, group: str, op: str, hint: int = 3, peer: int | str = -1,
                nbytes: int = -1, detail: str = "") -> Operation:
@@ -442,6 +454,9 @@ def to_dict(rec: Record, offset: int) -> dict[str, Any]:
         out["peer"] = rec.peer
     if rec.detail:
         out["detail"] = rec.detail
+    parent = rec.parent
+    if parent is not None:  # a part of an object collective: which one
+        out["parent"] = {"id": parent.id, "op": parent.op}
     if call is not None:
         out["call"] = {"op": call.op, "seq": call.seq, "dtype": dtype_name(call.dtype),
                        "redop": None if call.redop is None else call.redop.name,
@@ -457,6 +472,7 @@ def to_dict(rec: Record, offset: int) -> dict[str, Any]:
 RECORDER = FlightRecorder()
 
 __all__ = ["CALL", "COLLECTIVE", "COUNT_EVERY", "DETAIL", "ENQUEUED", "ERROR", "FINISHED",
-           "FORMAT", "GROUP", "ID", "KIND", "NBYTES", "NO_SITE", "OP", "P2P", "PEER", "RECORDER",
+           "FORMAT", "GROUP", "ID", "KIND", "NBYTES", "NO_SITE", "OP", "P2P", "PARENT", "PEER",
+           "RECORDER",
            "ROUTE", "RPC", "SEQ", "SITE", "STARTED", "VERSION", "FlightRecorder",
            "Operation", "Record", "dtype_name", "env_int", "line_of", "to_dict"]

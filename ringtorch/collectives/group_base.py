@@ -31,6 +31,14 @@ CollectiveCheck = Callable[[Any, CollectiveCall, list[tuple[tuple[int, ...], tor
                            None]
 RunFn = Callable[[Operation], Any]
 
+# Where the user's frame is, for the flight recorder (FlightRecorder.add's ``hint``): frames
+# from _collective up to the public function that the user called: _collective (1), the
+# group's method (2), ringtorch.distributed's function (3). A caller that adds frames above
+# the group's method (torch's functions, through the backend door) says how many in the
+# group's ``site_depth``. Counted rather than walked: a walk up to the first frame outside
+# ringtorch and torch costs each all_reduce 0.1-0.8 us more (docs/observability.md).
+SITE_DEPTH = 3
+
 
 class GroupBase:
     """A group of ranks: identity, ordering of its work, life cycle (see ProcessGroup).
@@ -196,12 +204,13 @@ class GroupBase:
 
         work = Work(op_name, -1, run, outputs, operation=o)
         if RECORDER.on:
-            RECORDER.add(o, 3 + self.site_depth)
+            RECORDER.add(o, SITE_DEPTH + self.site_depth)
+        inline = not getattr(opts, "asyncOp", True)
         if profiling.profiler_on():
             o.profile = profiling.begin(self._backend_name, op_name, self._profile_id(),
                                         described, outputs, recorded=recorded)
-        self._collectives.submit(work, inline=not getattr(opts, "asyncOp", True),
-                                 collective=True)
+            inline = False  # its range ends on the lane's thread: asynchronous (profiling.py)
+        self._collectives.submit(work, inline=inline, collective=True)
         return work
 
     def _profile_id(self) -> tuple[str, int, int]:
@@ -254,4 +263,4 @@ class GroupBase:
 
 
 
-__all__ = ["CollectiveCheck", "GroupBase", "RunFn"]
+__all__ = ["SITE_DEPTH", "CollectiveCheck", "GroupBase", "RunFn"]

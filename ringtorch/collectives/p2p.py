@@ -29,6 +29,11 @@ from ringtorch.collectives.comm_thread import Lane
 from ringtorch.collectives.group_base import GroupBase
 from ringtorch.collectives.work import Work
 
+# Where the user's frame is, for the flight recorder (as group_base.SITE_DEPTH): _p2p (1),
+# the group's method (2), ringtorch.distributed's helper (3) and public function (dist.send,
+# 4). Elsewhere (torch's functions through the backend door) the recorder walks.
+P2P_SITE_DEPTH = 4
+
 _ARRIVED = 1
 _FAILED = 0
 
@@ -146,11 +151,11 @@ class P2POps(GroupBase):
                       outputs[0].numel() * outputs[0].element_size(), peer, f"tag {key[2]}")
         work = Work(op_name, -1, run, outputs, operation=o)
         if RECORDER.on:
-            # the public entry point (dist.send, ...) is four frames up: it calls a helper
-            RECORDER.add(o, 4)
+            RECORDER.add(o, P2P_SITE_DEPTH)
         if profiling.profiler_on():
             o.profile = profiling.begin(self._backend_name, op_name, self._profile_id(),
                                         outputs, outputs, peer=peer)
+            async_op = True  # its range ends on the lane's thread: asynchronous (profiling.py)
         lane.submit(work, inline=not async_op)
         return work
 

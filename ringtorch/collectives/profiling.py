@@ -1,12 +1,30 @@
 """torch.profiler ranges for collectives and point-to-point operations, as torch's own backends
 record them: named "<backend>:<collective>" ("gloo:all_reduce"), or the name of the enclosing
-``record_comm``, with the input tensors (their shapes, under ``record_shapes=True``) and the
-sizes torch's ``record_param_comms`` reports as the range's arguments.
+``record_comm``, asynchronous, with the input tensors (their shapes, under
+``record_shapes=True``); and, at issue, a zero-length range named ``PARAMS`` with the sizes
+torch's ``record_param_comms`` reports as its arguments (that name itself makes torch's
+profiler read C++ data that only its own backends attach, and crash without it).
 
 A range opens when the operation is issued and closes when it completes (on whichever thread
 completes it), so an asynchronous operation's range covers its time in the queue, as torch's
-does. The rule: nothing here runs unless a profiler is active; the group checks
-``profiler_on()`` (one C call, ~60 ns) per operation and goes on.
+does, and ends at its completion, not when someone waits for it.
+
+Every range is asynchronous (``is_async`` in torch.profiler's events), as torch's gloo's are.
+torch's backends mark their ranges so in C++ (``RecordFunction::_setAsync``), out of Python's
+reach, but torch.profiler also counts as asynchronous a range that closes on another thread
+than the one that opened it: so while a profiler is active a group runs every operation on
+its lane's thread, synchronous ones too (the caller waits for it, as torch's callers wait
+for gloo's worker threads). Closing a range on another thread needs the profiler's
+thread-local state there: a ``_RecordFunctionFast`` closed on another thread is never seen
+closed (the profiler ends it when it stops), so the range is torch's own asynchronous kind,
+ended by ``torch.ops.profiler._call_end_callbacks_on_jit_fut`` when a future completes (what
+``record_function._call_end_callbacks_on_future`` and torch's RPC use). That kind of range
+carries positional inputs only, hence the sizes in the separate ``PARAMS`` range.
+A torch without those operators gets ``_RecordFunctionFast`` ranges, not asynchronous.
+
+The rule: nothing here runs unless a profiler is active; the group checks ``profiler_on()``
+(one C call, ~60 ns) per operation and goes on, and runs synchronous operations on the
+calling thread as it does without one.
 """
 
 from __future__ import annotations
@@ -19,6 +37,9 @@ from torch._C._autograd import _profiler_enabled as profiler_on
 from torch._C._profiler import _RecordFunctionFast
 
 from ringtorch._observe.profiling import COMM_NAMES
+
+# The zero-length range that carries an operation's sizes (see the module docstring).
+PARAMS = "ringtorch:comm_params"
 
 # ProcessGroup method -> the collective's name in torch's profiler titles
 _TITLES = {
@@ -60,18 +81,41 @@ def begin(backend_name: str, op_name: str, group: tuple[str, int, int],
     }
     if peer >= 0:
         args["Peer"] = peer
-    span = _RecordFunctionFast(title(backend_name, op_name),
-                               list(inputs if recorded is None else recorded), args)
-    span.__enter__()
-    return span
+    shown = list(inputs if recorded is None else recorded)
+    if _enter is None:  # a torch without the asynchronous ranges' operators
+        span = _RecordFunctionFast(title(backend_name, op_name), shown, args)
+        span.__enter__()
+        return span
+    done = torch.futures.Future()
+    _end_on(_enter(title(backend_name, op_name), *shown), done)
+    with _RecordFunctionFast(PARAMS, [], args):  # inside the operation's range
+        pass
+    return done
 
 
 def end(span: Any) -> None:
     """Close a range :func:`begin` opened; never raises (it runs as the operation completes)."""
     try:
-        span.__exit__(None, None, None)
+        if isinstance(span, torch.futures.Future):
+            span.set_result(None)  # runs the profiler's end of the range, on this thread
+        else:
+            span.__exit__(None, None, None)
     except Exception:  # the profiler may have stopped meanwhile
         pass
 
 
-__all__ = ["begin", "end", "profiler_on", "title"]
+def _operators() -> tuple[Any, Any]:
+    """(open a range with inputs, end it when a future completes), or (None, None) where
+    this torch lacks them."""
+    try:
+        from torch.autograd import _record_function_with_args_enter
+
+        return _record_function_with_args_enter, torch.ops.profiler._call_end_callbacks_on_jit_fut
+    except (ImportError, AttributeError, RuntimeError):
+        return None, None
+
+
+_enter, _end_on = _operators()
+
+
+__all__ = ["PARAMS", "begin", "end", "profiler_on", "title"]

@@ -18,6 +18,12 @@ secret) before any byte is read; torch accepts unauthenticated peers.
 The functions keep torch's semantics: lists are filled in place, ``gather_object`` fills its
 list on ``dst`` only, ``scatter_object_list`` sets element 0 of the output list; none has an
 ``async_op``; a rank outside the group gets a warning and nothing happens.
+
+Each is one operation of its own for the flight recorder (``all_gather_object``, ...: kind
+"collective", or "p2p" for send/recv_object_list), from its start to its end; the tensor
+collectives it runs are recorded as they always are, each naming it as its ``parent``
+(the hang report says "all_gather #4 ... of all_gather_object"), and only they count in the
+end-of-job summary.
 """
 
 from __future__ import annotations
@@ -30,9 +36,13 @@ from typing import Any
 import torch
 
 from ringtorch import _buffers
+from ringtorch._observe.operation import COLLECTIVE, P2P, Operation
+from ringtorch._observe.recorder import RECORDER
+from ringtorch.collectives.options import AllgatherOptions, BroadcastOptions, GatherOptions, ScatterOptions
 from ringtorch.collectives.process_group import ProcessGroup
+from ringtorch.collectives.work import Work
 from ringtorch.distributed import _args as a
-from ringtorch.distributed import groups, ops, p2p
+from ringtorch.distributed import groups, ops
 
 _HEAD = struct.Struct("<IIQ")
 _LEN = struct.Struct("<Q")
@@ -93,11 +103,44 @@ def decode(frame: torch.Tensor) -> Any:
     return pickle.loads(stream, buffers=buffers)
 
 
-def _sizes(group: ProcessGroup, local: int) -> list[int]:
-    size = groups.get_world_size(group)
+class _Whole:
+    """The operation of an object collective, from the ``with`` to the end of its block (a
+    class, not a generator: the flight recorder finds the user's frame as the first one
+    outside ringtorch, and contextlib's would come first)."""
+
+    def __init__(self, group: ProcessGroup, op: str, kind: str = COLLECTIVE,
+                 peer: int = -1) -> None:
+        self.o = Operation(kind, group.group_name, op, -1, peer)
+
+    def __enter__(self) -> Operation:
+        o = self.o
+        o.started = o.enqueued
+        if RECORDER.on:
+            RECORDER.add_whole(o)
+        return o
+
+    def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
+        RECORDER.finished(self.o, error)
+
+
+def _part(whole: Operation, work: Work | None) -> Work | None:
+    """Wait for one of ``whole``'s tensor operations, named its part."""
+    if work is not None:
+        work.operation.parent = whole
+        work.wait()
+    return work
+
+
+def _sizes(whole: Operation, group: ProcessGroup, local: int) -> list[int]:
+    size = group.size()
     sizes = torch.zeros(size, dtype=torch.int64)
-    ops.all_gather([sizes[i:i + 1] for i in range(size)], torch.tensor([local]), group=group)
+    _part(whole, group.allgather([[sizes[i:i + 1] for i in range(size)]],
+                                 [torch.tensor([local])], AllgatherOptions(asyncOp=False)))
     return sizes.tolist()
+
+
+def _broadcast(whole: Operation, t: torch.Tensor, group: ProcessGroup, root: int) -> None:
+    _part(whole, group.broadcast([t], BroadcastOptions(rootRank=root, asyncOp=False)))
 
 
 def _padded(frame: torch.Tensor, nbytes: int) -> torch.Tensor:
@@ -123,13 +166,14 @@ def all_gather_object(object_list: list[Any], obj: Any,
     if len(object_list) < size:
         raise IndexError(f"all_gather_object: object_list has {len(object_list)} entries but "
                          f"the group has {size} ranks: pass a list of at least {size} entries")
-    frame = encode(obj)
-    longest = max(_sizes(pg, frame.numel()))
-    out = torch.empty(longest * size, dtype=torch.uint8)
-    ops.all_gather([out[i * longest:(i + 1) * longest] for i in range(size)],
-                   _padded(frame, longest), group=pg)
-    for i in range(size):
-        object_list[i] = decode(out[i * longest:(i + 1) * longest])
+    with _Whole(pg, "all_gather_object") as whole:
+        frame = encode(obj)
+        longest = max(_sizes(whole, pg, frame.numel()))
+        out = torch.empty(longest * size, dtype=torch.uint8)
+        _part(whole, pg.allgather([[out[i * longest:(i + 1) * longest] for i in range(size)]],
+                                  [_padded(frame, longest)], AllgatherOptions(asyncOp=False)))
+        for i in range(size):
+            object_list[i] = decode(out[i * longest:(i + 1) * longest])
 
 
 def gather_object(obj: Any, object_gather_list: list[Any] | None = None,
@@ -153,14 +197,17 @@ def gather_object(obj: Any, object_gather_list: list[Any] | None = None,
     if me == group_dst and len(object_gather_list) < size:  # type: ignore[arg-type]
         raise IndexError(f"gather_object: object_gather_list has "
                          f"{len(object_gather_list)} entries but the group has {size} ranks")  # type: ignore[arg-type]
-    frame = encode(obj)
-    longest = max(_sizes(group, frame.numel()))
-    out = torch.empty(longest * size, dtype=torch.uint8) if me == group_dst else None
-    parts = [out[i * longest:(i + 1) * longest] for i in range(size)] if out is not None else None
-    ops.gather(_padded(frame, longest), gather_list=parts, group=group, group_dst=group_dst)
-    if out is not None:
-        for i in range(size):
-            object_gather_list[i] = decode(out[i * longest:(i + 1) * longest])  # type: ignore[index]
+    with _Whole(group, "gather_object") as whole:
+        frame = encode(obj)
+        longest = max(_sizes(whole, group, frame.numel()))
+        out = torch.empty(longest * size, dtype=torch.uint8) if me == group_dst else None
+        parts = [[out[i * longest:(i + 1) * longest] for i in range(size)]] if (
+            out is not None) else []
+        _part(whole, group.gather(parts, [_padded(frame, longest)],
+                                  GatherOptions(rootRank=group_dst, asyncOp=False)))
+        if out is not None:
+            for i in range(size):
+                object_gather_list[i] = decode(out[i * longest:(i + 1) * longest])  # type: ignore[index]
 
 
 def broadcast_object_list(object_list: list[Any], src: int | None = None,
@@ -176,22 +223,23 @@ def broadcast_object_list(object_list: list[Any], src: int | None = None,
         a.warn_not_in_group("broadcast_object_list")
         return
     is_src = group.rank() == group_src
-    if is_src:
-        frames = [encode(o) for o in object_list]
-        sizes = torch.tensor([f.numel() for f in frames], dtype=torch.int64)
-    else:
-        sizes = torch.empty(len(object_list), dtype=torch.int64)
-    ops.broadcast(sizes, group=group, group_src=group_src)
-    if is_src:
-        payload = frames[0] if len(frames) == 1 else torch.cat(frames)
-    else:
-        payload = torch.empty(int(sizes.sum().item()), dtype=torch.uint8)
-    ops.broadcast(payload, group=group, group_src=group_src)
-    if not is_src:
-        offset = 0
-        for i, n in enumerate(sizes.tolist()):
-            object_list[i] = decode(payload[offset:offset + n])
-            offset += n
+    with _Whole(group, "broadcast_object_list") as whole:
+        if is_src:
+            frames = [encode(o) for o in object_list]
+            sizes = torch.tensor([f.numel() for f in frames], dtype=torch.int64)
+        else:
+            sizes = torch.empty(len(object_list), dtype=torch.int64)
+        _broadcast(whole, sizes, group, group_src)
+        if is_src:
+            payload = frames[0] if len(frames) == 1 else torch.cat(frames)
+        else:
+            payload = torch.empty(int(sizes.sum().item()), dtype=torch.uint8)
+        _broadcast(whole, payload, group, group_src)
+        if not is_src:
+            offset = 0
+            for i, n in enumerate(sizes.tolist()):
+                object_list[i] = decode(payload[offset:offset + n])
+                offset += n
 
 
 def scatter_object_list(scatter_object_output_list: list[Any],
@@ -215,18 +263,20 @@ def scatter_object_list(scatter_object_output_list: list[Any],
         raise ValueError("Expected argument scatter_object_output_list to be a list of size at "
                          "least 1.")
     is_src = group.rank() == group_src
-    longest = torch.zeros(1, dtype=torch.int64)
-    parts = None
-    if is_src:
-        if scatter_object_input_list is None:
-            raise ValueError("source rank must provide non-None scatter_object_input_list")
-        frames = [encode(o) for o in scatter_object_input_list]
-        longest[0] = max(f.numel() for f in frames)
-        parts = [_padded(f, int(longest.item())) for f in frames]
-    ops.broadcast(longest, group=group, group_src=group_src)
-    out = torch.empty(int(longest.item()), dtype=torch.uint8)
-    ops.scatter(out, scatter_list=parts, group=group, group_src=group_src)
-    scatter_object_output_list[0] = decode(out)
+    if is_src and scatter_object_input_list is None:
+        raise ValueError("source rank must provide non-None scatter_object_input_list")
+    with _Whole(group, "scatter_object_list") as whole:
+        longest = torch.zeros(1, dtype=torch.int64)
+        parts = []
+        if is_src:
+            frames = [encode(o) for o in scatter_object_input_list]  # type: ignore[union-attr]
+            longest[0] = max(f.numel() for f in frames)
+            parts = [[_padded(f, int(longest.item())) for f in frames]]
+        _broadcast(whole, longest, group, group_src)
+        out = torch.empty(int(longest.item()), dtype=torch.uint8)
+        _part(whole, group.scatter([out], parts,
+                                   ScatterOptions(rootRank=group_src, asyncOp=False)))
+        scatter_object_output_list[0] = decode(out)
 
 
 def send_object_list(object_list: list[Any], dst: int | None = None,
@@ -240,11 +290,12 @@ def send_object_list(object_list: list[Any], dst: int | None = None,
         a.warn_not_in_group("send_object_list")
         return
     a.check_not_self_rank(group, group_dst, "destination")
-    frames = [encode(o) for o in object_list]
-    sizes = torch.tensor([f.numel() for f in frames], dtype=torch.int64)
-    p2p.send(sizes, group=group, group_dst=group_dst)
-    payload = frames[0] if len(frames) == 1 else torch.cat(frames)
-    p2p.send(payload, group=group, group_dst=group_dst)
+    with _Whole(group, "send_object_list", P2P, group_dst) as whole:
+        frames = [encode(o) for o in object_list]
+        sizes = torch.tensor([f.numel() for f in frames], dtype=torch.int64)
+        _part(whole, group.send([sizes], group_dst, 0, async_op=False))
+        payload = frames[0] if len(frames) == 1 else torch.cat(frames)
+        _part(whole, group.send([payload], group_dst, 0, async_op=False))
 
 
 def recv_object_list(object_list: list[Any], src: int | None = None,
@@ -264,15 +315,23 @@ def recv_object_list(object_list: list[Any], src: int | None = None,
     if a.not_in_group(group):
         a.warn_not_in_group("recv_object_list")
         return -1
-    sizes = torch.empty(len(object_list), dtype=torch.int64)
-    sender = p2p.recv(sizes, group=group, group_src=group_src)
-    payload = torch.empty(int(sizes.sum().item()), dtype=torch.uint8)
-    p2p.recv(payload, group=group, group_src=groups.get_group_rank(group, sender))
-    offset = 0
-    for i, n in enumerate(sizes.tolist()):
-        object_list[i] = decode(payload[offset:offset + n])
-        offset += n
-    return sender
+    with _Whole(group, "recv_object_list", P2P,
+                -1 if group_src is None else group_src) as whole:
+        sizes = torch.empty(len(object_list), dtype=torch.int64)
+        if group_src is None:  # from whichever rank sends first
+            work = _part(whole, group.recv_anysource([sizes], 0, async_op=False))
+            group_src = work.source_rank()  # type: ignore[union-attr]
+            a.check_not_self_rank(group, group_src, "source")
+            whole.peer = group_src
+        else:
+            _part(whole, group.recv([sizes], group_src, 0, async_op=False))
+        payload = torch.empty(int(sizes.sum().item()), dtype=torch.uint8)
+        _part(whole, group.recv([payload], group_src, 0, async_op=False))
+        offset = 0
+        for i, n in enumerate(sizes.tolist()):
+            object_list[i] = decode(payload[offset:offset + n])
+            offset += n
+    return groups.get_global_rank(group, group_src)
 
 
 __all__ = [

@@ -4,15 +4,22 @@ profiler's events for them.
 
 Each operation runs in a ``record_function`` range named after it, so the driver can tell
 which "<backend>:<op>" events belong to which call, whatever a library records in between.
+Then an asynchronous all_reduce whose completion rank 0 watches: its event must lie within
+the time rank 0 measured from before the issue to the completion seen, and cover the time
+in which rank 1 could not have joined yet.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import time
 import warnings
 from typing import Any
 
 import torch
+
+from ringtorch.testing import wait_for
 
 # operation -> what this rank calls (rank, world size, library's module)
 _OPS = {
@@ -45,8 +52,11 @@ _OPS = {
 OPS = list(_OPS)
 
 
-def events(rank: int, ws: int, library: str) -> dict[str, list[tuple[str, list]]]:
-    """{operation: [(event name, input shapes)] of the "gloo:" events inside its range}."""
+def events(rank: int, ws: int, library: str, folder: str) -> dict[str, Any]:
+    """{operation: [(event name, input shapes, asynchronous)] of the "gloo:" events inside its
+    range}, and under "timed" the spans (start, end in µs) of the asynchronous all_reduce's
+    event and of the ranges that bound it (rank 0; ``folder``: where rank 0 tells rank 1 it
+    may join)."""
     dist: Any = importlib.import_module(library)
     dist.init_process_group("gloo")
     dist.barrier()
@@ -57,12 +67,41 @@ def events(rank: int, ws: int, library: str) -> dict[str, list[tuple[str, list]]
                 with torch.profiler.record_function(f"op:{op}"):
                     call(rank, ws, dist)
                 dist.barrier()  # the next operation's events start after this one's end
+            _timed(rank, dist, os.path.join(folder, "issued"))
     ranges = [e for e in prof.events() if e.name.startswith("op:")]
     comm = [e for e in prof.events() if e.name.startswith("gloo:")]
-    out: dict[str, list[tuple[str, list]]] = {}
+    out: dict[str, Any] = {}
     for r in ranges:
         start, end = r.time_range.start, r.time_range.end
-        out[r.name[3:]] = [(e.name, [list(s) for s in e.input_shapes]) for e in comm
-                           if start <= e.time_range.start <= end]
+        out[r.name[3:]] = [(e.name, [list(s) for s in e.input_shapes], e.is_async)
+                           for e in comm if start <= e.time_range.start <= end]
+    spans = {e.name: (e.time_range.start, e.time_range.end) for e in prof.events()
+             if e.name.startswith("timed:") or (e.name == "gloo:all_reduce"
+                                                and [list(s) for s in e.input_shapes] == [[9]])}
+    out["timed"] = spans
     dist.destroy_process_group()
     return out
+
+
+def _timed(rank: int, dist: Any, marker: str) -> None:
+    """Rank 0 issues an asynchronous all_reduce (input shape [9]) inside "timed:window",
+    which ends once it sees the operation complete, and waits for it only after
+    "timed:late" (a range that ended at the wait would end after it); "timed:alone" is a
+    range it closes before it lets rank 1 join."""
+    if rank == 0:
+        with torch.profiler.record_function("timed:window"):
+            work = dist.all_reduce(torch.ones(9), async_op=True)
+            with torch.profiler.record_function("timed:alone"):
+                pass
+            with open(marker, "w"):
+                pass
+            wait_for(work.is_completed, 30, "the asynchronous all_reduce to complete")
+        with torch.profiler.record_function("timed:late"):
+            # not an ordering: the distance between the completion and the wait, measured
+            # by the range, which torch's range ends well within
+            time.sleep(0.05)
+        work.wait()
+    else:
+        wait_for(lambda: os.path.exists(marker), 30, "rank 0 to issue its all_reduce")
+        dist.all_reduce(torch.ones(9))
+    dist.barrier()

@@ -155,3 +155,20 @@ def sites_of_each_call_shape(rank: int, ws: int) -> dict[str, Any]:
                       ("direct", "helper", "group method", "through a variable")},
             "p2p_lines": [_line_of("# site: sends"), _line_of("# site: receives")],
             "file": __file__}
+
+
+def object_collectives(rank: int, ws: int) -> dict[str, Any]:
+    """An all_gather_object, and a send/recv_object_list from any source; then the dump."""
+    dist.init_process_group("gloo")
+    gathered: list[Any] = [None] * ws
+    dist.all_gather_object(gathered, {"rank": rank})  # site: all_gather_object
+    if rank == 0:
+        dist.send_object_list([{"x": 1}, "two"], dst=1)  # site: send_object_list
+    else:
+        box: list[Any] = [None, None]
+        dist.recv_object_list(box)  # site: recv_object_list
+    record = flight_recorder.dump()
+    dist.destroy_process_group()
+    return {"record": record, "file": __file__,
+            "lines": {name: _line_of(f"# site: {name}") for name in
+                      ("all_gather_object", "send_object_list", "recv_object_list")}}

@@ -113,7 +113,8 @@ def profiled(rank: int, ws: int, folder: str) -> dict[str, Any]:
     with open(path) as f:
         events = [e for e in json.load(f)["traceEvents"]
                   if e.get("ph") == "X" and ("gloo:" in e["name"] or "rpc_" in e["name"]
-                                             or "layer1" in e["name"] or e["name"] == PEER_AWAY)]
+                                             or "layer1" in e["name"] or e["name"] == PEER_AWAY
+                                             or e["name"] == "ringtorch:comm_params")]
     counts = {(avg.key, str(avg.input_shapes)): avg.count
               for avg in prof.key_averages(group_by_input_shape=True)}
     return {"events": events, "counts": counts}

@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from ringtorch._observe import hang_report
 from ringtorch.collectives.algorithms.select import ALGORITHMS
 from ringtorch.testing import run_ranks
 from tests.integration import _recorder_ranks as ranks
@@ -128,3 +129,28 @@ def test_the_call_site_is_the_users_frame_whatever_the_shape_of_the_stack() -> N
         assert result["sites"] == [f"{path}:{line}" for line in one_round * 3]
         send_line, recv_line = result["p2p_lines"]
         assert result["p2p"] == [f"{path}:{(send_line, recv_line)[rank]}"] * 3
+
+
+def test_an_object_collective_is_one_operation_whose_tensor_collectives_are_its_parts() -> None:
+    results = run_ranks(ranks.object_collectives, 2)
+    for rank, result in enumerate(results):
+        entries, lines, path = result["record"]["entries"], result["lines"], result["file"]
+        (whole,) = _by_op(entries, "all_gather_object")
+        assert (whole["kind"], whole["state"], whole["seq"]) == ("collective", "completed", -1)
+        assert whole["site"] == f"{path}:{lines['all_gather_object']}"
+        # its parts: the sizes' all_gather, then the frames' (the tensor collectives it ran)
+        parts = [e for e in entries if e.get("parent", {}).get("id") == whole["id"]]
+        assert [(e["op"], e["seq"]) for e in parts] == [("allgather", 0), ("allgather", 1)]
+        assert all(e["parent"]["op"] == "all_gather_object" for e in parts)
+        assert whole["started_ns"] <= parts[0]["started_ns"]
+        assert parts[-1]["finished_ns"] <= whole["finished_ns"]
+        assert hang_report._describe(parts[0]).endswith(" of all_gather_object")
+        op = "send_object_list" if rank == 0 else "recv_object_list"
+        (p2p,) = _by_op(entries, op)
+        assert (p2p["kind"], p2p["peer"], p2p["state"]) == ("p2p", 1 - rank, "completed")
+        assert p2p["site"] == f"{path}:{lines[op]}"
+        p2p_parts = [e for e in entries if e.get("parent", {}).get("id") == p2p["id"]]
+        assert [e["op"] for e in p2p_parts] == (
+            ["send", "send"] if rank == 0 else ["recv_anysource", "recv"])
+        # nothing else was recorded: every tensor operation is a part of an object one
+        assert len(entries) == 2 + len(parts) + len(p2p_parts)

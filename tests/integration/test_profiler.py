@@ -26,24 +26,34 @@ def _named(events: list[dict], name: str) -> list[dict]:
     return [e for e in events if e["name"] == name]
 
 
+def _sizes(events: list[dict], collective: str) -> list[dict]:
+    """The arguments of the sizes ranges of ``collective`` ("all_reduce", ...)."""
+    return [e["args"] for e in _named(events, profiling.PARAMS)
+            if e["args"]["Collective name"] == collective]
+
+
 @pytest.mark.parametrize("rank", [0, 1])
 def test_collectives_appear_as_torch_names_them_with_their_sizes(profiled: list[dict],
                                                                   rank: int) -> None:
     events, counts = profiled[rank]["events"], profiled[rank]["counts"]
     (reduce,) = _named(events, "gloo:all_reduce")  # the one outside the profiler is not there
     assert reduce["args"]["Input Dims"] == [[256]]
-    assert (reduce["args"]["nbytes"], reduce["args"]["In msg nelems"],
-            reduce["args"]["Out msg nelems"]) == (1024, 256, 256)
-    assert (reduce["args"]["dtype"], reduce["args"]["Group size"], reduce["args"]["Rank"]) == (
-        "float32", 2, rank)
-    assert reduce["args"]["Process Group Name"] == "0"
-    (gather,) = _named(events, "gloo:all_gather")
-    assert (gather["args"]["In msg nelems"], gather["args"]["Out msg nelems"]) == (4, 8)
-    (barrier,) = _named(events, "gloo:barrier")
-    assert barrier["args"]["nbytes"] == 0
+    # the sizes, in a range of their own opened at the issue (the layer1 one is renamed)
+    (sizes, _renamed) = _sizes(events, "all_reduce")
+    assert (sizes["nbytes"], sizes["In msg nelems"], sizes["Out msg nelems"]) == (
+        1024, 256, 256)
+    assert (sizes["dtype"], sizes["Group size"], sizes["Rank"]) == ("float32", 2, rank)
+    assert sizes["Process Group Name"] == "0"
+    assert reduce["ts"] <= _named(events, profiling.PARAMS)[0]["ts"] <= (
+        reduce["ts"] + reduce["dur"])
+    (gather,) = _sizes(events, "all_gather")
+    assert (gather["In msg nelems"], gather["Out msg nelems"]) == (4, 8)
+    (barrier,) = _sizes(events, "barrier")
+    assert barrier["nbytes"] == 0
     assert counts[("gloo:all_reduce", "[[256]]")] == 1
-    (p2p,) = _named(events, "gloo:send" if rank == 0 else "gloo:recv")
-    assert p2p["args"]["Peer"] == 1 - rank and p2p["args"]["nbytes"] == 20
+    assert _named(events, "gloo:send" if rank == 0 else "gloo:recv")
+    (p2p,) = _sizes(events, "send" if rank == 0 else "recv")
+    assert p2p["Peer"] == 1 - rank and p2p["nbytes"] == 20
 
 
 def test_an_asynchronous_collectives_range_lasts_from_issue_to_completion(
@@ -62,7 +72,8 @@ def test_record_comm_renames_the_collectives_issued_inside_it(profiled: list[dic
                                                               rank: int) -> None:
     events, counts = profiled[rank]["events"], profiled[rank]["counts"]
     (renamed,) = _named(events, "layer1::grad all_reduce")
-    assert renamed["args"]["nbytes"] == 256 and renamed["args"]["Input Dims"] == [[64]]
+    assert renamed["args"]["Input Dims"] == [[64]]
+    assert _sizes(events, "all_reduce")[1]["nbytes"] == 256
     assert ("gloo:all_reduce", "[[64]]") not in counts
 
 

@@ -11,6 +11,7 @@ here from torch's documented titles is the second check.
 from __future__ import annotations
 
 import functools
+import tempfile
 
 import pytest
 
@@ -22,7 +23,7 @@ WS = 2
 
 @functools.cache
 def recorded(library: str) -> list[dict]:
-    return run_ranks(R.events, WS, args=(library,), timeout=120)
+    return run_ranks(R.events, WS, args=(library, tempfile.mkdtemp()), timeout=120)
 
 
 @pytest.mark.parametrize("op", R.OPS)
@@ -35,13 +36,28 @@ def test_an_operation_is_recorded_with_torch_s_name_and_input_shapes(op: str,
 
 
 @pytest.mark.parametrize(("op", "rank", "expected"), [
-    ("all_gather", 0, [("gloo:all_gather", [[4]])]),
-    ("all_gather_into_tensor", 1, [("gloo:all_gather", [[4]])]),
-    ("scatter", 0, [("gloo:scatter", [[4], [4]])]),
-    ("scatter", 1, [("gloo:scatter", [])]),
-    ("all_to_all_single", 0, [("gloo:all_to_all", [[4]])]),
-    ("recv_any_source", 0, [("gloo:recvAnySource", [[6]])]),
-    ("recv_any_source", 1, [("gloo:send", [[6]])]),
+    ("all_reduce", 0, [("gloo:all_reduce", [[4]], True)]),
+    ("all_reduce_async", 1, [("gloo:all_reduce", [[4]], True)]),
+    ("all_gather", 0, [("gloo:all_gather", [[4]], True)]),
+    ("all_gather_into_tensor", 1, [("gloo:all_gather", [[4]], True)]),
+    ("scatter", 0, [("gloo:scatter", [[4], [4]], True)]),
+    ("scatter", 1, [("gloo:scatter", [], True)]),
+    ("all_to_all_single", 0, [("gloo:all_to_all", [[4]], True)]),
+    ("recv_any_source", 0, [("gloo:recvAnySource", [[6]], True)]),
+    ("recv_any_source", 1, [("gloo:send", [[6]], True)]),
 ])
 def test_the_events_are_those_torch_documents(op: str, rank: int, expected: list) -> None:
     assert recorded("ringtorch.distributed")[rank][op] == expected
+
+
+@pytest.mark.parametrize("library", ["torch.distributed", "ringtorch.distributed"])
+def test_an_asynchronous_operation_s_event_ends_when_it_completes(library: str) -> None:
+    spans = recorded(library)[0]["timed"]
+    (start, end), window, alone, late = (spans["gloo:all_reduce"], spans["timed:window"],
+                                         spans["timed:alone"], spans["timed:late"])
+    # issued inside the window, and not complete before rank 1 could join (after "alone")
+    assert window[0] <= start < end and end >= alone[1]
+    # ended by the completion, which rank 0 saw by the window's end, not by the wait after
+    # "late": its duration is at most the wall time from issue to the wait
+    assert end < late[1], (end, window, late)
+    assert end - start <= late[1] - window[0]

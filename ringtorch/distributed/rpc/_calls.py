@@ -71,18 +71,24 @@ def prepare(to: Any, func: Any, timeout: float) -> tuple[RunningAgent, WorkerInf
     return agent, destination(agent, to), resolve_timeout(agent, timeout)
 
 
+# Where the user's frame is, for the flight recorder (as group_base.SITE_DEPTH): frames from
+# record's caller up to the public function: call_async or the RRef's maker (1), rpc_async
+# or remote (2); _call_sync passes one more (call_sync, then rpc_sync). Counted rather than
+# walked: a walk costs more (see group_base.SITE_DEPTH).
+SITE_DEPTH = 2
+
+
 def record(agent: RunningAgent, op: str, dst: WorkerInfo, func: Any,
-           hint: int = 3) -> Operation:
+           hint: int = SITE_DEPTH) -> Operation:
     """The operation of a call the user is making, started now, and recorded by the flight
     recorder when it is on.
 
-    ``hint``: FlightRecorder.add's, counting this function as 1 and the public entry point
-    (``rpc_sync``, ...) as ``hint``, which lets the recorder find the user's call site
-    without walking the stack."""
+    ``hint``: the frames from this function's caller up to the public function (SITE_DEPTH
+    unless a caller stands between)."""
     o = Operation(RPC, agent.get_worker_info().name, op, -1, dst.name, function_name(func))
     o.started = o.enqueued  # a call is under way as soon as it is issued
     if RECORDER.on:
-        RECORDER.add(o, hint)
+        RECORDER.add(o, hint + 1)
     return o
 
 
@@ -147,7 +153,7 @@ def call_sync(agent: RunningAgent, dst: WorkerInfo, func: Callable[..., Any], ar
 
 def _call_sync(agent: RunningAgent, dst: WorkerInfo, func: Callable[..., Any], args: Any,
                kwargs: Any, seconds: float, what: object) -> Any:
-    rec = record(agent, "rpc_sync", dst, func, hint=4)  # rpc_sync > call_sync > here
+    rec = record(agent, "rpc_sync", dst, func, hint=SITE_DEPTH + 1)  # rpc_sync > call_sync
     try:
         value = agent.request(dst, messages.CALL, (func, args, kwargs), seconds, what,
                               sync=True)
