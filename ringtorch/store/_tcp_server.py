@@ -4,8 +4,7 @@ Each accepted connection first runs the ringtorch handshake in a short thread of
 slow or hostile client never stalls the loop; ``_tcp_admission.py`` bounds them and drops the
 oldest unauthenticated one rather than refuse a newcomer), then its socket is handed to the
 loop, which reads request frames (``_protocol.py``, split by ``_tcp_parse.py``), applies them to
-one KeyValueTable and
-answers.
+one KeyValueTable and answers.
 
 Guarantees kept here:
 - bytes only: nothing received is unpickled or evaluated; a frame that does not parse (unknown
