@@ -114,11 +114,12 @@ def provenance(env: dict[str, Any], regenerate: str) -> str:
 
 
 def render_store(r: dict[str, Any]) -> str:
-    rows = [[row["op"], f"{row['torch_ops_s']:,.0f}", f"{row['ringtorch_ops_s']:,.0f}",
-             ratio(row["ringtorch_ops_s"] / row["torch_ops_s"]),
+    clients = r["clients"]  # one count (older results) or the list of counts, one per row
+    rows = [[str(row.get("clients", clients)), row["op"], f"{row['torch_ops_s']:,.0f}",
+             f"{row['ringtorch_ops_s']:,.0f}", ratio(row["ringtorch_ops_s"] / row["torch_ops_s"]),
              " + ".join(f"{x:.1f}" for x in row["torch_cpu_us"]),
              " + ".join(f"{x:.1f}" for x in row["ringtorch_cpu_us"])] for row in r["rows"]]
-    return table(["op", "torch ops/s", "ringtorch ops/s", "ringtorch / torch",
+    return table(["clients", "op", "torch ops/s", "ringtorch ops/s", "ringtorch / torch",
                   "CPU µs/op torch (server + client)", "CPU µs/op ringtorch (server + client)"],
                  rows)
 

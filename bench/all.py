@@ -51,7 +51,7 @@ class Area:
 
 _LIBS = ("--libs", "shm,sockets,gloo,mpi")
 AREAS: dict[str, Area] = {
-    "store": Area("store.py", ("--seconds", "1.5", "--rounds", "3"),
+    "store": Area("store.py", ("--clients", "4,32,256", "--seconds", "1", "--rounds", "3"),
                   ("--seconds", "0.2", "--clients", "2")),
     "collectives": Area("collectives.py",
                         ("--world-sizes", "2,4", "--ops", "all_reduce", *_LIBS, "--sizes",

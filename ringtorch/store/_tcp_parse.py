@@ -1,11 +1,11 @@
 """The TCPStore server's request parser: complete frames out of the bytes one read brought.
 
 ``RequestParser`` (mixed into the server, over ``StoreOps``) splits what a connection sent into
-request frames (``_protocol.py``) and applies each. The most frequent requests (set; get of a
-present key; add) are served inline, with the same effect as their handlers in ``_tcp_ops.py``:
-on a busy store the per-frame cost in Python is what bounds the rate of sets. The rule kept:
-a frame is applied only once it is whole and its lengths add up; anything else raises
-``ProtocolError`` and the server closes that connection.
+request frames (``_protocol.py``) and applies each. The most frequent requests (set; get or
+wait of one present key; add) are served inline, with the same effect as their handlers in
+``_tcp_ops.py``: on a busy store the per-frame cost in Python is what bounds the rate of sets.
+The rule kept: a frame is applied only once it is whole and its lengths add up; anything else
+raises ``ProtocolError`` and the server closes that connection.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import struct
 from ringtorch.store import _protocol as P
 from ringtorch.store._tcp_ops import ARITY, Conn, Handler, StoreOps
 
-_OP_SET, _OP_GET, _OP_ADD, _STATUS_OK = P.OP_SET, P.OP_GET, P.OP_ADD, P.STATUS_OK
+_OP_SET, _OP_GET, _OP_ADD, _OP_WAIT = P.OP_SET, P.OP_GET, P.OP_ADD, P.OP_WAIT
+_STATUS_OK = P.STATUS_OK
 _pack_answer = P.RESPONSE_HEAD.pack
 _ONE_FIELD_ANSWER = struct.Struct(P.RESPONSE_HEAD.format + "I")  # head + the field's length
 _KEY_HEAD = struct.Struct(P.REQUEST_HEAD.format + "I")  # a head + its first field's length
@@ -57,8 +58,8 @@ class RequestParser(StoreOps):
             end = start + nbytes
             if end > total:
                 break
-            # The hot paths (set; get of a present key; add), inlined: same effect as their
-            # handlers in _tcp_ops.py, without the general machinery.
+            # The hot paths (set; get or wait of a present key; add), inlined: same effect as
+            # their handlers in _tcp_ops.py, without the general machinery.
             if op == _OP_SET and nfields == 2:
                 key_end = start + 4 + klen
                 if key_end + 4 <= end and key_end + 4 + unpack_length(data, key_end)[0] == end:
@@ -68,7 +69,8 @@ class RequestParser(StoreOps):
                         self._notify(key)
                     pos = end
                     continue
-            elif (op == _OP_GET or op == _OP_ADD) and nfields == 1 and klen == nbytes - 4:
+            elif (op == _OP_GET or op == _OP_ADD or op == _OP_WAIT) and nfields == 1 and (
+                    klen == nbytes - 4):
                 if self._answer_fast(conn, rid, op, data[start + 4:end], arg):
                     pos = end
                     continue
@@ -87,7 +89,8 @@ class RequestParser(StoreOps):
         return pos
 
     def _answer_fast(self, conn: Conn, rid: int, op: int, key: bytes, arg: int) -> bool:
-        """Answer a get of a present key or an add at once; False to take the general path."""
+        """Answer a get or a wait of a present key, or an add, at once; False to take the
+        general path."""
         if op == _OP_GET:
             value = self._table.data.get(key)
             if value is None:
@@ -95,6 +98,10 @@ class RequestParser(StoreOps):
             conn.out.append(_ONE_FIELD_ANSWER.pack(4 + len(value), rid, _STATUS_OK, 0, 1, 0,
                                                    len(value)))
             conn.out.append(value)
+        elif op == _OP_WAIT:
+            if key not in self._table.data:
+                return False  # parked, or a queue's name: the general path
+            conn.out.append(_pack_answer(0, rid, _STATUS_OK, 0, 0, 0))
         else:
             try:
                 count = self._table.add(key, arg)

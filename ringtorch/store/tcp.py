@@ -438,6 +438,8 @@ class TCPStore(Store):
         return self._call(P.OP_COMPARE_SET, [key, expected, desired])[2][0]
 
     def _wait(self, keys: list[bytes], timeout: timedelta) -> bool:
+        if len(keys) == 1:  # the common case, on the single-key path
+            return self._one_key(P.OP_WAIT, keys[0], 0, timeout)[0] == P.STATUS_OK
         for key in keys:
             self._check_sizes(key)
         return self._call(P.OP_WAIT, keys, 0, timeout)[0] == P.STATUS_OK
