@@ -124,6 +124,21 @@ def render_store(r: dict[str, Any]) -> str:
                  rows)
 
 
+def render_rendezvous(r: dict[str, Any]) -> str:
+    rows = []
+    for row in r["rows"]:
+        calls = row["calls_per_rank"]
+        rows.append([f"{row['ranks']:,}", row["store"], f"{row['last_s']:.2f}",
+                     f"{row['median_s']:.2f}", f"{row['server_cpu_s']:.2f}",
+                     f"{row['server_rss_mib']:,.0f} ({row['server_peak_rss_mib']:,.0f})",
+                     f"{calls['init']} + {calls['new_group']}",
+                     str(row["wire_requests_per_rank"] or "—"), f"{row['connect_s']:.2f}"])
+    return table(["ranks", "store", "last rank through (s)", "median rank (s)",
+                  "server CPU (s)", "server RSS, MiB (peak)", "calls per rank: init + new_group",
+                  "wire requests per rank", "connecting, untimed (s)"], rows) + (
+        f"\n\n{r['procs']} driver processes; descriptor limit {r['fd_limit']:,}.")
+
+
 def _coll_cells(r: dict[str, Any]) -> dict[tuple[str, int, int], dict[str, float]]:
     cells: dict[tuple[str, int, int], dict[str, float]] = {}
     for c in r["cells"]:
@@ -299,7 +314,8 @@ def render_recorder(r: dict[str, Any]) -> str:
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "store": render_store, "collectives": render_collectives, "shm": render_collectives,
     "hierarchy": render_hierarchy, "ddp": render_ddp, "rpc": render_rpc, "mpi": render_mpi,
-    "autograd": render_autograd, "recorder": render_recorder}
+    "autograd": render_autograd, "recorder": render_recorder,
+    "rendezvous": render_rendezvous}
 
 
 def block(area: str, env: dict[str, Any], regenerate: str) -> str:

@@ -119,6 +119,18 @@ def _store(r: dict[str, Any]) -> tuple[str, list[Target]]:
     return "; ".join(parts) + " (ops/s)", targets
 
 
+def _rendezvous(r: dict[str, Any]) -> tuple[str, list[Target]]:
+    by: dict[int, dict[str, float]] = {}
+    for row in r["rows"]:
+        by.setdefault(row["ranks"], {})[row["store"]] = row["last_s"]
+    x = {n: t["torch"] / t["ringtorch"] for n, t in by.items() if len(t) == 2}
+    headline = ", ".join(f"{n:,} ranks {ratio(v)}" for n, v in x.items()) + (
+        " (torch's time / ringtorch's, last rank through)")
+    targets = [("4,096 ranks: ≤ torch's time", ratio(x[4096]), x[4096] >= 1)] \
+        if 4096 in x else []
+    return headline, targets
+
+
 def _ddp(r: dict[str, Any]) -> tuple[str, list[Target]]:
     mine = next(row for row in r["rows"] if row["impl"] == "ringtorch")
     return f"throughput {ratio(r['ratio'])}", [
@@ -178,6 +190,7 @@ AREAS: dict[str, tuple[str, str, Callable[[dict[str, Any]], tuple[str, list[Targ
     "shm": ("broadcast, all_gather, reduce_scatter", "gloo, Open MPI", _shm),
     "hierarchy": ("collectives across 2 hosts", "the socket path", _hierarchy),
     "store": ("TCPStore", "torch's TCPStore", _store),
+    "rendezvous": ("rendezvous simulation", "torch's TCPStore", _rendezvous),
     "ddp": ("DDP", "torch's DDP (gloo)", _ddp),
     "rpc": ("RPC", "torch RPC (TensorPipe)", _rpc),
     "autograd": ("distributed autograd", "torch's", _autograd),

@@ -241,6 +241,10 @@ def main() -> None:
     parser.add_argument("--json", help="also write the results here (bench/_report.py's format)")
     args = parser.parse_args()
     os.environ.setdefault("RINGTORCH_SECRET", os.urandom(16).hex())  # authenticated, as a job
+    # torch's client looks up the name of each connection's address; where no DNS server
+    # answers (this sandbox) each lookup waits out the resolver's timeout (5 s by default):
+    # capped at 1 s here, and connecting is timed apart from the traffic anyway.
+    os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
     limit = _raise_fd_limit()
     recorder = Recorder("rendezvous")
     rows = []

@@ -104,15 +104,14 @@ class StoreOps:
                 return 0
             self._reply(conn, rid, fields=[value])
         elif op == P.OP_WAIT or op == P.OP_MULTI_GET:
-            present = table.has if op == P.OP_WAIT else data.__contains__
             for begin in (start, 0) if start else (0,):  # then again from 0: keys seen before
-                for index in range(begin, len(keys)):    # may have been deleted since
-                    if not present(keys[index]):
-                        return index
+                index = self._first_absent(keys, begin, op == P.OP_WAIT)  # may be gone since
+                if index >= 0:
+                    return index
             if op == P.OP_WAIT:
                 self._reply(conn, rid)
             else:
-                self._reply(conn, rid, fields=[data[k] for k in keys])
+                self._reply(conn, rid, fields=list(map(data.__getitem__, keys)))
         elif op == P.OP_QUEUE_POP:
             value = table.queue_pop(keys[0])
             if value is None:
@@ -123,6 +122,25 @@ class StoreOps:
             if count < arg:
                 return 0
             self._reply(conn, rid, value=count)
+        return -1
+
+    def _first_absent(self, keys: list[bytes], start: int, queues_count: bool) -> int:
+        """The index of the first key from ``start`` on that the table lacks (a non-empty
+        queue counts as there when ``queues_count``), or -1. Looked up in runs of growing
+        length with map() rather than a Python loop per key (a job's start asks for the records
+        of thousands of ranks), stopping at the run that holds the first one missing."""
+        present = self._table.data.__contains__
+        step = 16
+        while start < len(keys):
+            run = list(map(present, keys[start:start + step]))
+            if False in run:
+                index = start + run.index(False)
+                if not (queues_count and self._table.queues.get(keys[index])):
+                    return index
+                start = index + 1
+            else:
+                start += step
+                step *= 2
         return -1
 
     def _count(self, key: bytes) -> int:

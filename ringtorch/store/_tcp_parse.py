@@ -21,6 +21,9 @@ _pack_answer = P.RESPONSE_HEAD.pack
 _ONE_FIELD_ANSWER = struct.Struct(P.RESPONSE_HEAD.format + "I")  # head + the field's length
 _KEY_HEAD = struct.Struct(P.REQUEST_HEAD.format + "I")  # a head + its first field's length
 HEAD_SIZE, _KEY_HEAD_SIZE = P.REQUEST_HEAD.size, _KEY_HEAD.size
+# Field sections of this many bytes are decoded once per distinct content (a wait for the
+# records of hundreds of ranks and up); at most _SHARED_SECTIONS of them are remembered.
+_SHARED_MIN_NBYTES, _SHARED_MAX_NBYTES, _SHARED_SECTIONS = 4096, 1024 * 1024, 64
 
 
 class ProtocolError(Exception):
@@ -33,6 +36,7 @@ class RequestParser(StoreOps):
     _max_frame: int
     _handlers: dict[int, Handler]
     _dirty: list[Conn]
+    _decoded: dict[bytes, list[bytes]]  # field section -> its fields (_decode_shared)
 
     def _parse(self, conn: Conn, data: bytes, total: int) -> int:
         """Serve every complete request in data[:total]; the number of bytes consumed."""
@@ -77,8 +81,10 @@ class RequestParser(StoreOps):
             arity = ARITY.get(op, -1)
             if arity == -1:
                 raise ProtocolError(f"unknown op {op}")
-            with memoryview(data) as view:
-                fields = P.decode_fields(view[start:end], nfields)
+            if nbytes >= _SHARED_MIN_NBYTES and nbytes <= _SHARED_MAX_NBYTES:
+                fields = self._decode_shared(data[start:end], nfields)
+            else:
+                fields = P.decode_fields(data[start:end], nfields)
             if fields is None:
                 raise ProtocolError("field lengths do not add up to the request size")
             if (arity is not None and nfields != arity) or (
@@ -87,6 +93,19 @@ class RequestParser(StoreOps):
             self._handlers[op](conn, rid, op, fields, tmo, arg)
             pos = end
         return pos
+
+    def _decode_shared(self, section: bytes, nfields: int) -> list[bytes] | None:
+        """decode_fields for a big field section, decoded once for every request that sends
+        the same bytes (at a job's start every rank asks for the same thousands of keys);
+        the lists handed out are never modified."""
+        fields = self._decoded.get(section)
+        if fields is None or len(fields) != nfields:
+            fields = P.decode_fields(section, nfields)
+            if fields is not None:
+                if len(self._decoded) >= _SHARED_SECTIONS:
+                    self._decoded.clear()
+                self._decoded[section] = fields
+        return fields
 
     def _answer_fast(self, conn: Conn, rid: int, op: int, key: bytes, arg: int) -> bool:
         """Answer a get or a wait of a present key, or an add, at once; False to take the

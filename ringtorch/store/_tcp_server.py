@@ -106,6 +106,7 @@ class StoreServer(RequestParser):
         self._max_frame = _config.STORE_MAX_VALUE_BYTES.get() + P.FRAME_SLACK_NBYTES
         self._idle_limit = _config.HANDSHAKE_TIMEOUT.get()
         self._handlers = self._op_handlers()
+        self._decoded: dict[bytes, list[bytes]] = {}
         self._thread = threading.Thread(target=self._run, name=f"ringtorch-store-{self.port}",
                                         daemon=True)
         _servers.add(self)
@@ -357,7 +358,7 @@ class StoreServer(RequestParser):
             return
         if fields:
             parts = P.encode_fields(fields)
-            nbytes = sum(len(f) for f in fields) + 4 * len(fields)
+            nbytes = sum(map(len, fields)) + 4 * len(fields)
             conn.out.append(P.RESPONSE_HEAD.pack(nbytes, rid, status, 0, len(fields), value))
             conn.out.extend(parts)
         else:
