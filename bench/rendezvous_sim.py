@@ -245,6 +245,11 @@ def main() -> None:
     # answers (this sandbox) each lookup waits out the resolver's timeout (5 s by default):
     # capped at 1 s here, and connecting is timed apart from the traffic anyway.
     os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
+    # ringtorch's sockets give up on a peer that leaves sent data unacknowledged (or its receive
+    # window shut) for 10 s; thousands of ranks' drivers and the server on 2 shared cores can
+    # fall that far behind, which on separate hosts they would not. torch's client has no such
+    # limit: both wait here as long as the traffic takes.
+    os.environ.setdefault("RINGTORCH_TCP_USER_TIMEOUT_MS", "900000")
     limit = _raise_fd_limit()
     recorder = Recorder("rendezvous")
     rows = []

@@ -18,9 +18,9 @@ import pytest
 from ringtorch.testing import run_ranks
 from tests.integration import _rendezvous_cost_ranks as ranks
 
-# long (64 simulated ranks against both stores, plus a real world-2 start: about 40 s on 2
-# loaded cores): in the slow stage, not the default suite
-pytestmark = pytest.mark.slow
+# long (64 simulated ranks against both stores, then a real world-2 start: 40-120 s on 2
+# loaded cores, each store's server and drivers started afresh): in the slow stage only
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,10 +49,14 @@ def test_a_small_simulation_reports_each_store_and_replays_the_real_traffic(
     calls = rows["ringtorch"]["calls_per_rank"]
     assert rows["ringtorch"]["wire_requests_per_rank"] == calls["init"] + calls["new_group"]
     assert rows["torch"]["wire_requests_per_rank"] is None
-    # ... and they are what a real rank sends to start a job and make a group
-    real = run_ranks(ranks.group_requests, 2, timeout=120)
-    assert calls == {"init": max(sum(r["init"].values()) for r in real),
-                     "new_group": max(sum(r["new_group"].values()) for r in real)}
+    # ... and they are what a real rank sends to start a job and make a group: rank 0 of a
+    # world of 2, which reads the addresses of a rank above it as every simulated rank but the
+    # last does (the most calls, which the simulation reports), less its wait at the master for
+    # every rank to join, which the simulation leaves out
+    real = run_ranks(ranks.group_requests, 2, timeout=120)[0]
+    assert real["init"]["wait_count"] == 1
+    assert calls == {"init": sum(real["init"].values()) - 1,
+                     "new_group": sum(real["new_group"].values())}
     # the table lands in the page: a row per (ranks, store)
     sys.path.insert(0, str(ROOT / "bench"))
     try:
