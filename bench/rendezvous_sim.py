@@ -245,11 +245,13 @@ def main() -> None:
     # answers (this sandbox) each lookup waits out the resolver's timeout (5 s by default):
     # capped at 1 s here, and connecting is timed apart from the traffic anyway.
     os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
-    # ringtorch's sockets give up on a peer that leaves sent data unacknowledged (or its receive
-    # window shut) for 10 s; thousands of ranks' drivers and the server on 2 shared cores can
-    # fall that far behind, which on separate hosts they would not. torch's client has no such
-    # limit: both wait here as long as the traffic takes.
+    # ringtorch gives up on a peer that leaves sent data unacknowledged (or its receive window
+    # shut) for 10 s, and its server on a client silent for 10 s in the middle of a request
+    # (slowloris): hundreds of rank threads sharing one driver process's GIL, and the server,
+    # on 2 shared cores fall that far behind, which ranks on hosts of their own would not.
+    # torch has no such limits: both wait here as long as the traffic takes.
     os.environ.setdefault("RINGTORCH_TCP_USER_TIMEOUT_MS", "900000")
+    os.environ.setdefault("RINGTORCH_HANDSHAKE_TIMEOUT", "900")
     limit = _raise_fd_limit()
     recorder = Recorder("rendezvous")
     rows = []
