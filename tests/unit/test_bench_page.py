@@ -196,6 +196,41 @@ def test_the_recorders_cost_is_on_over_off(tmp_path: Path) -> None:
             "|  |") in summary
 
 
+def _rdv_row(store: str, ranks: int, last_s: float) -> dict:
+    return {"store": store, "ranks": ranks, "procs": 8, "connect_s": 1.5, "last_s": last_s,
+            "median_s": last_s - 0.5, "server_cpu_s": 4.25, "server_rss_mib": 100.0,
+            "server_peak_rss_mib": 120.0, "calls_per_rank": {"init": 17, "new_group": 13},
+            "wire_requests_per_rank": 30 if store == "ringtorch" else None}
+
+
+def test_the_rendezvous_target_is_torchs_time_at_4096_ranks_and_fails_unmeasured(
+        tmp_path: Path) -> None:
+    page = PAGE.replace("## DDP", "## Rendezvous\n\n<!-- bench/all.py: begin rendezvous -->\n"
+                                  "old\n<!-- bench/all.py: end rendezvous -->\n\n## DDP")
+    both = {"procs": 8, "fd_limit": 20000, "rows": [
+        _rdv_row("ringtorch", 1024, 30.0), _rdv_row("torch", 1024, 150.0),
+        _rdv_row("ringtorch", 4096, 400.0), _rdv_row("torch", 4096, 300.0)]}
+    (tmp_path / "page.md").write_text(page)
+    _write_results(tmp_path / "out", rendezvous=("rendezvous_sim", both))
+    assert _render(tmp_path, "--only", "rendezvous").returncode == 0
+    text = (tmp_path / "page.md").read_text()
+    assert ("| 1,024 | ringtorch | 30.00 | 29.50 | 4.25 | 100 (120) | 17 + 13 | 30 | 1.50 |"
+            in _block(text, "rendezvous"))
+    assert "| 4,096 | torch | 300.00 | 299.50 | 4.25 | 100 (120) | 17 + 13 | — | 1.50 |" in \
+        _block(text, "rendezvous")
+    # torch's time / ringtorch's: 150 / 30 = 5.00 at 1,024; 300 / 400 = 0.75 at 4,096: missed
+    assert ("| rendezvous simulation | torch's TCPStore | 1,024 ranks 5.00x, 4,096 ranks 0.75x "
+            "(torch's time / ringtorch's, last rank through) | 4,096 ranks: ≤ torch's time | "
+            "0.75x | **FAIL** |") in _block(text, "summary")
+    # without torch's run at 4,096 the target is not shown to hold
+    (tmp_path / "page.md").write_text(page)
+    alone = dict(both, rows=both["rows"][:3])
+    _write_results(tmp_path / "out", rendezvous=("rendezvous_sim", alone))
+    assert _render(tmp_path, "--only", "rendezvous").returncode == 0
+    assert ("| 4,096 ranks: ≤ torch's time | ringtorch 400 s; torch's not measured | **FAIL** |"
+            in _block((tmp_path / "page.md").read_text(), "summary"))
+
+
 def test_an_area_without_a_result_keeps_its_summary_rows_and_hand_rows_stay_last(
         tmp_path: Path) -> None:
     head = ("| area | anchor | ringtorch against the anchor | target | measured | result | "
