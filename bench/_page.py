@@ -114,13 +114,29 @@ def provenance(env: dict[str, Any], regenerate: str) -> str:
 
 
 def render_store(r: dict[str, Any]) -> str:
-    rows = [[row["op"], f"{row['torch_ops_s']:,.0f}", f"{row['ringtorch_ops_s']:,.0f}",
-             ratio(row["ringtorch_ops_s"] / row["torch_ops_s"]),
+    clients = r["clients"]  # one count (older results) or the list of counts, one per row
+    rows = [[str(row.get("clients", clients)), row["op"], f"{row['torch_ops_s']:,.0f}",
+             f"{row['ringtorch_ops_s']:,.0f}", ratio(row["ringtorch_ops_s"] / row["torch_ops_s"]),
              " + ".join(f"{x:.1f}" for x in row["torch_cpu_us"]),
              " + ".join(f"{x:.1f}" for x in row["ringtorch_cpu_us"])] for row in r["rows"]]
-    return table(["op", "torch ops/s", "ringtorch ops/s", "ringtorch / torch",
+    return table(["clients", "op", "torch ops/s", "ringtorch ops/s", "ringtorch / torch",
                   "CPU µs/op torch (server + client)", "CPU µs/op ringtorch (server + client)"],
                  rows)
+
+
+def render_rendezvous(r: dict[str, Any]) -> str:
+    rows = []
+    for row in r["rows"]:
+        calls = row["calls_per_rank"]
+        rows.append([f"{row['ranks']:,}", row["store"], f"{row['last_s']:.2f}",
+                     f"{row['median_s']:.2f}", f"{row['server_cpu_s']:.2f}",
+                     f"{row['server_rss_mib']:,.0f} ({row['server_peak_rss_mib']:,.0f})",
+                     f"{calls['init']} + {calls['new_group']}",
+                     str(row["wire_requests_per_rank"] or "—"), f"{row['connect_s']:.2f}"])
+    return table(["ranks", "store", "last rank through (s)", "median rank (s)",
+                  "server CPU (s)", "server RSS, MiB (peak)", "calls per rank: init + new_group",
+                  "wire requests per rank", "connecting, untimed (s)"], rows) + (
+        f"\n\n{r['procs']} driver processes; descriptor limit {r['fd_limit']:,}.")
 
 
 def _coll_cells(r: dict[str, Any]) -> dict[tuple[str, int, int], dict[str, float]]:
@@ -318,7 +334,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "store": render_store, "collectives": render_collectives, "shm": render_collectives,
     "hierarchy": render_hierarchy, "ddp": render_ddp, "rpc": render_rpc, "mpi": render_mpi,
     "autograd": render_autograd, "recorder": render_recorder, "fsdp": render_fsdp,
-    "dtensor": render_dtensor}
+    "dtensor": render_dtensor, "rendezvous": render_rendezvous}
 
 
 def block(area: str, env: dict[str, Any], regenerate: str) -> str:

@@ -6,15 +6,15 @@
     python bench/all.py --render-only          # rewrite the page from the JSON in --out
     python -m bench.all ...                    # the same, from the repository root
 
-Each area runs its script (bench/store.py, collectives.py, hierarchical.py, ddp.py, rpc.py,
-mpi_overhead.py, dist_autograd.py, fsdp.py, dtensor.py, recorder.py) with the settings below
-and ``--json OUT/AREA.json``
-(bench/_report.py's format: the results with the machine, commit, date and load), then its
-generated block is rewritten from that file (bench/_page.py), in BENCHMARKS.md or, for the
-tables the page only links to, docs/benchmarks/details.md, and so are its rows of the page's
-opening summary table (bench/_summary.py); the hand-written text around the blocks stays.
-The collectives area also draws docs/img/busbw.png (matplotlib: ``pip install
-'ringtorch[plot]'``). A failed benchmark keeps its old block and makes the run exit 1.
+Each area runs its script (bench/store.py, rendezvous_sim.py, collectives.py, hierarchical.py,
+ddp.py, rpc.py, mpi_overhead.py, dist_autograd.py, fsdp.py, dtensor.py, recorder.py) with the
+settings below and ``--json OUT/AREA.json`` (bench/_report.py's format: the results with the
+machine, commit, date and load), then its generated block is rewritten from that file
+(bench/_page.py), in BENCHMARKS.md or, for the tables the page only links to,
+docs/benchmarks/details.md, and so are its rows of the page's opening summary table
+(bench/_summary.py); the hand-written text around the blocks stays. The collectives area also
+draws docs/img/busbw.png (matplotlib: ``pip install 'ringtorch[plot]'``). A failed benchmark
+keeps its old block and makes the run exit 1.
 Run it on a quiet machine: every table is a measurement, and another job on the same cores
 changes the numbers by 2-5x.
 
@@ -52,8 +52,11 @@ class Area:
 
 _LIBS = ("--libs", "shm,sockets,gloo,mpi")
 AREAS: dict[str, Area] = {
-    "store": Area("store.py", ("--seconds", "1.5", "--rounds", "3"),
+    "store": Area("store.py", ("--clients", "4,32,256", "--seconds", "1", "--rounds", "3"),
                   ("--seconds", "0.2", "--clients", "2")),
+    # 4,096 simulated ranks take more than half an hour per store on 2 cores
+    "rendezvous": Area("rendezvous_sim.py", ("--ranks", "1024,4096"),
+                       ("--ranks", "64", "--procs", "2"), timeout_s=3 * 3600.0),
     "collectives": Area("collectives.py",
                         ("--world-sizes", "2,4", "--ops", "all_reduce", *_LIBS, "--sizes",
                          "1K..64M", "--repeat", "2", "--max-iters", "200"),

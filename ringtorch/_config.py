@@ -219,6 +219,13 @@ STORE_MAX_BUFFERED_BYTES = _knob(
     "(logged), so slow or hostile clients cannot grow the server without bound",
 )
 
+STORE_MAX_CONNECTIONS = _knob(
+    "RINGTORCH_STORE_MAX_CONNECTIONS", 32768, int,
+    "most connections a TCPStore server holds, authenticated or in their handshake (each rank "
+    "holds two); at the cap the oldest unauthenticated one is dropped for a newcomer, and only "
+    "when every one is authenticated is the newcomer refused. The process's descriptor limit "
+    "(ulimit -n) must allow as many",
+)
 STORE_LINGER_S = _knob(
     "RINGTORCH_STORE_LINGER_S", 30.0, float,
     "seconds a TCPStore master's server keeps serving the clients still connected when its "

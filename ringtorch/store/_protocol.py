@@ -83,29 +83,29 @@ FRAME_SLACK_NBYTES = 1024 * 1024
 
 def encode_fields(fields: list[bytes]) -> list[bytes]:
     """The field section of a frame as a list of buffers: (length, bytes) for each field."""
-    out: list[bytes] = []
-    pack = FIELD_LENGTH.pack
-    for field in fields:
-        out.append(pack(len(field)))
-        out.append(field)
-    return out
+    parts: list[bytes] = [b""] * (2 * len(fields))
+    parts[0::2] = map(FIELD_LENGTH.pack, map(len, fields))  # whole-list steps, no Python loop
+    parts[1::2] = fields
+    return parts
 
 
-def decode_fields(body: bytes | memoryview, nfields: int) -> list[bytes] | None:
+def decode_fields(body: bytes | bytearray | memoryview, nfields: int) -> list[bytes] | None:
     """Split a field section into its fields; None when the lengths do not add up."""
+    if not isinstance(body, bytes):
+        body = bytes(body)  # one copy: every field is then a plain slice of it
     fields: list[bytes] = []
+    append = fields.append
     offset = 0
     end = len(body)
     unpack_from = FIELD_LENGTH.unpack_from
     for _ in range(nfields):
         if offset + 4 > end:
             return None
-        (nbytes,) = unpack_from(body, offset)
-        offset += 4
-        if offset + nbytes > end:
+        start = offset + 4
+        offset = start + unpack_from(body, offset)[0]
+        if offset > end:
             return None
-        fields.append(bytes(body[offset:offset + nbytes]))
-        offset += nbytes
+        append(body[start:offset])
     if offset != end:
         return None
     return fields

@@ -42,19 +42,14 @@ class KeyValueTable:
                 return False
         return True
 
-    def first_missing(self, keys: list[bytes]) -> bytes | None:
-        for key in keys:
-            if not self.has(key):
-                return key
-        return None
-
     def add(self, key: bytes, amount: int) -> int:
         """Add ``amount`` to the integer at key (0 when absent); return the new value.
 
         Raises:
             ValueError: key holds something that is not an integer.
         """
-        current = self.data.get(key)
+        data = self.data
+        current = data.get(key)
         if current is None:
             value = amount
         else:
@@ -64,7 +59,7 @@ class KeyValueTable:
                 raise ValueError(
                     f"add: key {display_key(key)!r} holds {current[:64]!r}, not an integer"
                 ) from None
-        self.data[key] = str(value).encode()
+        data[key] = b"%d" % value
         return value
 
     def compare_set(self, key: bytes, expected: bytes, desired: bytes) -> tuple[bytes, bool]:

@@ -4,7 +4,7 @@ the authenticated socket queued for the server loop, which adopts it on its next
 
 The rule kept: the server never refuses a newcomer while an unauthenticated connection can be
 dropped instead, whether the handshake slots (MAX_HANDSHAKES_IN_FLIGHT) or the connection cap
-(MAX_CONNECTIONS) are full; only when every connection is authenticated and the cap reached is
+(RINGTORCH_STORE_MAX_CONNECTIONS) are full; only when every connection is authenticated and the cap reached is
 a newcomer refused. A connection is counted at every moment, in its handshake or queued.
 """
 
@@ -16,6 +16,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ringtorch import _config
 from ringtorch._wire.admission import (
     DROPPED_CONNECTIONS,
     REFUSED_CONNECTIONS,
@@ -27,7 +28,6 @@ from ringtorch._wire.sockets import tune_tcp
 
 log = logging.getLogger("ringtorch.store")
 
-MAX_CONNECTIONS = 1024
 MAX_HANDSHAKES_IN_FLIGHT = 128
 DROPPED_SLOWEST = "slowest partial request over the buffer cap"
 
@@ -70,7 +70,7 @@ class StoreAdmission:
         return self.pool.accept_ready(listener, tcp_peer, self._full)
 
     def _full(self) -> bool:
-        return self._connections() + self.waiting >= MAX_CONNECTIONS
+        return self._connections() + self.waiting >= _config.STORE_MAX_CONNECTIONS.get()
 
     def _handshake(self, sock: socket.socket, peer: str) -> None:
         sock.setblocking(True)
@@ -118,7 +118,6 @@ class StoreAdmission:
 __all__ = [
     "DROPPED_CONNECTIONS",
     "DROPPED_SLOWEST",
-    "MAX_CONNECTIONS",
     "MAX_HANDSHAKES_IN_FLIGHT",
     "REFUSED_CONNECTIONS",
     "StoreAdmission",

@@ -50,7 +50,7 @@ class Conn:
 class Waiter:
     """A parked blocking request."""
 
-    __slots__ = ("arg", "conn", "done", "keys", "op", "request_id", "watch")
+    __slots__ = ("arg", "conn", "done", "index", "keys", "op", "request_id", "watch")
 
     def __init__(self, conn: Conn, request_id: int, op: int, keys: list[bytes], arg: int):
         self.conn = conn
@@ -59,6 +59,7 @@ class Waiter:
         self.keys = keys
         self.arg = arg
         self.done = False
+        self.index = 0  # keys[:index] were there when last looked at
         self.watch: bytes | None = None
 
 
@@ -90,37 +91,57 @@ class StoreOps:
 
     # ----- parked requests --------------------------------------------------------------
 
-    def _attempt(self, conn: Conn, rid: int, op: int, keys: list[bytes], arg: int
-                 ) -> bytes | None:
-        """Answer a blocking request if it is ready; else the key it must watch."""
+    def _attempt(self, conn: Conn, rid: int, op: int, keys: list[bytes], arg: int,
+                 start: int = 0) -> int:
+        """Answer a blocking request if it is ready (-1); else the index of the key it must
+        watch. Keys before ``start`` were there when last looked at: a wait for thousands of
+        keys arriving one by one is scanned once in all, not once per arrival."""
         table = self._table
         data = table.data
         if op == P.OP_GET:
             value = data.get(keys[0])
             if value is None:
-                return keys[0]
+                return 0
             self._reply(conn, rid, fields=[value])
-        elif op == P.OP_WAIT:
-            missing = table.first_missing(keys)
-            if missing is not None:
-                return missing
-            self._reply(conn, rid)
-        elif op == P.OP_MULTI_GET:
-            for key in keys:
-                if key not in data:
-                    return key
-            self._reply(conn, rid, fields=[data[k] for k in keys])
+        elif op == P.OP_WAIT or op == P.OP_MULTI_GET:
+            for begin in (start, 0) if start else (0,):  # then again from 0: keys seen before
+                index = self._first_absent(keys, begin, op == P.OP_WAIT)  # may be gone since
+                if index >= 0:
+                    return index
+            if op == P.OP_WAIT:
+                self._reply(conn, rid)
+            else:
+                self._reply(conn, rid, fields=list(map(data.__getitem__, keys)))
         elif op == P.OP_QUEUE_POP:
             value = table.queue_pop(keys[0])
             if value is None:
-                return keys[0]
+                return 0
             self._reply(conn, rid, fields=[value])
         else:  # OP_WAIT_COUNT
             count = self._count(keys[0])
             if count < arg:
-                return keys[0]
+                return 0
             self._reply(conn, rid, value=count)
-        return None
+        return -1
+
+    def _first_absent(self, keys: list[bytes], start: int, queues_count: bool) -> int:
+        """The index of the first key from ``start`` on that the table lacks (a non-empty
+        queue counts as there when ``queues_count``), or -1. Looked up in runs of growing
+        length with map() rather than a Python loop per key (a job's start asks for the records
+        of thousands of ranks), stopping at the run that holds the first one missing."""
+        present = self._table.data.__contains__
+        step = 16
+        while start < len(keys):
+            run = list(map(present, keys[start:start + step]))
+            if False in run:
+                index = start + run.index(False)
+                if not (queues_count and self._table.queues.get(keys[index])):
+                    return index
+                start = index + 1
+            else:
+                start += step
+                step *= 2
+        return -1
 
     def _count(self, key: bytes) -> int:
         try:
@@ -131,7 +152,7 @@ class StoreOps:
     def _op_blocking(self, conn: Conn, rid: int, op: int, fields: list[bytes], tmo: int,
                      arg: int) -> None:
         missing = self._attempt(conn, rid, op, fields, arg)
-        if missing is None:
+        if missing < 0:
             return
         waiter = Waiter(conn, rid, op, fields, arg)
         if tmo == 0:
@@ -142,8 +163,9 @@ class StoreOps:
         self._live_timers += 1
         self._push_timer(time.monotonic() + tmo / 1000.0, waiter)
 
-    def _watch(self, waiter: Waiter, key: bytes) -> None:
-        waiter.watch = key
+    def _watch(self, waiter: Waiter, index: int) -> None:
+        waiter.index = index
+        waiter.watch = key = waiter.keys[index]
         watchers = self._waiters.get(key)
         if watchers is None:
             self._waiters[key] = [waiter]
@@ -158,8 +180,8 @@ class StoreOps:
             if waiter.done:
                 continue
             missing = self._attempt(waiter.conn, waiter.request_id, waiter.op, waiter.keys,
-                                    waiter.arg)
-            if missing is None:
+                                    waiter.arg, waiter.index)
+            if missing < 0:
                 waiter.done = True
                 waiter.conn.parked.discard(waiter)
                 self._live_timers -= 1

@@ -3,8 +3,8 @@
 Each accepted connection first runs the ringtorch handshake in a short thread of its own (a
 slow or hostile client never stalls the loop; ``_tcp_admission.py`` bounds them and drops the
 oldest unauthenticated one rather than refuse a newcomer), then its socket is handed to the
-loop, which reads request frames (``_protocol.py``), applies them to one KeyValueTable and
-answers.
+loop, which reads request frames (``_protocol.py``, split by ``_tcp_parse.py``), applies them to
+one KeyValueTable and answers.
 
 Guarantees kept here:
 - bytes only: nothing received is unpickled or evaluated; a frame that does not parse (unknown
@@ -29,7 +29,6 @@ import logging
 import os
 import selectors
 import socket
-import struct
 import threading
 import time
 import weakref
@@ -40,7 +39,8 @@ from ringtorch._wire.sockets import listen_tcp, tune_tcp
 from ringtorch.store import _protocol as P
 from ringtorch.store._table import KeyValueTable
 from ringtorch.store._tcp_admission import StoreAdmission, StoreServerStatistics
-from ringtorch.store._tcp_ops import ARITY, Conn, StoreOps, Waiter
+from ringtorch.store._tcp_ops import Conn, Waiter
+from ringtorch.store._tcp_parse import HEAD_SIZE, ProtocolError, RequestParser
 
 log = logging.getLogger("ringtorch.store")
 
@@ -48,14 +48,8 @@ RECV_NBYTES = 256 * 1024
 OUT_HIGH_WATER_NBYTES = 16 * 1024 * 1024
 IDLE_CLIENT_S = 5.0  # a client silent this long, with nothing parked, does not hold a lingering exit
 
-_OP_SET, _OP_GET, _OP_ADD = P.OP_SET, P.OP_GET, P.OP_ADD
-_ONE_FIELD_ANSWER = struct.Struct(P.RESPONSE_HEAD.format + "I")  # head + the field's length
 _LISTENER = "listener"
 _WAKE = "wake"
-
-
-class _ProtocolError(Exception):
-    """The client sent something that is not a valid request; its connection is closed."""
 
 
 _servers: weakref.WeakSet[StoreServer] = weakref.WeakSet()
@@ -69,7 +63,7 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-class StoreServer(StoreOps):
+class StoreServer(RequestParser):
     """A TCPStore server listening on ``host:port`` (``port=0`` picks one; read ``.port``).
     The secret clients must prove is fixed when it is made, whatever the environment does later."""
 
@@ -112,6 +106,7 @@ class StoreServer(StoreOps):
         self._max_frame = _config.STORE_MAX_VALUE_BYTES.get() + P.FRAME_SLACK_NBYTES
         self._idle_limit = _config.HANDSHAKE_TIMEOUT.get()
         self._handlers = self._op_handlers()
+        self._decoded: dict[bytes, list[bytes]] = {}
         self._thread = threading.Thread(target=self._run, name=f"ringtorch-store-{self.port}",
                                         daemon=True)
         _servers.add(self)
@@ -216,7 +211,7 @@ class StoreServer(StoreOps):
                     self._on_readable(data)
                 if mask & selectors.EVENT_WRITE and not data.closed:
                     self._flush(data)
-            except _ProtocolError as exc:
+            except ProtocolError as exc:
                 self._close_conn(data, f"bad request ({exc})")
             except Exception as exc:
                 log.exception("TCPStore server on %s: error serving %s", self.address, data.peer)
@@ -308,18 +303,24 @@ class StoreServer(StoreOps):
                                    f"bytes unparsed)" if conn.inbuf else None)
             return
         conn.last_request = time.monotonic()
-        was_partial = bool(conn.inbuf)
+        inbuf = conn.inbuf
+        was_partial = bool(inbuf)
         if was_partial:
             if not self._room_for(conn, n):
                 return
-            conn.inbuf += self._rview[:n]
+            inbuf += self._rview[:n]
             self._buffered += n
             self._peak_buffered = max(self._peak_buffered, self._buffered)
-            consumed = self._parse(conn, conn.inbuf, len(conn.inbuf))
-            del conn.inbuf[:consumed]
-            self._buffered -= consumed
+            # Parsed (as bytes) once a whole request is in: a big value arriving in many reads
+            # is copied once, not once per read (a head over the caps is refused at once).
+            nbytes = P.REQUEST_HEAD.unpack_from(inbuf)[0] if len(inbuf) >= HEAD_SIZE else -1
+            if nbytes >= 0 and (len(inbuf) >= HEAD_SIZE + nbytes or nbytes > self._max_frame):
+                consumed = self._parse(conn, bytes(inbuf), len(inbuf))
+                del inbuf[:consumed]
+                self._buffered -= consumed
         else:
-            consumed = self._parse(conn, self._rbuf, n)
+            # One copy of what arrived, as bytes: keys and values are then plain slices of it.
+            consumed = self._parse(conn, bytes(self._rview[:n]), n)
             if consumed < n and not conn.closed and self._room_for(conn, n - consumed):
                 conn.inbuf = bytearray(self._rview[consumed:n])
                 self._buffered += n - consumed
@@ -349,77 +350,6 @@ class StoreServer(StoreOps):
                 f"({time.monotonic() - slowest.last_progress:.2f} s ago)"))
         return True
 
-    def _parse(self, conn: Conn, buf: bytearray, total: int) -> int:
-        """Serve every complete request in buf[:total]; the number of bytes consumed."""
-        pos = 0
-        head_size = P.REQUEST_HEAD.size
-        unpack_head = P.REQUEST_HEAD.unpack_from
-        unpack_length = P.FIELD_LENGTH.unpack_from
-        data = self._table.data
-        waiters = self._waiters
-        max_frame = self._max_frame
-        with memoryview(buf) as view:
-            while total - pos >= head_size and not conn.closed:
-                nbytes, rid, op, _flags, nfields, tmo, arg = unpack_head(buf, pos)
-                if nbytes > max_frame:
-                    raise _ProtocolError(f"a request of {nbytes} bytes, over the cap of "
-                                         f"{self._max_frame}")
-                start = pos + head_size
-                end = start + nbytes
-                if end > total:
-                    break
-                # The hot paths (set; get of a present key; add), inlined: same effect as
-                # their handlers in _tcp_ops.py, without the general machinery.
-                if op == _OP_SET and nfields == 2 and nbytes >= 8:
-                    key_end = start + 4 + unpack_length(buf, start)[0]
-                    if key_end + 4 <= end and key_end + 4 + unpack_length(buf, key_end)[0] == end:
-                        key = bytes(view[start + 4:key_end])
-                        data[key] = bytes(view[key_end + 4:end])
-                        if key in waiters:
-                            self._notify(key)
-                        pos = end
-                        continue
-                elif (op == _OP_GET or op == _OP_ADD) and nfields == 1 and nbytes >= 4 and (
-                        unpack_length(buf, start)[0] == nbytes - 4):
-                    key = bytes(view[start + 4:end])
-                    if self._answer_fast(conn, rid, op, key, arg):
-                        pos = end
-                        continue
-                fields = P.decode_fields(view[start:end], nfields)
-                arity = ARITY.get(op, -1)
-                if arity == -1:
-                    raise _ProtocolError(f"unknown op {op}")
-                if fields is None:
-                    raise _ProtocolError("field lengths do not add up to the request size")
-                if (arity is not None and nfields != arity) or (
-                        op == P.OP_MULTI_SET and nfields % 2):
-                    raise _ProtocolError(f"op {op} with {nfields} fields")
-                self._handlers[op](conn, rid, op, fields, tmo, arg)
-                pos = end
-        return pos
-
-    def _answer_fast(self, conn: Conn, rid: int, op: int, key: bytes, arg: int) -> bool:
-        """Answer a get of a present key or an add at once; False to take the general path."""
-        if op == P.OP_GET:
-            value = self._table.data.get(key)
-            if value is None:
-                return False
-            conn.out.append(_ONE_FIELD_ANSWER.pack(4 + len(value), rid, P.STATUS_OK, 0, 1, 0,
-                                                   len(value)))
-            conn.out.append(value)
-        else:
-            try:
-                count = self._table.add(key, arg)
-            except ValueError:
-                return False
-            conn.out.append(P.RESPONSE_HEAD.pack(0, rid, P.STATUS_OK, 0, 0, count))
-            if key in self._waiters:
-                self._notify(key)
-        if not conn.dirty:
-            conn.dirty = True
-            self._dirty.append(conn)
-        return True
-
     # ----- writing ----------------------------------------------------------------------
 
     def _reply(self, conn: Conn, rid: int, status: int = P.STATUS_OK, value: int = 0,
@@ -428,7 +358,7 @@ class StoreServer(StoreOps):
             return
         if fields:
             parts = P.encode_fields(fields)
-            nbytes = sum(len(f) for f in fields) + 4 * len(fields)
+            nbytes = sum(map(len, fields)) + 4 * len(fields)
             conn.out.append(P.RESPONSE_HEAD.pack(nbytes, rid, status, 0, len(fields), value))
             conn.out.extend(parts)
         else:

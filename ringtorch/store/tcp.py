@@ -243,9 +243,7 @@ class TCPStore(Store):
         a grace second more. Other ops must be answered within the store timeout. "No answer"
         ops (set, multi_set, append, queue_push) return (STATUS_OK, 0, []) once sent.
         """
-        nbytes = 0
-        for field in fields:
-            nbytes += 4 + len(field)
+        nbytes = 4 * len(fields) + sum(map(len, fields))
         if nbytes > self._max_value + P.FRAME_SLACK_NBYTES or len(fields) > P.MAX_FIELDS:
             raise ValueError(f"a request of {nbytes} bytes in {len(fields)} fields is over the "
                              f"TCPStore limits ({self._max_value} bytes per value, see "
@@ -438,8 +436,11 @@ class TCPStore(Store):
         return self._call(P.OP_COMPARE_SET, [key, expected, desired])[2][0]
 
     def _wait(self, keys: list[bytes], timeout: timedelta) -> bool:
-        for key in keys:
-            self._check_sizes(key)
+        if len(keys) == 1:  # the common case, on the single-key path
+            return self._one_key(P.OP_WAIT, keys[0], 0, timeout)[0] == P.STATUS_OK
+        if keys and max(map(len, keys)) > P.MAX_KEY_NBYTES:
+            for key in keys:
+                self._check_sizes(key)
         return self._call(P.OP_WAIT, keys, 0, timeout)[0] == P.STATUS_OK
 
     def _check(self, keys: list[bytes]) -> bool:

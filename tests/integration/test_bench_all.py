@@ -38,10 +38,11 @@ def test_a_quick_store_run_measures_and_writes_its_table(tmp_path: Path) -> None
                  page.index("<!-- bench/all.py: end store -->")]
     assert "regenerate: `python bench/all.py --only store`" in block
     rows = result["results"]["rows"]
-    assert [row["op"] for row in rows] == ["set", "get", "add"]
+    assert [(row["clients"], row["op"]) for row in rows] == [
+        (2, op) for op in ("set", "get", "add", "wait", "multi_get")]
     for row in rows:
-        line = re.search(rf"^\| {row['op']} \| ([\d,]+) \| ([\d,]+) \| ([\d.,]+)x \|", block,
-                         re.MULTILINE)
+        line = re.search(rf"^\| 2 \| {row['op']} \| ([\d,]+) \| ([\d,]+) \| ([\d.,]+)x \|",
+                         block, re.MULTILINE)
         assert line is not None, block
         torch_rate, ring_rate, ratio = (float(g.replace(",", "")) for g in line.groups())
         assert torch_rate == round(row["torch_ops_s"])

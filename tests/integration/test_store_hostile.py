@@ -258,7 +258,7 @@ def test_a_client_whose_handshake_is_cut_short_tries_again_within_its_timeout():
 def test_at_the_connection_cap_strangers_make_room_and_only_a_full_house_refuses(
         server, monkeypatch, caplog):
     caplog.set_level(logging.WARNING, logger="ringtorch.store")
-    monkeypatch.setattr(_tcp_admission, "MAX_CONNECTIONS", 6)  # a small house, same rules
+    monkeypatch.setenv("RINGTORCH_STORE_MAX_CONNECTIONS", "6")  # a small house, same rules
     port = server.port
     members = [_authenticated(port) for _ in range(4)]
     wait_for(lambda: server.statistics().connections == 4, 30, "4 members")

@@ -380,6 +380,55 @@ def test_a_get_blocked_in_a_thread_returns_when_another_client_sets_the_key(mast
     assert results == [b"now"]
 
 
+def test_a_parked_multi_get_answers_only_when_every_key_is_there_at_once(master):
+    # The server remembers how far a parked request's keys were found, so that thousands of
+    # keys arriving one by one are not scanned again at each arrival; a key found earlier and
+    # deleted since must still hold the answer back.
+    master.set_timeout(timedelta(seconds=10))
+    results: list[list[bytes]] = []
+    keys = [f"m{i}" for i in range(4)]
+    getter = threading.Thread(target=lambda: results.append(master.multi_get(keys)))
+    getter.start()
+    wait_for_thread_in(getter, "_recv_answer")
+    setter = TCPStore("127.0.0.1", master.port, None, False, T30)
+    setter.set("m0", "0")
+    setter.set("m1", "1")
+    assert setter.delete_key("m0")  # found, then gone again
+    setter.set("m2", "2")
+    setter.set("m3", "3")
+    assert setter.check(["m3"]) and getter.is_alive()  # the server has seen every set
+    setter.set("m0", "again")
+    getter.join(10)
+    assert results == [[b"again", b"1", b"2", b"3"]]
+    setter.close()
+
+
+def test_clients_asking_for_the_same_hundreds_of_keys_each_get_the_values_they_asked_for(
+        master):
+    # At a job's start every rank asks for the same long list of keys; the server decodes
+    # such a list once. Two lists of the same size but other keys must not be confused.
+    master.set_timeout(timedelta(seconds=10))
+    ranks = [f"default_pg/0//rank/{i:03d}" for i in range(300)]  # 8 KB of keys
+    hosts = [f"default_pg/0//host/{i:03d}" for i in range(300)]  # as many bytes
+    master.multi_set(ranks, [f"r{i}" for i in range(300)])
+    master.multi_set(hosts[:-1], [f"h{i}" for i in range(299)])
+    clients = [TCPStore("127.0.0.1", master.port, None, False, T30) for _ in range(3)]
+    results: dict[int, list[bytes]] = {}
+    getters = [threading.Thread(target=lambda i=i: results.__setitem__(
+        i, clients[i].multi_get(hosts))) for i in range(2)]
+    for getter in getters:
+        getter.start()
+        wait_for_thread_in(getter, "_recv_answer")  # parked: the last host key is missing
+    assert clients[2].multi_get(ranks) == [f"r{i}".encode() for i in range(300)]
+    master.set(hosts[-1], "h299")
+    for getter in getters:
+        getter.join(10)
+    assert results == {i: [f"h{j}".encode() for j in range(300)] for i in range(2)}
+    assert clients[2].multi_get(ranks) == [f"r{i}".encode() for i in range(300)]
+    for client in clients:
+        client.close()
+
+
 FORKING_MASTER = r"""
 import os, sys, time
 from datetime import timedelta
