@@ -103,11 +103,13 @@ def _stop_responders(job: Any, size: int) -> None:
     this process still hosts the store, lets it end without a failed round trip later. The
     ranks' installations are read from the hang-report keys (one counter per rank).
     """
+    # ranks install as often as this one (once per incarnation of the job's groups): a rank
+    # already a count ahead has torn down and installed again, and its responder is wanted
+    mine = HANG.epoch
     try:
         for rank in range(1, size):
-            epoch = job.add(key("installs", rank), 0)
-            if epoch:
-                poke(job, epoch, rank, {"stop": True})
+            if mine and job.add(key("installs", rank), 0) == mine:
+                poke(job, mine, rank, {"stop": True})
     except Exception:  # the store is already unreachable: nothing left to stop
         pass
 
