@@ -18,6 +18,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from ringtorch import _config
@@ -50,7 +51,7 @@ def shrink_group(ranks_to_exclude: list[int], group: Any = None,
     """
     c10d = dist.distributed_c10d
     if not hasattr(dist, "shrink_group"):
-        raise NotImplementedError(f"torch {_torch_version()} has no shrink_group: shrinking "
+        raise NotImplementedError(f"torch {torch.__version__} has no shrink_group: shrinking "
                                   f"a group needs a torch that offers it")
     c10d._validate_shrink_inputs(ranks_to_exclude, shrink_flags)
     info = c10d._prepare_shrink_target_group(group)
@@ -61,12 +62,6 @@ def shrink_group(ranks_to_exclude: list[int], group: Any = None,
     original_ranks = list(c10d.get_process_group_ranks(target))
     engine, survivors = _shrink_engine(target, excluded, shrink_flags, pg_options)
     return _register(info, engine, [original_ranks[r] for r in survivors])
-
-
-def _torch_version() -> str:
-    import torch
-
-    return str(torch.__version__)
 
 
 def _shrink_engine(target: RingtorchGroup, excluded: set[int], shrink_flags: int,
