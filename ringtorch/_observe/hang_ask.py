@@ -151,7 +151,9 @@ class HangState:
         """Stop taking part (destroy_process_group): the responder ends, the signal is
         given back."""
         self._stop.set()
-        if self.store is not None and self._responder is not None:
+        # a responder that a stop request already ended (the store's host hands one to every
+        # rank at teardown, see c10d/observe.py) needs no round trip to a store maybe gone
+        if self.store is not None and self._responder is not None and self._responder.is_alive():
             try:  # wake the responder with a request of its own, then let it go
                 poke(self.store, self.epoch, self.rank, {"stop": True})
                 self._responder.join(1.0)

@@ -23,6 +23,7 @@ from ringtorch.c10d import observe
 from ringtorch.c10d.options import translate
 from ringtorch.c10d.torch_store import TorchStore
 from ringtorch.c10d.work import DoorWork, door_work
+from ringtorch.collectives import liveness
 from ringtorch.collectives import options as o
 from ringtorch.collectives.backends import registry
 from ringtorch.collectives.backends.base import BackendContext
@@ -38,11 +39,13 @@ class RingtorchGroup(dist.ProcessGroup):
 
     Args:
         engine: the engine's group (its rank and size are this group's).
+        base: torch's store the group's members met through (where a shrunk group meets).
     """
 
-    def __init__(self, engine: ProcessGroup) -> None:
+    def __init__(self, engine: ProcessGroup, base: TorchStore) -> None:
         super().__init__(engine.rank(), engine.size())
         self._engine = engine
+        self._base = base
         self._coalesced: list[Any] | None = None  # the Works of an open coalescing block
         self._name = engine.group_name
         self._desc = engine.group_desc
@@ -51,6 +54,11 @@ class RingtorchGroup(dist.ProcessGroup):
     def engine(self) -> ProcessGroup:
         """The engine's group that runs this group's operations."""
         return self._engine
+
+    @property
+    def base_store(self) -> TorchStore:
+        """torch's store the group's members met through."""
+        return self._base
 
     def _opts(self, kind: type, opts: Any, default: Callable[[], Any]) -> Any:
         """The engine's options (class ``kind``) for torch's ``opts`` (``default()``: torch's
@@ -111,6 +119,21 @@ class RingtorchGroup(dist.ProcessGroup):
     supports_splitting = False
     supports_coalescing = False
     supports_time_estimate = False
+    # torch.distributed.shrink_group reaches ``shrink`` below, which names the call that works
+    # (a torch without shrink_group is offered nothing)
+    supports_shrinking = hasattr(dist, "shrink_group")
+
+    def shrink(self, ranks_to_exclude: Any, shrink_flags: int = 0,
+               opts_override: Any = None) -> Any:
+        """torch.distributed.shrink_group's backend step, which a group written in Python
+        cannot take: torch wraps the backend it returns in a C++ ProcessGroup whose
+        ``_register_backend`` accepts only a C++ ``c10d::Backend``."""
+        raise TypeError(
+            f"Process group backend for '{self._name}' does not support shrinking operations "
+            f"through torch.distributed.shrink_group: torch wraps the shrunk backend in its own "
+            f"C++ ProcessGroup, which cannot hold a backend written in Python. Call "
+            f"ringtorch.c10d.shrink_group with the same arguments (it shrinks the group and "
+            f"registers the new one with torch.distributed as torch's function does).")
 
     def _get_backend(self, device: Any = None) -> RingtorchGroup:
         return self
@@ -303,17 +326,27 @@ def create(backend_opts: Any, pg_options: Any = None) -> RingtorchGroup:
     """torch's extended-API creator of backend "ringtorch": meet the group's peers through
     torch's store (this blocks until every member arrived) and return the group."""
     rank, size = backend_opts.group_rank, backend_opts.group_size
-    timeout = backend_opts.timeout
-    name = str(backend_opts.group_id)
     global_ranks = list(backend_opts.global_ranks_in_group) or list(range(size))
     base = TorchStore(backend_opts.store)
     # torch reuses a group's store keys when a program destroys its groups and initializes
     # again on the same store: each incarnation of a group name meets under its own prefix
     # (every rank creates each group as many times, so the counts agree)
     generation = base.add(f"ringtorch/incarnation/{rank}", 1)
-    store = PrefixStore(f"ringtorch/{generation}", base)
+    return RingtorchGroup(make_engine(base, f"ringtorch/{generation}", rank, size,
+                                      backend_opts.timeout, str(backend_opts.group_id),
+                                      global_ranks, pg_options), base)
+
+
+def make_engine(base: TorchStore, prefix: str, rank: int, size: int, timeout: timedelta,
+                name: str, global_ranks: list[int], pg_options: Any = None,
+                setup_timeout: timedelta | None = None) -> ProcessGroup:
+    """The engine's group of a door group: its members meet under ``prefix`` of torch's
+    store ``base`` (within ``setup_timeout``, default ``timeout``)."""
+    store = PrefixStore(prefix, base)
+    if size > 1:
+        liveness.register(store, rank)  # for shrink_group's agreement, should a member die
     ctx = BackendContext(store=store, rank=rank, size=size, timeout=timeout, group_name=name,
-                         global_ranks=tuple(global_ranks))
+                         global_ranks=tuple(global_ranks), setup_timeout=setup_timeout)
     impl = registry.create("native", ctx, pg_options)
     engine = ProcessGroup(store, rank, size, backend=impl, backend_name=NAME, group_name=name,
                           group_desc=name, timeout=timeout, global_ranks=global_ranks)
@@ -322,7 +355,7 @@ def create(backend_opts: Any, pg_options: Any = None) -> RingtorchGroup:
     # flight recorder's first guess at the call site is that many frames up
     engine.site_depth = 2
     observe.group_made(engine, base)
-    return RingtorchGroup(engine)
+    return engine
 
 
-__all__ = ["NAME", "FacadeGroup", "RingtorchGroup", "WorldGroup", "create"]
+__all__ = ["NAME", "FacadeGroup", "RingtorchGroup", "WorldGroup", "create", "make_engine"]

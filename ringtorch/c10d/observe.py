@@ -6,6 +6,13 @@ does it when the first of this process's ringtorch groups is made and when the l
 down: the hang report's responder (over torch's job store), ringrun's ``--trace`` timeline and
 the end-of-job summary's totals. The flight recorder and the stall warning are the engine's
 and need nothing here. ``DOOR`` is this package's one state object.
+
+Teardown keeps one rule: no rank's teardown waits on the job's store after the last group is
+gone, because torch's store client prints every failed round trip to stderr and rank 0 (which
+hosts torch's TCPStore under env:// and tcp://) may exit first. So the store host, when its
+last group goes, stops every rank's hang-report responder itself (each is parked in a wait on
+the store, which would fail loudly once the host exits); a rank whose responder has stopped
+gives its observers back without a round trip.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ringtorch._observe import trace_run
-from ringtorch._observe.hang_ask import HANG
+from ringtorch._observe.hang_ask import HANG, key, poke
 from ringtorch._observe.recorder import RECORDER
 from ringtorch._observe.totals import TOTALS
 
@@ -25,6 +32,9 @@ class _Door:
 
     groups: dict[str, Any] = field(default_factory=dict)
     installed: bool = False
+    job: Any = None  # the job's store (torch's, under its prefixes), while installed
+    rank: int = -1  # this process's rank in the job, while installed
+    size: int = 0
 
 
 DOOR = _Door()
@@ -66,6 +76,7 @@ def group_made(engine: Any, store: Any) -> None:
     else:  # torch is making its default group: this one
         rank, size = engine.rank(), engine.size()
     job = _job_store(store)
+    DOOR.job, DOOR.rank, DOOR.size = job, rank, size
     HANG.install(job, rank, size, dump)
     trace_run.start_if_asked(job, rank, size)
     TOTALS.install(rank)
@@ -79,7 +90,28 @@ def group_gone(engine: Any) -> None:
         DOOR.installed = False
         trace_run.finish()
         TOTALS.write()
+        if DOOR.rank == 0:
+            _stop_responders(DOOR.job, DOOR.size)
+        DOOR.job = None
         HANG.uninstall()
+
+
+def _stop_responders(job: Any, size: int) -> None:
+    """Hand every other rank's hang-report responder a stop request (rank 0, at teardown).
+
+    Each responder waits on the store for its next request; answering that wait now, while
+    this process still hosts the store, lets it end without a failed round trip later. The
+    ranks' installations are read from the hang-report keys (one counter per rank).
+    """
+    # ranks install as often as this one (once per incarnation of the job's groups): a rank
+    # already a count ahead has torn down and installed again, and its responder is wanted
+    mine = HANG.epoch
+    try:
+        for rank in range(1, size):
+            if mine and job.add(key("installs", rank), 0) == mine:
+                poke(job, mine, rank, {"stop": True})
+    except Exception:  # the store is already unreachable: nothing left to stop
+        pass
 
 
 __all__ = ["DOOR", "dump", "group_gone", "group_made"]

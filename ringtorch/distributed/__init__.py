@@ -29,6 +29,7 @@ from ringtorch.collectives.options import (
 )
 from ringtorch.collectives.process_group import ProcessGroup
 from ringtorch.collectives.reduce_op import ReduceOp
+from ringtorch.collectives.shrink_agree import ShrinkRefusedError
 from ringtorch.collectives.work import Work
 
 # The submodule rendezvous.py is loaded here, before the function of the same name is bound:
@@ -56,7 +57,6 @@ from ringtorch.distributed._debug import (
 )
 from ringtorch.distributed._grad_bucket import GradBucket
 from ringtorch.distributed._profiling import record_comm
-from ringtorch.distributed._shrink_agree import ShrinkRefusedError
 from ringtorch.distributed._world import GroupMember, GroupName, RankType, group
 from ringtorch.distributed.deprecated_ops import (
     all_gather_coalesced,

@@ -2,9 +2,9 @@
 
 One call in a training loop's ``except`` clause: the survivors agree on who is gone (no need to
 know it beforehand: every survivor calls it, and members that do not are left out once known
-dead or silent, see ``_shrink_agree.py``), shrink the default group, then rebuild every other
-group this rank belonged to from its surviving members, numbered in the new world, and return
-the new world. The program's models and optimizers stay in memory; DDP and ZeRO re-wrap on the
+dead or silent, see ``collectives/shrink_agree.py``), shrink the default group, then rebuild
+every other group this rank belonged to from its surviving members, numbered in the new world,
+and return the new world. The program's models and optimizers stay in memory; DDP and ZeRO re-wrap on the
 new group (``DistributedDataParallel.rewrap``, ``ZeroRedundancyOptimizer.rewrap``) and samplers
 are made for the new world size (docs/recovery.md).
 

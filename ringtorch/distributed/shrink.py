@@ -1,11 +1,12 @@
 """shrink_group: replace a group that lost ranks with a new group of its survivors.
 
 torch's signature, flags, checks and messages (torch implements it for NCCL only); on ringtorch's
-native backend. The survivors agree through the store on who is gone (``_shrink_agree.py``: a
-rank that died, even during the shrink, is left out; a rank that was only slow is left out and
-refused if it comes back), then build the new group from nothing: a new name, hence a new store
-prefix, new sockets and new shared-memory segments; nothing of the old group's transports is
-reused. The old group is aborted (its peers, the slow rank included, fail their pending and
+native backend. The survivors agree through the store on who is gone
+(``collectives/shrink_agree.py``: a rank that died, even during the shrink, is left out; a rank
+that was only slow is left out and refused if it comes back), then build the new group from
+nothing: a new name, hence a new store prefix, new sockets and new shared-memory segments;
+nothing of the old group's transports is reused.
+The old group is aborted (its peers, the slow rank included, fail their pending and
 later operations with the reason) and forgotten. Ranks are renumbered as torch does: a
 survivor's new rank is its position among the survivors, in the old group's order. Shrinking
 the default group destroys every other group (their ranks no longer mean the same thing) and
@@ -23,9 +24,9 @@ from ringtorch import _config
 from ringtorch._errors import DistError
 from ringtorch.collectives import liveness
 from ringtorch.collectives.process_group import ProcessGroup
+from ringtorch.collectives.shrink_agree import ShrinkRefusedError, agree, store_lost
 from ringtorch.distributed import groups
 from ringtorch.distributed._backend import BackendConfig
-from ringtorch.distributed._shrink_agree import ShrinkRefusedError, agree, store_lost
 from ringtorch.distributed._torch_world import engine_of
 from ringtorch.distributed._world import _world
 from ringtorch.store import PrefixStore

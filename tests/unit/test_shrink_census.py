@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ringtorch.distributed._shrink_agree import census_outcome
+from ringtorch.collectives.shrink_agree import census_outcome
 
 CASES = [
     # size, excluded, posted, dead, wait_over -> survivors (None: keep waiting)
