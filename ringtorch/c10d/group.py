@@ -42,7 +42,7 @@ class RingtorchGroup(dist.ProcessGroup):
         base: torch's store the group's members met through (where a shrunk group meets).
     """
 
-    def __init__(self, engine: ProcessGroup, base: TorchStore) -> None:
+    def __init__(self, engine: ProcessGroup, base: TorchStore | None = None) -> None:
         super().__init__(engine.rank(), engine.size())
         self._engine = engine
         self._base = base
@@ -56,8 +56,9 @@ class RingtorchGroup(dist.ProcessGroup):
         return self._engine
 
     @property
-    def base_store(self) -> TorchStore:
-        """torch's store the group's members met through."""
+    def base_store(self) -> TorchStore | None:
+        """torch's store the group's members met through (None for a group that
+        ``ringtorch.distributed`` made: its members met through ringtorch's store)."""
         return self._base
 
     def _opts(self, kind: type, opts: Any, default: Callable[[], Any]) -> Any:

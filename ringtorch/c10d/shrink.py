@@ -58,6 +58,10 @@ def shrink_group(ranks_to_exclude: list[int], group: Any = None,
     target = info["process_group"]
     if not isinstance(target, RingtorchGroup):
         return dist.shrink_group(ranks_to_exclude, group, shrink_flags, pg_options)
+    if target.base_store is None:  # made by ringtorch.distributed: its shrink keeps both worlds
+        raise TypeError(f"process group '{info['group_name']}' was made by "
+                        f"ringtorch.distributed: shrink it with "
+                        f"ringtorch.distributed.shrink_group")
     excluded = c10d._validate_and_process_excluded_ranks(ranks_to_exclude, info)
     original_ranks = list(c10d.get_process_group_ranks(target))
     engine, survivors = _shrink_engine(target, excluded, shrink_flags, pg_options)
