@@ -123,6 +123,11 @@ def program(rank: int, ws: int, ckpt_dir: str, door_port: int) -> dict[str, Any]
     out["same_group"] = (tdist.get_rank(pg), dist.get_rank(pg), tdist.get_world_size(pg),
                          dist.get_world_size(pg), z)
 
+    # the door's shrink refuses a facade-made group, and names the facade's
+    from ringtorch.c10d import shrink_group as door_shrink
+
+    out["door_shrink"] = _error(lambda: door_shrink([1 - rank]))
+
     # destroy: both worlds are empty; torch's stack says what to do
     dist.destroy_process_group()
     out["after_destroy"] = (tdist.is_initialized(), dist.is_initialized(),

@@ -123,3 +123,11 @@ def test_the_backend_doors_groups_work_through_the_facade(results: list[dict]) -
         assert ids == [rank, WS, rank, [0, 1], "ringtorch"]
         torch.testing.assert_close(w, torch.full((2,), 3.0), rtol=0, atol=0)
         torch.testing.assert_close(b, torch.full((2,), 1.0), rtol=0, atol=0)  # rank 1's
+
+
+def test_the_doors_shrink_sends_a_facade_group_to_the_facades_shrink(
+        results: list[dict]) -> None:
+    for res in results:
+        assert res["door_shrink"] == (
+            "TypeError: process group '0' was made by ringtorch.distributed: shrink it with "
+            "ringtorch.distributed.shrink_group")
