@@ -253,6 +253,12 @@ SHRINK_WAIT_S = _knob(
     "once); a member still silent then (stopped, or on another host) is left out of the new "
     "group and refused if it comes back",
 )
+JOIN = _knob(
+    "RINGTORCH_JOIN", False, _parse_bool,
+    "1 (set by ringrun --on-worker-failure continue when it restarts a failed worker alone): "
+    "init_process_group joins the running job as a replacement for its RANK, admitted by the "
+    "job's ranks at their next dist.admit_joiners() call, instead of meeting a new job",
+)
 DEVICE_RUNTIME = _knob(
     "RINGTORCH_DEVICE_RUNTIME", "auto", _parse_choice("auto", "cuda", "sim"),
     "which device runtime ringtorch's GPU code runs on: auto (CUDA where torch sees a GPU, "
