@@ -251,7 +251,9 @@ SHRINK_WAIT_S = _knob(
     "shrink_group and shrink_on_failure: how long the survivors wait for a member that neither "
     "takes part nor is known dead (a member on this host whose process exited is known dead at "
     "once); a member still silent then (stopped, or on another host) is left out of the new "
-    "group and refused if it comes back",
+    "group and refused if it comes back; it also bounds the making of a grown group "
+    "(admit_joiners): a participant silent that long leaves the members on their group and the "
+    "joiners refused",
 )
 JOIN = _knob(
     "RINGTORCH_JOIN", False, _parse_bool,

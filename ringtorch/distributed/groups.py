@@ -29,6 +29,7 @@ from ringtorch.collectives.backends.base import BackendContext
 from ringtorch.collectives.process_group import ProcessGroup
 from ringtorch.distributed import _debug, flight_recorder
 from ringtorch.distributed._backend import Backend, BackendConfig
+from ringtorch.distributed._grow_join import generation_prefix, join_running_job
 from ringtorch.distributed._world import NON_GROUP_MEMBER, GroupMember, _world, is_non_member
 from ringtorch.store import HashStore, PrefixStore, Store
 
@@ -110,9 +111,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         store.set_timeout(timeout)
     joining = _config.JOIN.get() and impl_name != Backend.MPI
     if joining:  # a replacement worker: join the running job instead of meeting a new one
-        from ringtorch.distributed.grow import join_running_job
-
-        pg, store = join_running_job(store, rank, timeout)
+        pg, store = join_running_job(store, rank, timeout, _make_group)
         rank, world_size, name = pg.rank(), pg.size(), pg.group_name
     else:
         store = PrefixStore(_default_prefix(store, rank), store)
@@ -140,12 +139,7 @@ def _default_prefix(store: Any, rank: int) -> str:
     every rank re-initializes the same number of times, so the counts agree and the n-th
     incarnation uses "default_pg/n" (the first keeps torch's "default_pg").
     """
-    return _generation_prefix(store.add(f"rt_init_generation/{rank}", 1))
-
-
-def _generation_prefix(generation: int) -> str:
-    """The default group's store prefix in the ``generation``-th initialization (from 1)."""
-    return "default_pg" if generation == 1 else f"default_pg/{generation}"
+    return generation_prefix(store.add(f"rt_init_generation/{rank}", 1))
 
 
 def _check_device_id(device_id: Any) -> None:

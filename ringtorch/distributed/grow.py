@@ -33,50 +33,23 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import secrets
-from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import torch
 
-from ringtorch import _config
-from ringtorch._errors import DistError
-from ringtorch.collectives import liveness
 from ringtorch.collectives.process_group import ProcessGroup
 from ringtorch.distributed import groups, object_ops, ops
-from ringtorch.distributed._backend import BackendConfig
-from ringtorch.distributed._shrink_agree import _verdict
+from ringtorch.distributed._grow_join import (
+    PREFIX,
+    GrownWorld,
+    JoinError,
+    build,
+    grown_world,
+)
 from ringtorch.distributed._world import _world
 from ringtorch.store import PrefixStore
 
 log = logging.getLogger(__name__)
-
-_PREFIX = "rt_grow"
-
-
-class JoinError(DistError):
-    """A replacement worker could not join the running job: refused, or nobody admitted it."""
-
-
-@dataclass(frozen=True)
-class GrownWorld:
-    """The world after replacement workers joined it.
-
-    Attributes:
-        rank: this process's rank in the new default group (``get_rank()`` now).
-        world_size: the new world size (``get_world_size()`` now).
-        previous_world_size: the members' world size before the joiners came.
-        joined_ranks: the joiners' ranks in the new world.
-        is_joiner: whether this process is one of the joiners.
-    """
-
-    rank: int
-    world_size: int
-    previous_world_size: int
-    joined_ranks: tuple[int, ...]
-    is_joiner: bool
 
 
 def admit_joiners() -> GrownWorld | None:
@@ -94,7 +67,7 @@ def admit_joiners() -> GrownWorld | None:
     """
     default = groups._get_default_group()
     base = _world.pg_map[default][1].underlying_store
-    store = PrefixStore(_PREFIX, base)
+    store = PrefixStore(PREFIX, base)
     answered = upto = _world.joiners_answered
     if default.rank() == 0 and int(store.add("arrivals", 0)) > answered:
         upto = _answer_knocks(store, default, answered)
@@ -109,52 +82,14 @@ def admit_joiners() -> GrownWorld | None:
     if not plan["joiners"]:
         return None
     slot = groups.get_process_group_ranks(default)[default.rank()]
-    grown = _build(plan, base, store, slot, upto)
+    grown = build(plan, base, store, slot, upto, groups._make_group)
     if grown is None:
         log.warning("replacement worker(s) for rank(s) %s could not join: the grown group was "
                     "not made by every participant; going on at world size %d",
                     plan["joiners"], default.size())
         return None
     _retire(default, grown, plan)
-    return _grown_world(grown, plan, is_joiner=False)
-
-
-def join_running_job(raw_store: Any, slot: int, timeout: timedelta) -> tuple[ProcessGroup, Any]:
-    """Join the running job on ``raw_store`` (the rendezvous store) as a replacement for rank
-    ``slot``; ``init_process_group`` calls it under ``RINGTORCH_JOIN=1``.
-
-    Returns:
-        The new default group and its base store (the generation's "default_pg" prefix).
-
-    Raises:
-        JoinError: no job ran as rank ``slot`` on this store; no rank admitted this worker
-            within ``timeout``; the job refused it; or the grown group could not be made.
-    """
-    generation = int(raw_store.add(f"rt_init_generation/{slot}", 0))
-    if generation == 0:
-        raise JoinError(f"rank {slot} cannot join a running job: no process ran as rank {slot} "
-                        f"on this store (RINGTORCH_JOIN=1 starts a replacement for a rank of a "
-                        f"running job)")
-    base = PrefixStore(groups._generation_prefix(generation), raw_store)
-    store = PrefixStore(_PREFIX, base)
-    ident = f"{slot}-{os.getpid()}-{secrets.token_hex(4)}"
-    store.append("knocks", json.dumps({"slot": slot, "id": ident}) + "\n")
-    store.add("arrivals", 1)
-    answer = _wait_answer(store, f"answer/{ident}", slot, timeout)
-    if "refused" in answer:
-        raise JoinError(f"rank {slot} was refused by the running job: {answer['refused']}")
-    upto = int(answer["upto"])
-    plan = json.loads(store.get(f"plan/{upto}"))
-    pg = _build(plan, base, store, slot, upto)
-    if pg is None:
-        raise JoinError(f"rank {slot} was admitted, but the grown group was not made by every "
-                        f"participant (one died or did not answer within "
-                        f"{_config.SHRINK_WAIT_S.get():g} s); the job goes on without it")
-    _world.default_pg = pg
-    _world.group_count = int(plan["group_count"])
-    _world.joiners_answered = upto
-    _world.joined = _grown_world(pg, plan, is_joiner=True)
-    return pg, base
+    return grown_world(grown, plan, is_joiner=False)
 
 
 def joined_running_job() -> GrownWorld | None:
@@ -204,48 +139,6 @@ def _answer_knocks(store: Any, default: ProcessGroup, answered: int) -> int:
     return upto
 
 
-def _wait_answer(store: Any, key: str, slot: int, timeout: timedelta) -> dict[str, Any]:
-    try:
-        store.wait([key], timeout)
-    except DistError:  # timed out (a store that is gone fails the compare_set below too)
-        pass
-    # withdraw, unless rank 0 answered: then its answer stands, even one given just now
-    answer = dict(json.loads(store.compare_set(key, "", json.dumps({"withdrawn": True}))))
-    if "withdrawn" in answer:
-        raise JoinError(f"rank {slot} could not join the running job within {timeout}: no rank "
-                        f"of the job admitted it (it waited for its answer, key "
-                        f"'{_PREFIX}/{key}' in the job's store; the job's ranks admit "
-                        f"replacements when they call dist.admit_joiners(), once per step)")
-    return answer
-
-
-def _build(plan: dict[str, Any], base: Any, store: Any, slot: int,
-           upto: int) -> ProcessGroup | None:
-    """Make the plan's group as the member of ``slot``; None if some participant could not
-    (what it made is then dropped again)."""
-    slots, name = list(plan["slots"]), str(plan["name"])
-    rank = slots.index(slot)
-    wait_s = _config.SHRINK_WAIT_S.get()
-    pg: ProcessGroup | None = None
-    try:
-        pg = groups._make_group(
-            len(slots), rank, slots, BackendConfig(plan["backend"]).cpu_backend(),
-            plan["backend"], base, name, timedelta(seconds=plan["timeout_s"]), "default:grown",
-            None, plan["config"], setup_timeout=timedelta(seconds=wait_s))
-    except Exception:  # a participant died or vanished while the group was made
-        log.warning("making the grown group '%s' failed", name, exc_info=True)
-    store.set(f"{upto}/built/{rank}", "ok" if pg is not None else "failed")
-    group_store = PrefixStore(f"{name}/", base)
-    missing, failed = _verdict(store, f"{upto}/", list(range(len(slots))),
-                               lambda r: liveness.probe(group_store, r), wait_s)
-    if not missing and not failed:
-        return pg
-    if pg is not None:
-        pg.abort(f"the grown group '{name}' was not made by every participant")
-        _world.forget(pg)
-    return None
-
-
 def _retire(old: ProcessGroup, grown: ProcessGroup, plan: dict[str, Any]) -> None:
     """Make ``grown`` the default group; shut the old one and every other group down."""
     others = [pg for pg in list(_world.pg_map) if pg is not old and pg is not grown]
@@ -259,11 +152,5 @@ def _retire(old: ProcessGroup, grown: ProcessGroup, plan: dict[str, Any]) -> Non
     _world.default_pg = grown
 
 
-def _grown_world(pg: ProcessGroup, plan: dict[str, Any], is_joiner: bool) -> GrownWorld:
-    slots = list(plan["slots"])
-    return GrownWorld(pg.rank(), pg.size(), int(plan["previous_world_size"]),
-                      tuple(sorted(slots.index(s) for s in plan["joiners"])), is_joiner)
-
-
 __all__ = ["GrownWorld", "JoinError", "admit_joiners", "broadcast_optimizer_state",
-           "join_running_job", "joined_running_job"]
+           "joined_running_job"]
