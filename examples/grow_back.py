@@ -78,12 +78,14 @@ def sync_counts(step: int, consumed: int) -> tuple[int, int]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    dist.init_process_group("gloo")  # a replacement (RINGTORCH_JOIN=1) joins the job here
+    # model, data and optimizer first: a replacement's survivors do not wait for this work
+    # (torch's first optimizer imports torch._dynamo: seconds on a busy machine)
     torch.manual_seed(0)
     data = make_data()
     model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
-    ddp = DistributedDataParallel(model)  # the parameters of rank 0, joiners included
     opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    dist.init_process_group("gloo")  # a replacement (RINGTORCH_JOIN=1) joins the job here
+    ddp = DistributedDataParallel(model)  # the parameters of rank 0, joiners included
     step, consumed, first_loss, full_world = 0, 0, None, dist.get_world_size()
     joined = dist.joined_running_job()
     if joined is not None:  # the members do the same in their admit_joiners branch below
