@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "integration" / "_grow_job.py"
 SECRET = "grow-test-secret"
 
-# Slow stage: 63-82 s for the file on the 2 shared cores at a load of 21-30 (13 processes that
-# each start torch, one of them waiting out its 2 s join timeout); the grow back itself stays
-# in the default suite through test_grow_back_example.py (real ringrun, shared memory).
+# Slow stage: 37 s for the file on the 2 shared cores at a load of 5, 63-82 s at 21-30 (13
+# processes that each start torch, one of them waiting out its 2 s join timeout); the grow back
+# stays in the default suite through test_grow_back_example.py (real ringrun, shared memory).
 pytestmark = pytest.mark.slow
 
 
