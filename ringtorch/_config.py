@@ -258,7 +258,15 @@ SHRINK_WAIT_S = _knob(
     "shrink_group and shrink_on_failure: how long the survivors wait for a member that neither "
     "takes part nor is known dead (a member on this host whose process exited is known dead at "
     "once); a member still silent then (stopped, or on another host) is left out of the new "
-    "group and refused if it comes back",
+    "group and refused if it comes back; it also bounds the making of a grown group "
+    "(admit_joiners): a participant silent that long leaves the members on their group and the "
+    "joiners refused",
+)
+JOIN = _knob(
+    "RINGTORCH_JOIN", False, _parse_bool,
+    "1 (set by ringrun --on-worker-failure continue when it restarts a failed worker alone): "
+    "init_process_group joins the running job as a replacement for its RANK, admitted by the "
+    "job's ranks at their next dist.admit_joiners() call, instead of meeting a new job",
 )
 DEVICE_RUNTIME = _knob(
     "RINGTORCH_DEVICE_RUNTIME", "auto", _parse_choice("auto", "cuda", "sim"),

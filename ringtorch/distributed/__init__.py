@@ -81,6 +81,13 @@ from ringtorch.distributed.groups import (
     is_initialized,
     new_group,
 )
+from ringtorch.distributed.grow import (
+    GrownWorld,
+    JoinError,
+    admit_joiners,
+    broadcast_optimizer_state,
+    joined_running_job,
+)
 from ringtorch.distributed.object_ops import (
     all_gather_object,
     broadcast_object_list,
@@ -123,8 +130,13 @@ def is_available() -> bool:
 
 
 __all__ = [
+    "GrownWorld",
+    "JoinError",
     "ShrinkRefusedError",
     "ShrunkWorld",
+    "admit_joiners",
+    "broadcast_optimizer_state",
+    "joined_running_job",
     "shrink_group",
     "shrink_on_failure",
     "AllToAllOptions",

@@ -39,6 +39,10 @@ class _World:
     group_count: int = 0
     init_method: str | None = None
     saved_excepthook: Any = None
+    # grow.py: how many knocks of replacement workers this job has answered (every member
+    # agrees on it), and on a replacement, the world it joined (a GrownWorld)
+    joiners_answered: int = 0
+    joined: Any = None
 
     def register(self, pg: ProcessGroup, backend: str, store: Any, global_ranks: list[int],
                  backend_config: str) -> None:
@@ -64,6 +68,8 @@ class _World:
         self.torch_groups.clear()
         self.group_count = 0
         self.init_method = None
+        self.joiners_answered = 0
+        self.joined = None
         if self.saved_excepthook is not None:
             sys.excepthook = self.saved_excepthook
             self.saved_excepthook = None

@@ -19,6 +19,7 @@ import warnings
 from datetime import timedelta
 from typing import Any
 
+from ringtorch import _config
 from ringtorch._observe import trace_run
 from ringtorch._observe.hang_ask import HANG
 from ringtorch._observe.totals import TOTALS
@@ -28,6 +29,7 @@ from ringtorch.collectives.backends.base import BackendContext
 from ringtorch.collectives.process_group import ProcessGroup
 from ringtorch.distributed import _debug, _torch_world, flight_recorder
 from ringtorch.distributed._backend import Backend, BackendConfig
+from ringtorch.distributed._grow_join import generation_prefix, join_running_job
 from ringtorch.distributed._init_device import check_device_id, runs_nccl
 from ringtorch.distributed._world import NON_GROUP_MEMBER, GroupMember, _world, is_non_member
 from ringtorch.store import HashStore, PrefixStore, Store
@@ -124,23 +126,29 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         store, rank, world_size = next(rendezvous(init_method, rank, world_size,
                                                   timeout=timeout))
         store.set_timeout(timeout)
-    store = PrefixStore(_default_prefix(store, rank), store)
-    name = _world.next_group_name()
-    try:
-        pg = _make_group(world_size, rank, list(range(world_size)), impl_name,
-                         str(backend_str), store, name, timeout, "default_pg", pg_options,
-                         str(config), device_id=device_id)
-    except BaseException:
-        _world.reset()  # nothing of a failed init stays: a later one starts from group "0"
-        raise
-    _world.default_pg = pg
+    joining = _config.JOIN.get() and impl_name != Backend.MPI
+    if joining:  # a replacement worker: join the running job instead of meeting a new one
+        pg, store = join_running_job(store, rank, timeout, _make_group)
+        rank, world_size, name = pg.rank(), pg.size(), pg.group_name
+    else:
+        store = PrefixStore(_default_prefix(store, rank), store)
+        name = _world.next_group_name()
+        try:
+            pg = _make_group(world_size, rank, list(range(world_size)), impl_name,
+                             str(backend_str), store, name, timeout, "default_pg", pg_options,
+                             str(config), device_id=device_id)
+        except BaseException:
+            _world.reset()  # nothing of a failed init stays: a later one starts from group "0"
+            raise
+        _world.default_pg = pg
     _world.init_method = init_method
     _torch_world.publish_default(pg, impl_name, store, _torch_subgroup)  # torch's world too
     HANG.install(store.underlying_store, rank, world_size, flight_recorder.dump)  # hang reports
     _install_excepthook(rank)
-    trace_run.start_if_asked(None if impl_name == Backend.MPI else store, rank, world_size)
+    if not joining:  # the timeline meets the job's first ranks only (docs/recovery.md)
+        trace_run.start_if_asked(None if impl_name == Backend.MPI else store, rank, world_size)
     TOTALS.install(rank)  # running totals for the end-of-job summary
-    if os.environ.get("TORCH_DIST_INIT_BARRIER", "0") == "1":
+    if os.environ.get("TORCH_DIST_INIT_BARRIER", "0") == "1" and not joining:
         _store_based_barrier(rank, store, name, world_size, timeout)
 
 
@@ -153,8 +161,7 @@ def _default_prefix(store: Any, rank: int) -> str:
     every rank re-initializes the same number of times, so the counts agree and the n-th
     incarnation uses "default_pg/n" (the first keeps torch's "default_pg").
     """
-    generation = store.add(f"rt_init_generation/{rank}", 1)
-    return "default_pg" if generation == 1 else f"default_pg/{generation}"
+    return generation_prefix(store.add(f"rt_init_generation/{rank}", 1))
 
 
 def _mpi_world(rank: int, world_size: int) -> tuple[int, int, Any]:

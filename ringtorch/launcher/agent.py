@@ -38,7 +38,13 @@ from ringtorch._workers import (
 )
 from ringtorch.launcher import hang, trace_merge
 from ringtorch.launcher.config import LaunchConfig
-from ringtorch.launcher.decisions import Action, Observation, decide, group_state
+from ringtorch.launcher.decisions import (
+    Action,
+    Observation,
+    decide,
+    group_state,
+    workers_to_replace,
+)
 from ringtorch.launcher.handlers import RendezvousGracefulExitError
 from ringtorch.launcher.job_summary import print_job_summary
 from ringtorch.launcher.messages import say
@@ -188,6 +194,10 @@ class Agent:
         if action is Action.FINISH:
             self._stop_group(signal.SIGTERM)  # leftovers in the workers' process groups
             self.rendezvous.finish(self._stopping)
+            if group.replaced:
+                say("the job finished; worker(s) restarted alone on the way: " + ", ".join(
+                    f"rank {failure.global_rank} (restart {restart} of "
+                    f"{self.config.max_restarts})" for failure, restart in group.replaced))
             if group.failures:  # --on-worker-failure=continue: the others finished the job
                 say(f"the job finished without the worker(s) of rank(s) "
                     f"{sorted(group.failures)}, which failed on the way; the others exited 0")
@@ -195,7 +205,7 @@ class Agent:
         if action is Action.STOP_FOR_SIGNAL:
             return self._stopped_by_signal()
         group.drain(1.0)
-        failures = list(group.failures.values())
+        failures = [failure for failure, _ in group.replaced] + list(group.failures.values())
         running = sum(1 for code in group.exit_codes() if code is None)
         if failures:
             say(one_line(root_cause(failures))
@@ -247,6 +257,7 @@ class Agent:
                 hang.report_group("ringrun received SIGUSR1", group, self._keep_files)
             codes = group.exit_codes()
             if self.config.keep_going:
+                codes = self._replace_failed(group, codes)
                 self._announce_lost(group, codes)
             action = decide(Observation(
                 group=group_state(codes, self.config.keep_going),
@@ -257,6 +268,25 @@ class Agent:
                 peer_left=self.rendezvous.peer_left(), signal=self._signal))
             if action is not Action.WATCH:
                 return action
+
+    def _replace_failed(self, group: LocalWorkerGroup,
+                        codes: list[int | None]) -> list[int | None]:
+        """Restart each failed worker alone while others run and restarts remain; the exit
+        codes after that."""
+        chosen = workers_to_replace(codes, True, self.remaining_restarts)
+        if not chosen:
+            return codes
+        group.drain(1.0)  # the failed worker's traceback comes before what is said of it
+        for local_rank in chosen:
+            rank = group.assignment.base_global_rank + local_rank
+            failure = group.failures[rank]
+            self.remaining_restarts -= 1
+            restart = self.config.max_restarts - self.remaining_restarts
+            group.restart_one(local_rank, restart)
+            say(f"{one_line(root_cause([failure]))}; restarting it alone (restart {restart} of "
+                f"{self.config.max_restarts}): it joins the running job, the others go on "
+                f"(--on-worker-failure=continue)")
+        return group.exit_codes()
 
     def _announce_lost(self, group: LocalWorkerGroup, codes: list[int | None]) -> None:
         """Say once per failed worker that the others go on without it."""

@@ -21,6 +21,10 @@ lets a table of cases (tests/unit/test_launcher_decisions.py) pin the policy dow
   when our workers failed meanwhile (they lost their peers on that node: the leave, not a
   fault, ended them);
 - otherwise keep watching.
+
+Beside the action, with ``--on-worker-failure=continue`` and restarts left, a failed worker
+is restarted alone while others still run (:func:`workers_to_replace`): its replacement joins
+the running job (``RINGTORCH_JOIN=1``, docs/recovery.md) and costs one restart.
 """
 
 from __future__ import annotations
@@ -99,4 +103,15 @@ def group_state(exit_codes: list[int | None], keep_going: bool = False) -> Group
     return GroupState.HEALTHY
 
 
-__all__ = ["Action", "GroupState", "Observation", "decide", "group_state"]
+def workers_to_replace(exit_codes: list[int | None], keep_going: bool,
+                       remaining_restarts: int) -> list[int]:
+    """The local ranks of the failed workers to restart alone, lowest first: with
+    ``keep_going``, while some worker still runs, at most ``remaining_restarts`` of them (the
+    others stay failed; once no worker runs, :func:`decide` handles the group)."""
+    if not keep_going or remaining_restarts <= 0 or None not in exit_codes:
+        return []
+    failed = [i for i, code in enumerate(exit_codes) if code not in (None, 0)]
+    return failed[:remaining_restarts]
+
+
+__all__ = ["Action", "GroupState", "Observation", "decide", "group_state", "workers_to_replace"]

@@ -126,6 +126,9 @@ class LocalWorkerGroup:
         self.consoles = consoles or (sys.stdout.buffer, sys.stderr.buffer)
         self.workers: list[WorkerProcess | ForkedWorker] = []
         self.failures: dict[int, WorkerFailure] = {}
+        # failed workers restarted alone (--on-worker-failure=continue): (failure, restart)
+        self.replaced: list[tuple[WorkerFailure, int]] = []
+        self._error_files: list[str] = []
         self._copiers: list[tuple[int, LineCopier]] = []  # (local rank, copier)
         self._guardian = guardian
         # Where the workers drop what they see of themselves (flight records, stacks,
@@ -138,13 +141,35 @@ class LocalWorkerGroup:
         for local_rank in range(self.config.nproc_per_node):
             self.workers.append(self._start_one(local_rank))
 
-    def _start_one(self, local_rank: int) -> WorkerProcess | ForkedWorker:
+    def restart_one(self, local_rank: int, restart_count: int) -> None:
+        """Start a replacement for the failed worker of ``local_rank``, alone, the others
+        untouched: it joins the running job (``RINGTORCH_JOIN=1``) as the same rank, and reads
+        ``restart_count`` in TORCHELASTIC_RESTART_COUNT. Its failure moves to ``replaced``."""
+        rank = self.assignment.base_global_rank + local_rank
+        failure = self.failures.pop(rank)
+        self.replaced.append((failure, restart_count))
+        if self._guardian is not None:
+            self._guardian.release(failure.pid)
+        self.workers[local_rank] = self._start_one(local_rank, restart_count)
+
+    def _start_one(self, local_rank: int,
+                   replacing: int | None = None) -> WorkerProcess | ForkedWorker:
+        """Start local rank ``local_rank``; ``replacing``: the restart count of a replacement
+        that joins the running job."""
         rank = self.assignment.base_global_rank + local_rank
         rank_dir = os.path.join(self.attempt_dir, str(local_rank))
+        if replacing is not None:  # its own files: the failed worker's stay for the summary
+            rank_dir = os.path.join(rank_dir, f"restart_{replacing}")
         os.makedirs(rank_dir, exist_ok=True)
         error_file = os.path.join(rank_dir, "error.json")
+        if local_rank < len(self._error_files):
+            self._error_files[local_rank] = error_file
+        else:
+            self._error_files.append(error_file)
         env = worker_env(os.environ, self.config, self.assignment, local_rank,
-                         self.restart_count, error_file)
+                         self.restart_count if replacing is None else replacing, error_file)
+        if replacing is not None:
+            env[_config.JOIN.name] = "1"
         if self._guardian is not None:  # how the guardian finds what escaped the groups
             env[JOB_MARK_VAR] = self._guardian.mark
         env[_config.OBSERVE_DIR.name] = self.observe_dir
@@ -190,7 +215,7 @@ class LocalWorkerGroup:
         for local_rank, (worker, code) in enumerate(zip(self.workers, codes, strict=True)):
             rank = self.assignment.base_global_rank + local_rank
             if code not in (None, 0) and rank not in self.failures:
-                error_file = os.path.join(self.attempt_dir, str(local_rank), "error.json")
+                error_file = self._error_files[local_rank]
                 self.failures[rank] = WorkerFailure(
                     global_rank=rank, local_rank=local_rank, pid=worker.pid, exitcode=code,
                     exited_at=worker.exited_at or time.time(),

@@ -6,7 +6,14 @@ import signal
 
 import pytest
 
-from ringtorch.launcher.decisions import Action, GroupState, Observation, decide, group_state
+from ringtorch.launcher.decisions import (
+    Action,
+    GroupState,
+    Observation,
+    decide,
+    group_state,
+    workers_to_replace,
+)
 
 H, S, F = GroupState.HEALTHY, GroupState.SUCCEEDED, GroupState.FAILED
 
@@ -117,3 +124,21 @@ def test_with_keep_going_a_failed_worker_fails_the_group_only_if_none_succeeds(
     assert group_state(codes, keep_going=True) is expected
     # torchrun's behaviour stays the default: any failure fails the group
     assert group_state(codes) is (F if any(c not in (None, 0) for c in codes) else expected)
+
+
+# (exit codes, --on-worker-failure=continue, restarts left) -> local ranks restarted alone
+REPLACE_CASES = [
+    ([None, -9, None], True, 1, [1]),
+    ([None, -9, 1, None], True, 1, [1]),  # one restart left: the lowest local rank gets it
+    ([None, -9, 1, None], True, 3, [1, 2]),
+    ([None, -9, None], True, 0, []),  # no restart left: the others go on without it
+    ([None, -9, None], False, 1, []),  # by default a failure stops the group instead
+    ([-9, 0, 0], True, 1, []),  # nobody runs: decide() handles the group
+    ([None, 0, None], True, 1, []),  # exited 0: finished, not failed
+]
+
+
+@pytest.mark.parametrize(("codes", "keep_going", "remaining", "expected"), REPLACE_CASES)
+def test_failed_workers_are_restarted_alone_only_while_others_run(
+        codes: list[int | None], keep_going: bool, remaining: int, expected: list[int]) -> None:
+    assert workers_to_replace(codes, keep_going, remaining) == expected
