@@ -81,7 +81,7 @@ def run_world(lib: str, world: int) -> tuple[float, int]:
     for proc in procs:
         proc.start()
     for _ in range(world):
-        ready.get(timeout=120)
+        ready.get(timeout=600)  # spawning 32 ranks that import torch, on 2 loaded cores
     go.set()
     results = []
     while len(results) < world:  # a rank that dies ends the run instead of hanging it
