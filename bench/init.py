@@ -7,6 +7,12 @@ the median over ``--rounds`` and the ratio ringtorch / gloo. For ringtorch it al
 most store requests one rank sent (``TCPStore.statistics()``), which must not grow with the
 world size.
 
+The measured checkout's modules are compiled to bytecode first (``__pycache__``, git-ignored),
+as an installed package's are: torch's are, and where PYTHONDONTWRITEBYTECODE is set (this
+project's machines) every rank would otherwise compile ringtorch's modules from source inside
+``init_process_group`` (the backend is imported there): at world 16 on 2 cores that alone was
+6.5 s of rank 0's 9.9 s. ``--cold`` skips it, to measure that case.
+
     .venv/bin/python bench/init.py                              # worlds 8, 16, 32
     .venv/bin/python bench/init.py --world-sizes 4 8 --rounds 3
     PYTHONPATH=/tmp/base .venv/bin/python bench/init.py         # another ringtorch checkout
@@ -16,6 +22,7 @@ world size.
 from __future__ import annotations
 
 import argparse
+import compileall
 import multiprocessing as mp
 import os
 import queue
@@ -74,7 +81,7 @@ def run_world(lib: str, world: int) -> tuple[float, int]:
     for proc in procs:
         proc.start()
     for _ in range(world):
-        ready.get(timeout=120)
+        ready.get(timeout=600)  # spawning 32 ranks that import torch, on 2 loaded cores
     go.set()
     results = []
     while len(results) < world:  # a rank that dies ends the run instead of hanging it
@@ -95,11 +102,16 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--libs", nargs="+", default=list(LIBS), choices=LIBS)
     parser.add_argument("--json", help="also write the results here (bench/_report.py)")
+    parser.add_argument("--cold", action="store_true",
+                        help="do not compile the measured checkout to bytecode first")
     args = parser.parse_args()
     recorder = Recorder("init")
     import ringtorch
 
-    print(f"ringtorch from {os.path.dirname(ringtorch.__file__)}; "
+    if not args.cold:  # as installed: bytecode is written even under PYTHONDONTWRITEBYTECODE
+        compileall.compile_dir(os.path.dirname(ringtorch.__file__), quiet=1)
+    print(f"ringtorch from {os.path.dirname(ringtorch.__file__)}"
+          f"{' (compiled from source by every rank)' if args.cold else ''}; "
           f"load {os.getloadavg()[0]:.2f}", flush=True)
     results: dict[str, dict[str, Any]] = {}
     print(f"{'world':>5}  {'ringtorch s':>11}  {'gloo s':>8}  {'ratio':>6}  {'requests/rank':>13}")
