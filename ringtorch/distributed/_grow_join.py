@@ -20,8 +20,8 @@ from ringtorch import _config
 from ringtorch._errors import DistError
 from ringtorch.collectives import liveness
 from ringtorch.collectives.process_group import ProcessGroup
-from ringtorch.distributed._backend import BackendConfig
 from ringtorch.collectives.shrink_agree import _verdict
+from ringtorch.distributed._backend import BackendConfig
 from ringtorch.distributed._world import _world
 from ringtorch.store import PrefixStore
 
