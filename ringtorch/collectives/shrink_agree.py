@@ -117,7 +117,7 @@ def _agree(store: Any, rank: int, size: int, excluded: set[int],
             log.warning("making the shrunk group of %s failed (attempt %d)", survivors, attempt,
                         exc_info=True)
         store.set(f"{prefix}built/{rank}", "ok" if made is not None else "failed")
-        missing, failed = _verdict(store, prefix, survivors, probe, wait_s)
+        missing, failed = verdict(store, prefix, survivors, probe, wait_s)
         if not missing and not failed:
             return Agreement(made, tuple(survivors), attempt)
         if made is not None:
@@ -147,9 +147,11 @@ def _census(store: Any, prefix: str, size: int, excluded: set[int],
     return list(json.loads(store.get(decision_key)))
 
 
-def _verdict(store: Any, prefix: str, survivors: list[int],
+def verdict(store: Any, prefix: str, survivors: list[int],
              probe: Callable[[int], bool | None], wait_s: float) -> tuple[list[int], bool]:
-    """(the survivors that died or stayed silent, whether some build failed)."""
+    """Wait (at most ``wait_s``) for the verdict on one attempt to build a group among
+    ``survivors`` under ``prefix``, writing it first when this rank sees every build posted or
+    the rest dead: (the survivors that died or stayed silent, whether some build failed)."""
     verdict_key = f"{prefix}verdict"
     end = time.monotonic() + wait_s
     while not store.check([verdict_key]):
@@ -173,4 +175,4 @@ def _refusal(rank: int, group_name: str, survivors: list[int], wait_s: float) ->
             f"job's groups and should exit")
 
 
-__all__ = ["Agreement", "ShrinkRefusedError", "agree", "census_outcome", "store_lost"]
+__all__ = ["Agreement", "ShrinkRefusedError", "agree", "census_outcome", "store_lost", "verdict"]

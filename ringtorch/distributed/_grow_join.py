@@ -20,7 +20,7 @@ from ringtorch import _config
 from ringtorch._errors import DistError
 from ringtorch.collectives import liveness
 from ringtorch.collectives.process_group import ProcessGroup
-from ringtorch.collectives.shrink_agree import _verdict
+from ringtorch.collectives.shrink_agree import verdict
 from ringtorch.distributed._backend import BackendConfig
 from ringtorch.distributed._world import _world
 from ringtorch.store import PrefixStore
@@ -133,7 +133,7 @@ def build(plan: dict[str, Any], base: Any, store: Any, slot: int, upto: int,
         log.warning("making the grown group '%s' failed", name, exc_info=True)
     store.set(f"{upto}/built/{rank}", "ok" if pg is not None else "failed")
     group_store = PrefixStore(f"{name}/", base)
-    missing, failed = _verdict(store, f"{upto}/", list(range(len(slots))),
+    missing, failed = verdict(store, f"{upto}/", list(range(len(slots))),
                                lambda r: liveness.probe(group_store, r), wait_s)
     if not missing and not failed:
         return pg
