@@ -17,6 +17,10 @@ project's machines) every rank would otherwise compile ringtorch's modules from 
     .venv/bin/python bench/init.py --world-sizes 4 8 --rounds 3
     PYTHONPATH=/tmp/base .venv/bin/python bench/init.py         # another ringtorch checkout
     .venv/bin/python bench/init.py --json bench/out/init.json   # also bench/_report.py's JSON
+    .venv/bin/python bench/init.py --libs ringtorch --agent-store   # the store in this process
+
+``--agent-store``: the store is served by this (the launching) process and every rank is a
+client (TORCHELASTIC_USE_AGENT_STORE=True), as under ``ringrun --on-worker-failure continue``.
 """
 
 from __future__ import annotations
@@ -46,7 +50,10 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _rank(lib: str, rank: int, world: int, port: int, ready: Any, go: Any, out: Any) -> None:
+def _rank(lib: str, rank: int, world: int, port: int, ready: Any, go: Any, out: Any,
+          agent_store: bool) -> None:
+    if agent_store:
+        os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
     if lib == "gloo":
         import torch.distributed as dist
     else:
@@ -71,12 +78,17 @@ def _rank(lib: str, rank: int, world: int, port: int, ready: Any, go: Any, out: 
     dist.destroy_process_group()
 
 
-def run_world(lib: str, world: int) -> tuple[float, int]:
+def run_world(lib: str, world: int, agent_store: bool = False) -> tuple[float, int]:
     """One start-up of ``world`` ranks: (slowest rank's seconds, most requests of a rank)."""
     ctx = mp.get_context("spawn")
     ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(lib, r, world, port, ready, go, out))
+    store = None
+    if agent_store:
+        from ringtorch.store import TCPStore
+
+        store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    port = store.port if store is not None else _free_port()
+    procs = [ctx.Process(target=_rank, args=(lib, r, world, port, ready, go, out, agent_store))
              for r in range(world)]
     for proc in procs:
         proc.start()
@@ -93,6 +105,8 @@ def run_world(lib: str, world: int) -> tuple[float, int]:
                 raise RuntimeError(f"{lib} world {world}: a rank exited with {dead[0]}") from None
     for proc in procs:
         proc.join(60)
+    if store is not None:
+        store.close()
     return max(r[1] for r in results), max(r[2] for r in results)
 
 
@@ -104,7 +118,13 @@ def main() -> int:
     parser.add_argument("--json", help="also write the results here (bench/_report.py)")
     parser.add_argument("--cold", action="store_true",
                         help="do not compile the measured checkout to bytecode first")
+    parser.add_argument("--agent-store", action="store_true",
+                        help="serve the store from this process; every rank is a client "
+                             "(ringtorch only)")
     args = parser.parse_args()
+    if args.agent_store and "gloo" in args.libs:
+        parser.error("--agent-store needs --libs ringtorch (torch's clients cannot use "
+                     "ringtorch's store)")
     recorder = Recorder("init")
     import ringtorch
 
@@ -118,7 +138,7 @@ def main() -> int:
     for world in args.world_sizes:
         row: dict[str, Any] = {}
         for lib in args.libs:
-            runs = [run_world(lib, world) for _ in range(args.rounds)]
+            runs = [run_world(lib, world, args.agent_store) for _ in range(args.rounds)]
             row[lib] = {"seconds": [t for t, _ in runs], "median_s": statistics.median(
                 t for t, _ in runs), "requests_per_rank": max(n for _, n in runs)}
         results[str(world)] = row

@@ -14,8 +14,9 @@ ringrun restarts the victim alone with RINGTORCH_JOIN=1: its ``init_process_grou
 running job, and the survivors admit it at their next step boundary (``dist.admit_joiners``,
 called once per step). Then DDP broadcasts rank 0's parameters, ``broadcast_optimizer_state``
 the momentum buffers and rank 0 the step count, and the world is whole again: no checkpoint,
-and the survivors never stopped. Rank 0 serves the job's store under ringrun, so the victim
-must not be rank 0.
+and the survivors never stopped. Without --max-restarts the victim may be rank 0 (ringrun's
+launcher serves the store in this mode); with it, not: a replacement for rank 0 is rank 0 of
+the grown world, and this program sends the state from rank 0.
 """
 
 from __future__ import annotations

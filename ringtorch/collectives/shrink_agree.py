@@ -149,9 +149,10 @@ def _census(store: Any, prefix: str, size: int, excluded: set[int],
 
 def verdict(store: Any, prefix: str, survivors: list[int],
             probe: Callable[[int], bool | None], wait_s: float) -> tuple[list[int], bool]:
-    """(the survivors that died or stayed silent, whether some build failed): the first to
-    see every survivor's ``{prefix}built/<rank>`` posted writes it once; grow-back's build
-    check (distributed/_grow_join.py) uses the same round."""
+    """Wait (at most ``wait_s``) for the verdict on one attempt to build a group among
+    ``survivors`` under ``prefix``, writing it first when this rank sees every build posted or
+    the rest dead: (the survivors that died or stayed silent, whether some build failed).
+    Grow-back's build check (distributed/_grow_join.py) uses the same round."""
     verdict_key = f"{prefix}verdict"
     end = time.monotonic() + wait_s
     while not store.check([verdict_key]):

@@ -12,6 +12,11 @@ Guarantees (docs/design/launcher.md): a failed worker stops the others (SIGTERM,
 after --shutdown-timeout) and the summary names the first failure; a signal to the launcher
 stops every worker before the launcher exits; the launcher adopts orphaned descendants
 (subreaper) and kills them too; nothing of the job outlives the agent.
+
+Under --on-worker-failure=continue the agent of node 0 serves the workers' store itself, at
+MASTER_ADDR:MASTER_PORT, for the round (TORCHELASTIC_USE_AGENT_STORE=True, as torchrun's agent
+store): every worker, rank 0 included, is a client, so any of them may die and the others
+still agree on a shrink through it. It closes only after the round's workers are done.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from ringtorch.launcher.messages import say
 from ringtorch.launcher.node_rendezvous import NodeRendezvous, RendezvousError, StaticRendezvous
 from ringtorch.launcher.summary import format_summary, one_line, root_cause
 from ringtorch.launcher.workers import Assignment, LocalWorkerGroup, WorkerFailure
+from ringtorch.store import TCPStore
 
 EXIT_FAILED = 1
 
@@ -180,13 +186,33 @@ class Agent:
                 guardian=self._guardian)
             if not self.config.is_single_node or attempt > 0:
                 say(self._describe_round(assignment, restart_count))
-            group.start()
-            attempt += 1
-            exit_code = self._act(self._watch(group), group)
+            store = self._serve_workers_store(assignment)
+            try:
+                group.start()
+                attempt += 1
+                exit_code = self._act(self._watch(group), group)
+            finally:
+                if store is not None:  # the workers are stopped or done: nobody needs it
+                    self._stop_group(signal.SIGKILL if self._force else signal.SIGTERM)
+                    store.close()
             trace_merge.merge_attempt(self.config, group.observe_dir, assignment.group_rank)
             if exit_code is not None:
                 print_job_summary(self.config, group, self.embedded)
                 return exit_code
+
+    def _serve_workers_store(self, assignment: Assignment) -> TCPStore | None:
+        """The workers' store, served here for the round when this node's agent holds it (see
+        the module docstring); None when the workers' rank 0 serves it."""
+        if not self.config.keep_going or assignment.group_rank != 0:
+            return None
+        # The job secret is in force (run's override): every worker must prove it.
+        try:
+            return TCPStore(assignment.master_addr, assignment.master_port, is_master=True,
+                            wait_for_workers=False)
+        except OSError as exc:
+            raise RendezvousError(
+                f"cannot serve the workers' store on {assignment.master_addr}:"
+                f"{assignment.master_port}: {exc}") from None
 
     def _act(self, action: Action, group: LocalWorkerGroup) -> int | None:
         """Carry out ``action`` on the finished watch of ``group``; the launcher's exit code,

@@ -83,7 +83,8 @@ def worker_env(base: Mapping[str, str], config: LaunchConfig, assignment: Assign
         "TORCHELASTIC_RESTART_COUNT": str(restart_count),
         "TORCHELASTIC_MAX_RESTARTS": str(config.max_restarts),
         "TORCHELASTIC_RUN_ID": config.run_id,
-        "TORCHELASTIC_USE_AGENT_STORE": str(False),
+        # continue mode: node 0's agent serves the store (agent.py), so that rank 0 may die
+        "TORCHELASTIC_USE_AGENT_STORE": str(config.keep_going),
         ERROR_FILE_ENV: error_file,
     })
     if config.secret:
