@@ -12,11 +12,12 @@ real model's would). At step ``--kill-at`` the victim SIGKILLs itself. The survi
 collective raises PeerLostError: they shrink the world (``dist.shrink_on_failure``) and go on.
 ringrun restarts the victim alone with RINGTORCH_JOIN=1: its ``init_process_group`` joins the
 running job, and the survivors admit it at their next step boundary (``dist.admit_joiners``,
-called once per step). Then DDP broadcasts rank 0's parameters, ``broadcast_optimizer_state``
-the momentum buffers and rank 0 the step count, and the world is whole again: no checkpoint,
-and the survivors never stopped. Without --max-restarts the victim may be rank 0 (ringrun's
-launcher serves the store in this mode); with it, not: a replacement for rank 0 is rank 0 of
-the grown world, and this program sends the state from rank 0.
+called once per step). Then the first rank that is not a joiner (``state_source``: a
+replacement for rank 0 is rank 0 of the grown world) sends the parameters
+(``broadcast_module_state``, before DDP re-wraps: DDP broadcasts from rank 0), the momentum
+buffers (``broadcast_optimizer_state``) and the step count, and the world is whole again: no
+checkpoint, and the survivors never stopped. The victim may be any rank, rank 0 included
+(ringrun's launcher serves the store in this mode).
 """
 
 from __future__ import annotations
@@ -69,11 +70,11 @@ def batches(data: TensorDataset, consumed: int, batch: int) -> Any:
     return iter(DataLoader(data, batch_size=batch, sampler=sampler))
 
 
-def sync_counts(step: int, consumed: int) -> tuple[int, int]:
-    """Rank 0's step and samples consumed, on every rank (the survivors may be a step apart;
-    a joiner knows neither)."""
+def sync_counts(step: int, consumed: int, src: int = 0) -> tuple[int, int]:
+    """Rank ``src``'s step and samples consumed, on every rank (the survivors may be a step
+    apart; a joiner knows neither)."""
     counts = torch.tensor([step, consumed])
-    dist.broadcast(counts, group_src=0)
+    dist.broadcast(counts, group_src=src)
     return int(counts[0]), int(counts[1])
 
 
@@ -86,12 +87,14 @@ def main(argv: list[str] | None = None) -> None:
     model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     dist.init_process_group("gloo")  # a replacement (RINGTORCH_JOIN=1) joins the job here
-    ddp = DistributedDataParallel(model)  # the parameters of rank 0, joiners included
-    step, consumed, first_loss, full_world = 0, 0, None, dist.get_world_size()
     joined = dist.joined_running_job()
     if joined is not None:  # the members do the same in their admit_joiners branch below
-        dist.broadcast_optimizer_state(opt)
-        step, consumed = sync_counts(step, consumed)
+        dist.broadcast_module_state(model, group_src=joined.state_source)
+    ddp = DistributedDataParallel(model)  # the parameters of rank 0, joiners included
+    step, consumed, first_loss, full_world = 0, 0, None, dist.get_world_size()
+    if joined is not None:
+        dist.broadcast_optimizer_state(opt, group_src=joined.state_source)
+        step, consumed = sync_counts(step, consumed, joined.state_source)
         say(f"[rank {joined.rank} of {joined.world_size}] joined the running job at step "
             f"{step} (it was at world {joined.previous_world_size})")
     it = batches(data, consumed, args.batch_size)
@@ -111,9 +114,10 @@ def main(argv: list[str] | None = None) -> None:
             grown = None if admitted else dist.admit_joiners()  # once per step, every rank
             admitted = False
             if grown is not None:
-                ddp = ddp.rewrap()  # broadcasts rank 0's parameters to the joiners
-                dist.broadcast_optimizer_state(opt)
-                step, consumed = sync_counts(step, consumed)
+                dist.broadcast_module_state(model, group_src=grown.state_source)
+                ddp = ddp.rewrap()  # DDP's own broadcast from rank 0 then changes nothing
+                dist.broadcast_optimizer_state(opt, group_src=grown.state_source)
+                step, consumed = sync_counts(step, consumed, grown.state_source)
                 it = batches(data, consumed, args.batch_size)
                 say(f"[rank {grown.rank} of {grown.world_size}] admitted rank(s) "
                     f"{list(grown.joined_ranks)} at step {step}")

@@ -85,6 +85,7 @@ from ringtorch.distributed.grow import (
     GrownWorld,
     JoinError,
     admit_joiners,
+    broadcast_module_state,
     broadcast_optimizer_state,
     joined_running_job,
 )
@@ -135,6 +136,7 @@ __all__ = [
     "ShrinkRefusedError",
     "ShrunkWorld",
     "admit_joiners",
+    "broadcast_module_state",
     "broadcast_optimizer_state",
     "joined_running_job",
     "shrink_group",

@@ -53,6 +53,9 @@ class GrownWorld:
         previous_world_size: the members' world size before the joiners came.
         joined_ranks: the joiners' ranks in the new world.
         is_joiner: whether this process is one of the joiners.
+        state_source: the new rank of the first member that is not a joiner: send the
+            training state from it (a replacement for rank 0 is rank 0 of the grown world,
+            and holds no state yet).
     """
 
     rank: int
@@ -60,6 +63,7 @@ class GrownWorld:
     previous_world_size: int
     joined_ranks: tuple[int, ...]
     is_joiner: bool
+    state_source: int
 
 
 def join_running_job(raw_store: Any, slot: int, timeout: timedelta,
@@ -145,8 +149,10 @@ def build(plan: dict[str, Any], base: Any, store: Any, slot: int, upto: int,
 
 def grown_world(pg: ProcessGroup, plan: dict[str, Any], is_joiner: bool) -> GrownWorld:
     slots = list(plan["slots"])
-    return GrownWorld(pg.rank(), pg.size(), int(plan["previous_world_size"]),
-                      tuple(sorted(slots.index(s) for s in plan["joiners"])), is_joiner)
+    joined = tuple(sorted(slots.index(s) for s in plan["joiners"]))
+    source = min(r for r in range(len(slots)) if r not in joined)
+    return GrownWorld(pg.rank(), pg.size(), int(plan["previous_world_size"]), joined,
+                      is_joiner, source)
 
 
 __all__ = ["PREFIX", "GrownWorld", "JoinError", "build", "generation_prefix", "grown_world",

@@ -97,6 +97,18 @@ def joined_running_job() -> GrownWorld | None:
     return _world.joined
 
 
+def broadcast_module_state(module: torch.nn.Module, group_src: int = 0,
+                           group: Any = None) -> None:
+    """Give every rank of ``group`` (default: the default group) rank ``group_src``'s
+    parameters and buffers of ``module``, in place. After ``admit_joiners`` send them from
+    ``GrownWorld.state_source`` *before* DDP is made or re-wrapped on the grown group: DDP
+    broadcasts from rank 0, which is a joiner when rank 0 was replaced. Every rank of the
+    group calls it."""
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            ops.broadcast(tensor, group=group, group_src=group_src)
+
+
 def broadcast_optimizer_state(optimizer: Any, group_src: int = 0, group: Any = None) -> None:
     """Give every rank of ``group`` (default: the default group) the state of rank
     ``group_src``'s ``optimizer`` (a ``torch.optim.Optimizer``; its ``state_dict``, sent as an
@@ -152,5 +164,6 @@ def _retire(old: ProcessGroup, grown: ProcessGroup, plan: dict[str, Any]) -> Non
     _world.default_pg = grown
 
 
-__all__ = ["GrownWorld", "JoinError", "admit_joiners", "broadcast_optimizer_state",
+__all__ = ["GrownWorld", "JoinError", "admit_joiners", "broadcast_module_state",
+           "broadcast_optimizer_state",
            "joined_running_job"]

@@ -31,3 +31,24 @@ def test_the_job_survives_rank_0_sigkilled_mid_training() -> None:
     assert float(done[3]) < float(done[2]), out  # training went on from memory, not afresh
     assert ("ringrun: the job finished without the worker(s) of rank(s) [0], which failed on the "
             "way; the others exited 0") in out, out
+
+
+def test_a_replacement_for_rank_0_gets_the_survivors_state_not_a_fresh_one() -> None:
+    """With --max-restarts, rank 0's replacement is rank 0 of the grown world: the state comes
+    from GrownWorld.state_source (a survivor), so training goes on where the survivors were."""
+    run = subprocess.run(
+        [str(RINGRUN), "--nproc-per-node", "3", "--on-worker-failure", "continue",
+         "--max-restarts", "1", "--no-summary", str(ROOT / "examples" / "grow_back.py"),
+         "--victim", "0", "--kill-at", "5", "--steps", "15", "--step-s", "0"],
+        capture_output=True, text=True, timeout=180, cwd=ROOT)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out
+    joined = re.search(r"\[rank 0 of 3\] joined the running job at step (\d+) \(it was at "
+                       r"world 2\)", out)
+    assert joined and int(joined[1]) >= 5, out  # the survivors' step count, not 0
+    first = re.search(r"step   1  world 3  loss ([\d.]+)", out)  # the job's first step
+    done = re.search(r"finished \d+ steps at world 3 \(started at 3\); parameters identical on "
+                     r"all 3 ranks: (\w+); loss ([\d.]+) -> ([\d.]+)", out)
+    assert first and done and done[1] == "True", out
+    # rank 0's first step after joining starts from the survivors' trained parameters
+    assert float(done[2]) < float(first[1]) / 2, out
