@@ -39,8 +39,8 @@ def test_a_replacement_for_rank_0_gets_the_survivors_state_not_a_fresh_one() -> 
     run = subprocess.run(
         [str(RINGRUN), "--nproc-per-node", "3", "--on-worker-failure", "continue",
          "--max-restarts", "1", "--no-summary", str(ROOT / "examples" / "grow_back.py"),
-         "--victim", "0", "--kill-at", "5", "--steps", "15", "--step-s", "0"],
-        capture_output=True, text=True, timeout=180, cwd=ROOT)
+         "--victim", "0", "--kill-at", "5", "--steps", "30", "--step-s", "0.05"],
+        capture_output=True, text=True, timeout=110, cwd=ROOT)
     out = run.stdout + run.stderr
     assert run.returncode == 0, out
     joined = re.search(r"\[rank 0 of 3\] joined the running job at step (\d+) \(it was at "
