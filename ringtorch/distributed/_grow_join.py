@@ -28,6 +28,9 @@ from ringtorch.store import PrefixStore
 log = logging.getLogger(__name__)
 
 PREFIX = "rt_grow"
+CLOSED = "closed"  # set by rank 0 when the job's default group is destroyed
+ENDED = ("the running job has ended (its ranks destroyed their default group) before it "
+         "admitted this worker")
 """The grow-back keys live under this prefix of the default group's base store."""
 
 MakeGroup = Callable[..., ProcessGroup]
@@ -88,7 +91,12 @@ def join_running_job(raw_store: Any, slot: int, timeout: timedelta,
     ident = f"{slot}-{os.getpid()}-{secrets.token_hex(4)}"
     store.append("knocks", json.dumps({"slot": slot, "id": ident}) + "\n")
     store.add("arrivals", 1)
-    answer = _wait_answer(store, f"answer/{ident}", slot, timeout)
+    # rank 0 marks the job ended before it reads the knocks (close_to_joiners): either it saw
+    # this knock and answers it, or this worker sees the mark now; it never waits in vain
+    answer = (_withdraw(store, f"answer/{ident}") if store.check([CLOSED]) else
+              _wait_answer(store, f"answer/{ident}", slot, timeout))
+    if "withdrawn" in answer:
+        raise JoinError(f"rank {slot} cannot join: {ENDED}")
     if "refused" in answer:
         raise JoinError(f"rank {slot} was refused by the running job: {answer['refused']}")
     upto = int(answer["upto"])
@@ -105,13 +113,40 @@ def join_running_job(raw_store: Any, slot: int, timeout: timedelta,
     return pg, base
 
 
+def close_to_joiners(default: ProcessGroup) -> None:
+    """On rank 0, as the job's default group ``default`` is destroyed: mark the job ended,
+    then refuse every replacement that knocked and was not answered, so that none waits its
+    whole timeout for ranks that are gone (two store requests when nobody knocked). A store
+    that is gone already is left alone: nobody can knock there."""
+    backend, base = _world.pg_map[default]
+    if default.rank() != 0 or backend == "mpi":
+        return
+    try:
+        store = PrefixStore(PREFIX, base.underlying_store)
+        store.set(CLOSED, "1")
+        if not int(store.add("arrivals", 0)):
+            return
+        refusal = json.dumps({"refused": ENDED})
+        for line in store.get("knocks").decode().splitlines():
+            store.compare_set(f"answer/{json.loads(line)['id']}", "", refusal)
+    except Exception:  # at teardown, a store that went first is no error
+        log.debug("could not mark the job ended for replacement workers", exc_info=True)
+
+
+def _withdraw(store: Any, key: str) -> dict[str, Any]:
+    """Withdraw this knock, unless rank 0 answered it: then its answer stands, even one given
+    just now."""
+    return dict(json.loads(store.compare_set(key, "", json.dumps({"withdrawn": True}))))
+
+
 def _wait_answer(store: Any, key: str, slot: int, timeout: timedelta) -> dict[str, Any]:
     try:
         store.wait([key], timeout)
     except DistError:  # timed out (a store that is gone fails the compare_set below too)
         pass
-    # withdraw, unless rank 0 answered: then its answer stands, even one given just now
-    answer = dict(json.loads(store.compare_set(key, "", json.dumps({"withdrawn": True}))))
+    answer = _withdraw(store, key)
+    if "withdrawn" in answer and store.check([CLOSED]):
+        raise JoinError(f"rank {slot} cannot join: {ENDED}")
     if "withdrawn" in answer:
         raise JoinError(f"rank {slot} could not join the running job within {timeout}: no rank "
                         f"of the job admitted it (it waited for its answer, key "
@@ -155,5 +190,5 @@ def grown_world(pg: ProcessGroup, plan: dict[str, Any], is_joiner: bool) -> Grow
                       is_joiner, source)
 
 
-__all__ = ["PREFIX", "GrownWorld", "JoinError", "build", "generation_prefix", "grown_world",
-           "join_running_job"]
+__all__ = ["PREFIX", "GrownWorld", "JoinError", "build", "close_to_joiners", "generation_prefix",
+           "grown_world", "join_running_job"]

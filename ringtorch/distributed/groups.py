@@ -29,7 +29,11 @@ from ringtorch.collectives.backends.base import BackendContext
 from ringtorch.collectives.process_group import ProcessGroup
 from ringtorch.distributed import _debug, _torch_world, flight_recorder
 from ringtorch.distributed._backend import Backend, BackendConfig
-from ringtorch.distributed._grow_join import generation_prefix, join_running_job
+from ringtorch.distributed._grow_join import (
+    close_to_joiners,
+    generation_prefix,
+    join_running_job,
+)
 from ringtorch.distributed._init_device import check_device_id, runs_nccl
 from ringtorch.distributed._world import NON_GROUP_MEMBER, GroupMember, _world, is_non_member
 from ringtorch.store import HashStore, PrefixStore, Store
@@ -267,6 +271,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
     if pg not in _world.pg_map:
         raise ValueError("Invalid process group specified")
     if group is None or pg is _world.default_pg:
+        close_to_joiners(pg)  # rank 0: no replacement worker waits for a job that ended
         trace_run.finish()  # before shutdown: the records still know their route
         TOTALS.write()  # the end-of-job summary's totals, in case the process is killed later
         for each in sorted(_world.pg_names, key=lambda g: int(_world.pg_names[g])

@@ -133,3 +133,20 @@ def test_a_joiner_nobody_admits_a_wrong_secret_and_an_unknown_rank_are_refused(
     assert unknown_rec["error"] == [
         "JoinError", "rank 5 cannot join a running job: no process ran as rank 5 on this store "
                      "(RINGTORCH_JOIN=1 starts a replacement for a rank of a running job)"]
+
+
+def test_a_joiner_that_arrives_after_the_job_ended_is_told_at_once(store: TCPStore) -> None:
+    """Rank 0 marks the job ended when it destroys the default group: a replacement that
+    knocks later is refused at once instead of waiting its whole timeout (60 s here)."""
+    members = [_start(store, r, ["idle"], WORLD_SIZE="2") for r in range(2)]
+    try:
+        wait_for(lambda: store.check(["ready/0", "ready/1"]), 120, "the job's init")
+        store.set("done", "1")
+        assert [_record(p) for p in members] == [{"slot": 0}, {"slot": 1}]  # destroyed
+    finally:
+        for proc in members:
+            proc.kill()
+    late = _record(_start(store, 1, ["joiner", "1", "60"], WORLD_SIZE="2", RINGTORCH_JOIN="1"))
+    assert late["error"] == [
+        "JoinError", "rank 1 cannot join: the running job has ended (its ranks destroyed their "
+                     "default group) before it admitted this worker"]
