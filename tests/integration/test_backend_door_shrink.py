@@ -58,7 +58,7 @@ def _run() -> list[dict[str, Any]]:
     for r, (p, (out, err)) in enumerate(zip(procs, outs, strict=True)):
         if r == VICTIM:
             continue
-        assert p.returncode == 0, f"rank {r} failed:\n{err}"
+        assert p.returncode == 0, f"rank {r} failed:\n{err}\nits output:\n{out[-2000:]}"
         seen.append(json.loads(re.search(r"^RESULT (.*)$", out, re.M).group(1)))
     return seen
 
