@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
+
+from ringtorch.testing import wait_for
 
 
 def main(folder: str) -> None:
@@ -26,9 +27,8 @@ def main(folder: str) -> None:
     print(f"rank {rank}: all_reduce {t[0].item():g}", flush=True)
     if rank != 0:
         open(os.path.join(folder, f"ready-{rank}"), "w").close()
-        go = os.path.join(folder, "go")
-        while not os.path.exists(go):  # the test's marker, made once rank 0 has exited
-            time.sleep(0.005)
+        go = os.path.join(folder, "go")  # the test's marker, made once rank 0 has exited
+        wait_for(lambda: os.path.exists(go), 120, "the test's marker that rank 0 has exited")
     dist.destroy_process_group()
     print(f"rank {rank} of {size}: done", flush=True)
 

@@ -18,6 +18,7 @@ import pytest
 
 from ringtorch import _config
 from ringtorch._device import nccl_lib
+from ringtorch.testing import wait_for
 
 pytestmark = pytest.mark.nccl_lib
 
@@ -232,7 +233,6 @@ def test_a_nonblocking_init_waiting_for_a_missing_peer_stays_in_progress_until_a
 
 @pytest.mark.gpu(1)
 def test_a_nonblocking_one_rank_communicator_runs_each_collective_on_a_stream() -> None:
-    import time
 
     import torch
 
@@ -240,9 +240,8 @@ def test_a_nonblocking_one_rank_communicator_runs_each_collective_on_a_stream() 
 
     lib = nccl_comm.RealNccl()
     comm = lib.init_rank(1, lib.unique_id(), 0, 0)
-    deadline = time.monotonic() + 60
-    while comm.async_error() == nccl_comm.IN_PROGRESS and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: comm.async_error() != nccl_comm.IN_PROGRESS, 60,
+             "the one-rank communicator's non-blocking init")
     assert comm.async_error() == nccl_comm.SUCCESS
     try:
         stream = torch.cuda.Stream()
