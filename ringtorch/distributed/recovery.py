@@ -97,7 +97,8 @@ def shrink_on_failure(error: BaseException | None = None,
     default = groups._get_default_group()
     previous_rank, previous_size = default.rank(), default.size()
     plans = _plans(default)
-    shrunk = shrink(default, set(), shrink_flags)
+    cause = str(error).splitlines()[0] if error is not None and str(error) else None
+    shrunk = shrink(default, set(), shrink_flags, cause=cause)
     survivors = [r for r in range(previous_size) if r not in shrunk.excluded]
     new_default = shrunk.group
     base = _world.pg_map[new_default][1]

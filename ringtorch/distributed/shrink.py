@@ -84,16 +84,18 @@ def shrink_group(ranks_to_exclude: list[int], group: ProcessGroup | None = None,
 
 
 def shrink(target: ProcessGroup, excluded: set[int], shrink_flags: int = SHRINK_DEFAULT,
-           pg_options: Any | None = None) -> Shrunk:
+           pg_options: Any | None = None, cause: str | None = None) -> Shrunk:
     """shrink_group without its argument checks (the recovery helper calls it with an empty
-    ``excluded``: the agreement finds who is gone)."""
+    ``excluded``: the agreement finds who is gone). ``cause``: the failure that made this
+    rank shrink, told to the peers whose operations an abort-first shrink fails, so that a
+    survivor slower to notice reads what happened rather than only who aborted."""
     old_name = target.group_name
     backend_name, old_store = _world.pg_map[target]
     backend_config = _world.pg_backend_config[target]
     old_globals = groups.get_process_group_ranks(target)
     is_default = target is _world.default_pg
     if shrink_flags & SHRINK_ABORT:
-        target.abort()
+        target.abort(f"it shrinks the group after: {cause}" if cause else None)
     wait_s = _config.SHRINK_WAIT_S.get()
     retired: list[bool] = []
 
