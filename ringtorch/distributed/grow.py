@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from ringtorch._observe.hang_ask import HANG
 from ringtorch.collectives.process_group import ProcessGroup
 from ringtorch.distributed import groups, object_ops, ops
 from ringtorch.distributed._grow_join import (
@@ -162,6 +163,7 @@ def _retire(old: ProcessGroup, grown: ProcessGroup, plan: dict[str, Any]) -> Non
         pg.shutdown()
         _world.forget(pg)
     _world.default_pg = grown
+    HANG.renumber(grown.rank(), list(grown.global_ranks))  # hang reports ask the new world
 
 
 __all__ = ["GrownWorld", "JoinError", "admit_joiners", "broadcast_module_state",

@@ -22,6 +22,7 @@ from typing import Any
 
 from ringtorch import _config
 from ringtorch._errors import DistError
+from ringtorch._observe.hang_ask import HANG
 from ringtorch.collectives import liveness
 from ringtorch.collectives.process_group import ProcessGroup
 from ringtorch.collectives.shrink_agree import ShrinkRefusedError, agree, store_lost
@@ -128,6 +129,8 @@ def shrink(target: ProcessGroup, excluded: set[int], shrink_flags: int = SHRINK_
         raise lost from exc
     if is_default:
         _world.default_pg = agreement.built
+        # hang reports ask the survivors only, and name them by both numbers
+        HANG.renumber(agreement.built.rank(), list(agreement.built.global_ranks))
     return Shrunk(agreement.built, tuple(r for r in range(target.size())
                                          if r not in agreement.survivors))
 
