@@ -76,8 +76,10 @@ def _run(slot: int, steps: int, marker: Path, die_after: int = -1) -> Any:
     step = 0
     if joined is not None:  # the replacement: the survivors' parameters, then DDP and ZeRO
         dist.broadcast_module_state(net, group_src=joined.state_source)
+    pair = dist.new_group([0, 2]) if joined is None else None  # rebuilt by the shrink
     ddp = DistributedDataParallel(net)
     opt = ZeroRedundancyOptimizer(ddp.parameters(), **opt_args)
+    torch_view: dict[str, Any] = {}
     if joined is not None:
         opt = opt.rewrap()  # its shard of the survivors' optimizer state
         step = _counts(step, joined.state_source)
@@ -106,7 +108,8 @@ def _run(slot: int, steps: int, marker: Path, die_after: int = -1) -> Any:
                 if step == die_after:
                     os.kill(os.getpid(), signal.SIGKILL)
         except dist.DistError as exc:
-            dist.shrink_on_failure(exc)
+            world = dist.shrink_on_failure(exc)
+            torch_view["shrunk"] = _torch_view(world.replacement(pair).group_name, slot)
             ddp, opt = ddp.rewrap(), opt.rewrap()
             step = _counts(step, 0)
             continue
@@ -114,5 +117,23 @@ def _run(slot: int, steps: int, marker: Path, die_after: int = -1) -> Any:
         step += 1
         if slot == 0 and sum(len(w) == 2 for w in worlds) == AT_TWO:
             marker.touch()
+    torch_view["grown"] = _torch_view(None, slot)
     return {"world": dist.get_process_group_ranks(dist.group.WORLD), "worlds": worlds,
-            "params": [p.detach().clone() for p in net.parameters()]}
+            "params": [p.detach().clone() for p in net.parameters()], "torch": torch_view}
+
+
+def _torch_view(subgroup: str | None, slot: int) -> dict[str, Any]:
+    """What torch.distributed's own functions see of the world: its default group's size and
+    this rank, an all_reduce of 10 ** slot over it, and the same over the group torch's
+    table holds under the name ``subgroup``."""
+    import torch.distributed as tdist
+
+    t = torch.tensor([10.0 ** slot])
+    tdist.all_reduce(t)
+    view = {"size": tdist.get_world_size(), "rank": tdist.get_rank(), "sum": t.item()}
+    if subgroup is not None:
+        group = tdist.distributed_c10d._resolve_process_group(subgroup)
+        t = torch.tensor([10.0 ** slot])
+        tdist.all_reduce(t, group=group)
+        view["sub"] = (tdist.get_world_size(group), tdist.get_rank(group), t.item())
+    return view

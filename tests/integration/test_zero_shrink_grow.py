@@ -9,7 +9,9 @@ is gone and starts afresh, as a fresh optimizer's; a replacement gets its share 
 state. The reference is one process with ``torch.optim.SGD`` over the whole model, whose
 gradient at each step is the mean over the ranks that trained it, and which forgets the
 momentum of the one weight the lost rank owned (torch's greedy partition at world 3 gives it
-the 20-element weight: largest first, each to the least loaded rank) when it dies.
+the 20-element weight: largest first, each to the least loaded rank) when it dies. The same
+run checks that torch.distributed's own functions see each world (one world: the facade's
+groups are torch's groups).
 """
 
 from __future__ import annotations
@@ -48,6 +50,14 @@ def test_zero_keeps_the_survivors_state_through_a_shrink_and_a_grow_back(tmp_pat
         assert got["world"] == [0, 1, 2]
     assert results[2]["worlds"] == worlds
     assert results[1]["worlds"] == worlds[grown_at:]  # the replacement's steps
+    # torch.distributed's own functions see the same worlds: its default group is the
+    # shrunk one, then the grown one, and the subgroup new_group([0, 2]) rebuilt by the shrink
+    # is in its table (both survivors are in it: ranks 0 and 1 now)
+    for slot, rank in ((0, 0), (2, 1)):
+        assert results[slot]["torch"]["shrunk"] == {
+            "size": 2, "rank": rank, "sum": 101.0, "sub": (2, rank, 101.0)}
+    for slot in range(3):
+        assert results[slot]["torch"]["grown"] == {"size": 3, "rank": slot, "sum": 111.0}
     expected = _reference(worlds, lost_at)
     for rank, got in enumerate(results):
         for i, (mine, want) in enumerate(zip(got["params"], expected, strict=True)):
