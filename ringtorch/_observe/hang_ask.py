@@ -79,6 +79,9 @@ class HangState:
         self.stacks_path = ""
         self.dump: Callable[[], dict[str, Any]] = RECORDER.dump
         self.name = ""  # the RPC worker name, when init_rpc gave one
+        # after a shrink or a grow back: the ranks (as started) of the current world, in
+        # its rank order, and this rank's number in it; None: the world is the one started
+        self.world: list[int] | None = None
         self._info: dict[str, Any] = {}
         self._stacks: IO[str] | None = None
         self._stop = threading.Event()
@@ -140,6 +143,20 @@ class HangState:
             daemon=True, name="ringtorch-hang-responder")
         self._responder.start()
 
+    def renumber(self, now: int, world: list[int]) -> None:
+        """The job's world changed (a shrink, a grow back): it is now the ranks ``world``
+        (as each was started, in the new rank order) and this one is ``now`` in it. This
+        rank keeps its keys (askers from outside the job, ringrun, know only those); its
+        reports ask only ``world`` and name ranks by both numbers. Never raises."""
+        self.world = list(world)
+        self._info["now"] = now
+        if self.store is not None:
+            self._publish()
+
+    def ranks(self) -> list[int]:
+        """The ranks a report of this process asks: the current world's."""
+        return list(range(self.world_size)) if self.world is None else list(self.world)
+
     def _publish(self) -> None:
         """Tell askers where this rank runs (and its RPC name, once known)."""
         try:
@@ -167,6 +184,7 @@ class HangState:
                 pass
             self._stacks.close()
         listener, self._listener, self._stacks, self.store = self._listener, None, None, None
+        self.world = None
         if listener is not None:
             try:
                 listener.close()
@@ -259,12 +277,12 @@ class HangState:
             signal_s = max(0.01, min(SIGNAL_WAIT_S, left / 4))
             wait_s = max(0.01, min(_config.HANG_REPORT_WAIT_S.get(), left - signal_s))
             answers = ask(asker, self.world_size, f"group '{tag[1]}' #{tag[2]} is late",
-                          wait_s, signal_s)
+                          wait_s, signal_s, ranks=self.ranks())
             keep = max(0.0, deadline - time.monotonic()) + AHEAD_KEEP_S
             asker.wait([key("why", *tag)], timedelta(seconds=keep))
             reason = asker.get(key("why", *tag)).decode()
             text, path = write_report(answers, self.world_size, reason, f"rank{self.rank}",
-                                      _config.OBSERVE_DIR.get() or None)
+                                      _config.OBSERVE_DIR.get() or None, ranks=self.ranks())
             log.error("%s(saved in %s)", text, path)
             asker.set(key("ahead-report", *tag), path)
         except Exception as exc:  # the collective finished in time, or the store is gone
@@ -315,10 +333,11 @@ class HangState:
                 path = "(none: it was not complete at the deadline)"
         else:
             try:
-                answers = ask(store, self.world_size, reason, wait_s)
+                answers = ask(store, self.world_size, reason, wait_s, ranks=self.ranks())
                 # a copy beside the other ranks' files when there is one
                 text, path = write_report(answers, self.world_size, reason,
-                                          f"rank{self.rank}", _config.OBSERVE_DIR.get() or None)
+                                          f"rank{self.rank}", _config.OBSERVE_DIR.get() or None,
+                                          ranks=self.ranks())
                 log.error("%s(saved in %s)", text, path)
             except Exception as exc:
                 path = f"(none: {exc})"
@@ -342,11 +361,14 @@ def is_hang(message: str) -> bool:
 
 
 def write_report(answers: list[Answer], world_size: int, reason: str, who: str,
-                 copy_to: str | None = None) -> tuple[str, str]:
-    """The report made of ``answers``, saved as a new file in the temporary folder (which
-    outlives ringrun's run directory, removed at the end unless --log-dir) and copied into
-    the folder ``copy_to`` when given: (its text, its path)."""
-    text = format_report(analyse(sorted(answers, key=lambda a: a.rank), world_size, reason))
+                 copy_to: str | None = None, ranks: list[int] | None = None) -> tuple[str, str]:
+    """The report made of ``answers`` (to a request to ``ranks``, default every rank of
+    ``world_size``), saved as a new file in the temporary folder (which outlives ringrun's
+    run directory, removed at the end unless --log-dir) and copied into the folder
+    ``copy_to`` when given: (its text, its path)."""
+    asked = list(range(world_size)) if ranks is None else ranks
+    text = format_report(analyse(sorted(answers, key=lambda a: a.rank), len(asked), reason,
+                                 asked))
     path = save_report(text, tempfile.gettempdir(), who)
     if copy_to:
         shutil.copy(path, os.path.join(copy_to, os.path.basename(path)))
@@ -373,12 +395,13 @@ def save_report(text: str, folder: str, who: str) -> str:
 
 
 def ask(store: Any, world_size: int, reason: str, wait_s: float,
-        signal_s: float = SIGNAL_WAIT_S) -> list[Answer]:
-    """Ask every rank for its flight record and stacks; returns one Answer per rank that
-    published where it runs, within about ``wait_s`` seconds, plus at most ``signal_s`` for
-    the stacks of the silent ranks on this host (signalled together)."""
+        signal_s: float = SIGNAL_WAIT_S, ranks: list[int] | None = None) -> list[Answer]:
+    """Ask every rank (of ``ranks``, default ``range(world_size)``: a shrunk world asks only
+    its own) for its flight record and stacks; returns one Answer per rank that published
+    where it runs, within about ``wait_s`` seconds, plus at most ``signal_s`` for the stacks
+    of the silent ranks on this host (signalled together)."""
     infos: dict[int, dict[str, Any]] = {}
-    for rank in range(world_size):
+    for rank in range(world_size) if ranks is None else ranks:
         if store.check([key("info", rank)]):
             infos[rank] = json.loads(store.get(key("info", rank)))
     n = store.add(key("requests"), 1)
@@ -402,7 +425,8 @@ def ask(store: Any, world_size: int, reason: str, wait_s: float,
         got = answers.get(rank)
         if got is not None:
             out.append(Answer(rank, got["flight"], got["stacks"], info["main_thread"],
-                              info["host"], info["pid"], "", info.get("name", "")))
+                              info["host"], info["pid"], "", info.get("name", ""),
+                              info.get("now", -1)))
             continue
         note = f"did not answer within {wait_s:.3g} s"
         if info["host"] != here:
@@ -413,7 +437,7 @@ def ask(store: Any, world_size: int, reason: str, wait_s: float,
             note += ("; stacks by SIGUSR1" if stacks[rank]
                      else "; no stacks (the process is gone?)")
         out.append(Answer(rank, None, stacks.get(rank) or "", info["main_thread"], info["host"],
-                          info["pid"], note, info.get("name", "")))
+                          info["pid"], note, info.get("name", ""), info.get("now", -1)))
     return out
 
 

@@ -51,6 +51,8 @@ class Answer:
         host, pid: where the rank runs, if it published them.
         note: how the stacks were obtained or why nothing came ("did not answer within 3 s").
         name: its RPC worker name ("" if it has none).
+        now: its rank in the job's current world when that differs from ``rank`` (the job
+            shrank or grew back, see docs/recovery.md), else -1.
     """
 
     rank: int
@@ -61,6 +63,7 @@ class Answer:
     pid: int = -1
     note: str = ""
     name: str = ""
+    now: int = -1
 
 
 @dataclass
@@ -149,18 +152,24 @@ def _site(entry: dict[str, Any]) -> str:
     return f" at {entry['site']}" if entry.get("site") else ""
 
 
-def analyse(answers: list[Answer], world_size: int, reason: str) -> dict[str, Any]:
+def analyse(answers: list[Answer], world_size: int, reason: str,
+            ranks: list[int] | None = None) -> dict[str, Any]:
     """Merge the ranks' answers into the facts a report states (a JSON-serialisable dict).
+
+    Ranks are the ones each process was started as (its flight record's group members are
+    numbered so); ``ranks`` are the ranks asked (default: ``range(world_size)``), and a rank
+    whose answer gives its number in a shrunk or grown world (``Answer.now``) is named by both.
 
     Returns: ``reason``, ``world_size``, ``silent`` (ranks that gave no flight record, with
     why), ``groups`` (per group: members, each rank's position, the first divergent sequence
     number, the ranks that did not arrive there and the ranks waiting), ``mismatches``,
-    ``rpc`` (RPC calls still in flight), ``culprits`` (the ranks the others wait for) and
-    ``stacks`` (per rank, the useful frames of its interesting threads).
+    ``rpc`` (RPC calls still in flight), ``culprits`` (the ranks the others wait for),
+    ``stacks`` (per rank, the useful frames of its interesting threads) and ``renumbered``
+    (rank -> its number in the current world, where they differ).
     """
     by_rank = {a.rank: a for a in answers}
     silent = {a.rank: a.note or "did not answer" for a in answers if a.flight is None}
-    for rank in range(world_size):
+    for rank in range(world_size) if ranks is None else ranks:
         if rank not in by_rank:
             silent[rank] = "did not publish where it runs (no process group yet?)"
     groups: dict[str, dict[str, Any]] = {}
@@ -185,6 +194,7 @@ def analyse(answers: list[Answer], world_size: int, reason: str) -> dict[str, An
         members = groups.get(name, {}).get("ranks") or sorted(per_group.get(name, {}))
         seen = per_group.get(name, {})
         verdict = _group_verdict(name, members, seen, silent)
+        verdict["gone"] = name not in groups  # its records outlived it (shrunk, destroyed)
         out_groups[name] = verdict
         mismatches += verdict.pop("mismatches")
         culprits.update(verdict["late"])
@@ -204,7 +214,8 @@ def analyse(answers: list[Answer], world_size: int, reason: str) -> dict[str, An
     return {"reason": reason, "world_size": world_size, "made_at": time.time(),
             "silent": silent, "groups": out_groups, "mismatches": mismatches, "rpc": rpc,
             "culprits": sorted(culprits), "stacks": stacks,
-            "notes": {a.rank: a.note for a in answers if a.note}}
+            "notes": {a.rank: a.note for a in answers if a.note},
+            "renumbered": {a.rank: a.now for a in answers if a.now >= 0 and a.now != a.rank}}
 
 
 def _group_key(name: str) -> tuple[int, str]:
@@ -254,21 +265,29 @@ def _group_verdict(name: str, members: list[int], seen: dict[int, dict[int, dict
             "mismatches": mismatches}
 
 
-def _ranks(ranks: list[int]) -> str:
-    return ", ".join(str(r) for r in ranks)
-
-
 def format_report(facts: dict[str, Any]) -> str:
-    """The report as users read it (docs/hang-report.md shows one)."""
+    """The report as users read it (docs/hang-report.md shows one). After a shrink or a grow
+    back a rank is named by its number in the current world and, where that differs, the one
+    it was started as: "rank 1 (was 2)"."""
+    renumbered = {int(k): int(v) for k, v in facts.get("renumbered", {}).items()}
+
+    def who(rank: Any) -> str:
+        now = renumbered.get(int(rank))
+        return str(rank) if now is None else f"{now} (was {rank})"
+
+    def _ranks(ranks: list[int]) -> str:
+        return ", ".join(who(r) for r in ranks)
+
     lines = [f"=== ringtorch hang report: {facts['world_size']} rank(s) ===",
              f"why: {facts['reason']}"]
     silent = {int(k): v for k, v in facts["silent"].items()}
     if silent:
-        lines += [f"rank {r}: {why}" for r, why in sorted(silent.items())]
+        lines += [f"rank {who(r)}: {why}" for r, why in sorted(silent.items())]
     for name, group in facts["groups"].items():
-        lines.append(f"group '{name}' (ranks {_ranks(group['ranks'])}):")
+        gone = ", no longer in use" if group.get("gone") else ""
+        lines.append(f"group '{name}' (ranks {_ranks(group['ranks'])}{gone}):")
         for rank, where in sorted(group["positions"].items(), key=lambda kv: int(kv[0])):
-            lines.append(f"  rank {rank}: {where}")
+            lines.append(f"  rank {who(rank)}: {where}")
         if group["diverge_seq"] is not None:
             text = f"  first divergence: {group['diverge_op']}"
             if group["late"]:
@@ -281,15 +300,15 @@ def format_report(facts: dict[str, Any]) -> str:
         else:
             lines.append("  every rank is in step")
     for bad in facts["mismatches"]:
-        calls = "; ".join(f"rank {r} called {c}" for r, c in sorted(
+        calls = "; ".join(f"rank {who(r)} called {c}" for r, c in sorted(
             bad["calls"].items(), key=lambda kv: int(kv[0])))
         lines.append(f"MISMATCH on group '{bad['group']}' at #{bad['seq']}: {calls}")
     for call in facts["rpc"]:
         fn = f" ({call['function']})" if call["function"] else ""
         site = f" at {call['site']}" if call.get("site") else ""
-        callee = "" if call.get("to_rank") is None else f" (rank {call['to_rank']})"
-        lines.append(f"rank {call['rank']} waits for {call['op']} to {call['to']}{callee}{fn}"
-                     f"{site}")
+        callee = "" if call.get("to_rank") is None else f" (rank {who(call['to_rank'])})"
+        lines.append(f"rank {who(call['rank'])} waits for {call['op']} to {call['to']}{callee}"
+                     f"{fn}{site}")
     if facts["culprits"]:
         lines.append(f"everybody waits for: ranks [{_ranks(facts['culprits'])}]")
     notes = {int(k): v for k, v in facts.get("notes", {}).items()}
@@ -297,8 +316,8 @@ def format_report(facts: dict[str, Any]) -> str:
     for rank in shown:
         threads = facts["stacks"].get(rank) or facts["stacks"].get(str(rank)) or []
         how = f" ({notes[rank]})" if rank in notes and rank not in silent else ""
-        lines.append(f"rank {rank} is doing{how}:" if threads else
-                     f"rank {rank}: no stacks{how}")
+        lines.append(f"rank {who(rank)} is doing{how}:" if threads else
+                     f"rank {who(rank)}: no stacks{how}")
         for thread in threads:
             lines.append(f"  {'main thread' if thread['main'] else 'thread'} "
                          f"{thread['thread']}:")

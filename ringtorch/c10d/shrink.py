@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from ringtorch import _config
 from ringtorch._errors import DistError
+from ringtorch._observe.hang_ask import HANG
 from ringtorch.c10d import observe
 from ringtorch.c10d.group import RingtorchGroup, make_engine
 from ringtorch.collectives import liveness
@@ -123,6 +124,7 @@ def _register(info: dict[str, Any], engine: ProcessGroup, remaining: list[int]) 
     new_pg._set_group_desc("default:shrunken" if is_default else f"{info['group_name']}:shrunk")
     if is_default:
         c10d._update_default_pg(new_pg)
+        HANG.renumber(new_pg.rank(), remaining)  # hang reports ask the survivors only
     c10d._register_pg_in_world(
         pg=new_pg, backend_name=backend_name, store=store, group_name=new_name,
         backend_config=backend_config,

@@ -75,6 +75,21 @@ def publish_default(pg: ProcessGroup, impl_name: str, store: Any,
     follow_count()
 
 
+def republish_default(pg: ProcessGroup, impl_name: str, store: Any,
+                      make_subgroup: Callable[..., Any], was_published: bool) -> None:
+    """The facade replaced its default group with ``pg`` (a shrink, a grow back): when the
+    old one was torch's default group (``was_published``, asked before the facade retired
+    it), torch's world is emptied (every group of it: their ranks no longer mean the same,
+    torch's rule when the default group shrinks; the facade has aborted its own already) and
+    ``pg`` becomes torch's default group."""
+    if not was_published:
+        return
+    c10d = _c10d()
+    if c10d.is_initialized():
+        c10d.destroy_process_group()  # the old groups' shutdown: their engines are aborted
+    publish_default(pg, impl_name, store, make_subgroup)
+
+
 def publish(pg: ProcessGroup, impl_name: str, global_ranks: list[int]) -> None:
     """Enter the facade's new subgroup ``pg`` in torch's world (when the default is there)."""
     if impl_name not in _ENGINE_NAMES or not is_published():
@@ -161,6 +176,5 @@ def withdraw_all() -> None:
 
 
 __all__ = ["door_ranks", "engine_of", "follow_count", "follow_torch_count", "is_published",
-           "publish", "publish_default", "subgroup_made_for_torch", "torch_default_engine",
-           "torch_object",
-           "withdraw", "withdraw_all"]
+           "publish", "publish_default", "republish_default", "subgroup_made_for_torch",
+           "torch_default_engine", "torch_object", "withdraw", "withdraw_all"]

@@ -131,6 +131,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
                                                   timeout=timeout))
         store.set_timeout(timeout)
     joining = _config.JOIN.get() and impl_name != Backend.MPI
+    slot = rank  # as started (a replacement's rank in the grown world may differ)
     if joining:  # a replacement worker: join the running job instead of meeting a new one
         pg, store = join_running_job(store, rank, timeout, _make_group)
         rank, world_size, name = pg.rank(), pg.size(), pg.group_name
@@ -147,7 +148,9 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         _world.default_pg = pg
     _world.init_method = init_method
     _torch_world.publish_default(pg, impl_name, store, _torch_subgroup)  # torch's world too
-    HANG.install(store.underlying_store, rank, world_size, flight_recorder.dump)  # hang reports
+    HANG.install(store.underlying_store, slot, world_size, flight_recorder.dump)  # hang reports
+    if joining:  # its reports ask the grown world, and name ranks by both numbers
+        HANG.renumber(rank, list(pg.global_ranks))
     _install_excepthook(rank)
     if not joining:  # the timeline meets the job's first ranks only (docs/recovery.md)
         trace_run.start_if_asked(None if impl_name == Backend.MPI else store, rank, world_size)

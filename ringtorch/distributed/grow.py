@@ -37,8 +37,10 @@ from typing import Any
 
 import torch
 
+from ringtorch._observe.hang_ask import HANG
 from ringtorch.collectives.process_group import ProcessGroup
-from ringtorch.distributed import groups, object_ops, ops
+from ringtorch.distributed import _torch_world, groups, object_ops, ops
+from ringtorch.distributed._backend import BackendConfig
 from ringtorch.distributed._grow_join import (
     PREFIX,
     GrownWorld,
@@ -88,7 +90,7 @@ def admit_joiners() -> GrownWorld | None:
                     "not made by every participant; going on at world size %d",
                     plan["joiners"], default.size())
         return None
-    _retire(default, grown, plan)
+    _retire(default, grown, plan, base)
     return grown_world(grown, plan, is_joiner=False)
 
 
@@ -151,8 +153,10 @@ def _answer_knocks(store: Any, default: ProcessGroup, answered: int) -> int:
     return upto
 
 
-def _retire(old: ProcessGroup, grown: ProcessGroup, plan: dict[str, Any]) -> None:
-    """Make ``grown`` the default group; shut the old one and every other group down."""
+def _retire(old: ProcessGroup, grown: ProcessGroup, plan: dict[str, Any], base: Any) -> None:
+    """Make ``grown`` the default group (in torch's world too, when the old one was there);
+    shut the old one and every other group down."""
+    published = _torch_world.is_published()
     others = [pg for pg in list(_world.pg_map) if pg is not old and pg is not grown]
     if others:
         log.warning("Growing the default group destroys %d other process groups: %s; make "
@@ -162,6 +166,9 @@ def _retire(old: ProcessGroup, grown: ProcessGroup, plan: dict[str, Any]) -> Non
         pg.shutdown()
         _world.forget(pg)
     _world.default_pg = grown
+    HANG.renumber(grown.rank(), list(grown.global_ranks))  # hang reports ask the new world
+    _torch_world.republish_default(grown, BackendConfig(plan["backend"]).cpu_backend(), base,
+                                   groups._torch_subgroup, published)
 
 
 __all__ = ["GrownWorld", "JoinError", "admit_joiners", "broadcast_module_state",

@@ -20,7 +20,7 @@ from typing import Any
 
 from ringtorch._errors import DistError
 from ringtorch.collectives.process_group import ProcessGroup
-from ringtorch.distributed import groups
+from ringtorch.distributed import _torch_world, groups
 from ringtorch.distributed._backend import BackendConfig
 from ringtorch.distributed._torch_world import engine_of
 from ringtorch.distributed._world import NON_GROUP_MEMBER, _world
@@ -114,6 +114,7 @@ def shrink_on_failure(error: BaseException | None = None,
             len(members), members.index(me), members, impl, plan.backend_name, base,
             f"{plan.name}~{new_default.group_name}", plan.timeout, plan.desc, None,
             plan.backend_config)
+        _torch_world.publish(rebuilt[plan.old], impl, members)  # torch's world too
     return ShrunkWorld(new_default.rank(), new_default.size(), previous_rank, previous_size,
                        shrunk.excluded, rebuilt)
 

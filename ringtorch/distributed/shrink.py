@@ -10,7 +10,7 @@ The old group is aborted (its peers, the slow rank included, fail their pending 
 later operations with the reason) and forgotten. Ranks are renumbered as torch does: a
 survivor's new rank is its position among the survivors, in the old group's order. Shrinking
 the default group destroys every other group (their ranks no longer mean the same thing) and
-makes the new group the default one.
+makes the new group the default one, in torch's world too when the old one was there.
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ from typing import Any
 
 from ringtorch import _config
 from ringtorch._errors import DistError
+from ringtorch._observe.hang_ask import HANG
 from ringtorch.collectives import liveness
 from ringtorch.collectives.process_group import ProcessGroup
 from ringtorch.collectives.shrink_agree import ShrinkRefusedError, agree, store_lost
-from ringtorch.distributed import groups
+from ringtorch.distributed import _torch_world, groups
 from ringtorch.distributed._backend import BackendConfig
 from ringtorch.distributed._torch_world import engine_of
 from ringtorch.distributed._world import _world
@@ -94,6 +95,8 @@ def shrink(target: ProcessGroup, excluded: set[int], shrink_flags: int = SHRINK_
     backend_config = _world.pg_backend_config[target]
     old_globals = groups.get_process_group_ranks(target)
     is_default = target is _world.default_pg
+    published = _torch_world.is_published()  # torch's world holds the facade's groups
+    impl_name = BackendConfig(backend_name).cpu_backend()
     if shrink_flags & SHRINK_ABORT:
         target.abort(f"it shrinks the group after: {cause}" if cause else None)
     wait_s = _config.SHRINK_WAIT_S.get()
@@ -107,8 +110,8 @@ def shrink(target: ProcessGroup, excluded: set[int], shrink_flags: int = SHRINK_
                     f"{[r for r in range(target.size()) if r not in survivors]}")
         return groups._make_group(
             len(survivors), survivors.index(target.rank()),
-            [old_globals[r] for r in survivors], BackendConfig(backend_name).cpu_backend(),
-            backend_name, old_store.underlying_store, f"{old_name}~{round_no}.{attempt}",
+            [old_globals[r] for r in survivors], impl_name, backend_name,
+            old_store.underlying_store, f"{old_name}~{round_no}.{attempt}",
             target.timeout, "default:shrunken" if is_default else f"{old_name}:shrunk",
             pg_options, backend_config, setup_timeout=timedelta(seconds=wait_s))
 
@@ -128,8 +131,15 @@ def shrink(target: ProcessGroup, excluded: set[int], shrink_flags: int = SHRINK_
         if lost is None:
             raise
         raise lost from exc
+    built = agreement.built
     if is_default:
-        _world.default_pg = agreement.built
+        _world.default_pg = built
+        # hang reports ask the survivors only, and name them by both numbers
+        HANG.renumber(built.rank(), list(built.global_ranks))
+        _torch_world.republish_default(built, impl_name, old_store.underlying_store,
+                                       groups._torch_subgroup, published)
+    else:
+        _torch_world.publish(built, impl_name, list(built.global_ranks))
     return Shrunk(agreement.built, tuple(r for r in range(target.size())
                                          if r not in agreement.survivors))
 
@@ -144,6 +154,8 @@ def _retire(target: ProcessGroup, is_default: bool, reason: str) -> None:
                     ", ".join(_world.pg_names[pg] for pg in others))
     for pg in [*others, target]:
         pg.abort(reason)
+        if not is_default:  # torch's world forgets it too (a shrunk default empties it)
+            _torch_world.withdraw(pg)
         _world.forget(pg)
     if is_default:
         _world.default_pg = None

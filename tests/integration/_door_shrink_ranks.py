@@ -56,6 +56,9 @@ def main(victim: int, step_of_death: int) -> None:
     seen["default_is_new"] = dist.group.WORLD is new
     seen["rank_after"], seen["size_after"] = dist.get_rank(), dist.get_world_size()
     seen["backend_after"] = dist.get_backend()
+    from ringtorch._observe.hang_ask import HANG
+
+    seen["hang_asks"] = HANG.ranks() if HANG.store is not None else None  # the survivors
     x = torch.arange(4, dtype=torch.float64) + 10.0 * rank  # old rank: the test knows it
     dist.all_reduce(x)
     seen["all_reduce"] = x.tolist()

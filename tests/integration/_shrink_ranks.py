@@ -247,3 +247,30 @@ def _states(opt: Any) -> dict[int, list[float]]:
     """The momentum of each parameter this rank's shard holds, by parameter index."""
     return {opt._param_to_index[p]: s["momentum_buffer"].flatten().tolist()
             for p, s in opt.optim.state.items()}
+
+
+def shrinks_across_fake_hosts(rank: int, world_size: int, hosts: str,
+                              victim: int) -> dict[str, Any]:
+    """Ranks on fake hosts (RINGTORCH_HOST_ID per rank: ``hosts[rank]``), so that the group is
+    hierarchical (shared memory within a host, sockets between hosts); ``victim`` is SIGKILLed
+    after the first all_reduce and the others shrink it away: the new group's topology and an
+    all_reduce of ``rank + 1`` (the ranks as started) on it."""
+    os.environ.update({"RINGTORCH_HOST_ID": f"host-{hosts[rank]}",
+                       "RINGTORCH_SOCKET_ADDR": "127.0.0.1"})
+
+    def play() -> None:
+        _init(rank, world_size)
+        dist.all_reduce(torch.ones(4))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if rank == victim:
+        return _as_victim(play)
+    _init(rank, world_size)
+    before = dist.group.WORLD._get_backend().topology
+    dist.all_reduce(torch.ones(4))
+    error = _error_of(lambda: [dist.all_reduce(torch.ones(4)) for _ in range(1000)])
+    world = dist.shrink_on_failure()
+    t = torch.full((3,), float(rank + 1))
+    dist.all_reduce(t)
+    return {"error": error, "before": before, "rank": world.rank,
+            "topology": dist.group.WORLD._get_backend().topology, "sum": t.tolist()}

@@ -82,6 +82,7 @@ def test_survivors_shrink_through_the_door_and_train_on() -> None:
         assert got["default_is_new"]
         assert (got["rank_after"], got["size_after"]) == (survivors.index(old), len(survivors))
         assert got["backend_after"] == "ringtorch"
+        assert got["hang_asks"] == survivors  # a hang report asks the survivors, not rank 1
         expected = sum(np.arange(4, dtype=np.float64) + 10.0 * r for r in survivors)
         np.testing.assert_array_equal(got["all_reduce"], expected)
         np.testing.assert_array_equal(got["functional"], np.full(3, float(sum(survivors))))

@@ -3,8 +3,8 @@ a node started late joins at the next round (world N -> 2N), and a node whose la
 signalled leaves gracefully (2N -> N). Neither counts as a restart: every launcher runs with
 ``--max-restarts 0``, so a counted restart would end the job.
 
-Two ringrun agents on this machine (and once on two network namespaces, as two hosts), both in
-the test's directory, run docs/launching.md's
+Two ringrun agents on this machine (and once on two network namespaces, as two hosts: a late
+node joins, then leaves), both in the test's directory, run docs/launching.md's
 elastic_demo.py: each worker appends (world, rank, the sum of an all_reduce of ones over the
 world, restart count, node) to worlds.jsonl once per round, and they all stop at one step once
 the test creates the file ``stop``.
@@ -128,9 +128,12 @@ def test_a_node_that_leaves_gracefully_shrinks_the_world_back(tmp_path: Path) ->
 
 
 @pytest.mark.netns
-def test_a_late_node_on_another_host_grows_the_world(tmp_path: Path) -> None:
-    """The same across two network namespaces: each node reaches the other only through its
-    address on the switch (the store's host is forced: neither address is the hostname's)."""
+def test_a_late_node_on_another_host_grows_the_world_and_leaves_it_gracefully(
+        tmp_path: Path) -> None:
+    """The same across two network namespaces, in one job: host 1's node joins (1 -> 2), then
+    is signalled and leaves (2 -> 1) while host 0's goes on. Each node reaches the other only
+    through its address on the switch (the store's host is forced: neither address is the
+    hostname's)."""
     with TwoHosts() as hosts:
         endpoint = f"{hosts.addresses[0]}:{job_port()}"
         env = {"RINGTORCH_SECRET": SECRET}
@@ -144,9 +147,20 @@ def test_a_late_node_on_another_host_grows_the_world(tmp_path: Path) -> None:
                                    stderr=subprocess.PIPE, text=True))
             grown = wait_for(lambda: len(reports(tmp_path, 2)) == 2 and reports(tmp_path, 2),
                              90, "both hosts' workers in a world of 2")
+            nodes[1].send_signal(signal.SIGTERM)  # ringrun itself: ip netns exec execs it
+            shrunk = wait_for(lambda: len(reports(tmp_path, 1)) == 2 and reports(tmp_path, 1),
+                              90, "host 0's worker in a new world of 1")
         finally:
             results = stop_all(tmp_path, nodes)
-    assert [code for code, _ in results] == [0, 0], results
+    (first_code, first_err), (second_code, second_err) = results
+    assert first_code == 0, first_err  # --max-restarts 0: a counted restart would end the job
+    assert second_code == 128 + signal.SIGTERM, second_err
     assert [(r["rank"], r["sum"], r["restart"]) for r in grown] == [(0, 2.0, "0"),
                                                                   (1, 2.0, "0")]
     assert sorted(r["node"] for r in grown) == ["0", "1"]
+    assert [(r["world"], r["sum"], r["restart"], r["node"]) for r in shrunk] == [
+        (1, 1.0, "0", "0")] * 2
+    assert ("ringrun: a node left the job: restarting the worker group in a new round without "
+            "it") in first_err, first_err
+    assert ("ringrun: received SIGTERM: stopped 1 running worker(s); this node left the job, "
+            "the other nodes go on without it") in second_err, second_err

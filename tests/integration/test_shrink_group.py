@@ -3,7 +3,8 @@
 World 4, real processes, ranks SIGKILLed (docs/recovery.md): two ranks killed at once (a
 subgroup shrunk first, then the default group); a rank killed while it takes part in the shrink
 (after its census post is in the store: the survivors must retry without it); shrink_on_failure
-rebuilding the other groups, with DDP and ZeRO re-wrapped on the new world. The survivors'
+rebuilding the other groups, with DDP and ZeRO re-wrapped on the new world; a group spanning
+(fake) hosts shrinking to a group spanning hosts (shared memory within, sockets between). The survivors'
 all_reduce on the new group is checked against torch's sum of their inputs, and their ranks
 against torch's renumbering (position among the survivors). Argument errors are torch's
 messages, exactly.
@@ -111,3 +112,18 @@ def test_shrink_on_failure_rebuilds_subgroups_and_ddp_and_zero_go_on() -> None:
     after = {i: m for r in survivors for i, m in results[r]["after"].items()}
     assert len(before) < 4 and set(after) == set(before)
     assert after == before
+
+
+def test_a_group_spanning_hosts_shrinks_to_a_group_spanning_hosts() -> None:
+    # hosts faked per rank: a, a, b, b; rank 1 dies; the survivors (a, b, b) make a new
+    # hierarchical group, shared memory on host b and sockets between the hosts
+    results = run_ranks(ranks.shrinks_across_fake_hosts, 4, args=("aabb", 1), timeout=90,
+                        env={"RINGTORCH_SHRINK_WAIT_S": "3"})
+    assert results[1] == {"victim_signal": 9}
+    for new_rank, old_rank in enumerate((0, 2, 3)):
+        got = results[old_rank]
+        assert got["error"][0] == "PeerLostError", got["error"]
+        assert got["before"] == "2 hosts: [0, 1] shm, [2, 3] shm; leaders [0, 2] over sockets"
+        assert got["rank"] == new_rank
+        assert got["topology"] == "2 hosts: [0] alone, [1, 2] shm; leaders [0, 1] over sockets"
+        assert got["sum"] == [1.0 + 3.0 + 4.0] * 3

@@ -168,3 +168,37 @@ def test_reports_saved_within_one_second_do_not_overwrite_each_other(tmp_path: P
     paths = [save_report(f"report {i}\n", str(tmp_path), "ringrun") for i in range(3)]
     assert len(set(paths)) == 3
     assert [Path(p).read_text() for p in paths] == ["report 0\n", "report 1\n", "report 2\n"]
+
+
+def test_after_a_shrink_ranks_are_named_by_their_new_number_and_the_one_they_started_as() -> None:
+    # started as ranks 0-3; rank 1 died and the others shrank: the world is [0, 2, 3], where
+    # 2 is now 1 and 3 is now 2; the report asks those three only
+    world = [0, 2, 3]
+
+    def flight(rank: int, entries: list[dict]) -> dict:
+        record = _flight(rank, entries, world)
+        record["groups"] = {"0~1.0": record["groups"]["0"]}
+        return record
+
+    def shrunk(seq: int, state: str = "completed") -> dict:
+        return {**_entry(seq, state=state), "group": "0~1.0"}
+
+    old = _entry(7, state="failed")  # the records of the group that was shrunk
+    answers = [Answer(0, flight(0, [old, shrunk(0), shrunk(1, "running")]), now=0),
+               Answer(2, flight(2, [old, shrunk(0)]), _stacks([("/job/t.py", 5, "main")]),
+                      MAIN, now=1),
+               Answer(3, None, note="did not answer within 3 s; stacks by SIGUSR1", now=2)]
+    facts = analyse(answers, len(world), "test", world)
+    assert facts["silent"] == {3: "did not answer within 3 s; stacks by SIGUSR1"}  # not 1
+    assert facts["renumbered"] == {2: 1, 3: 2}
+    text = format_report(facts)
+    assert text.startswith("=== ringtorch hang report: 3 rank(s) ===\n")
+    assert "rank 2 (was 3): did not answer within 3 s; stacks by SIGUSR1\n" in text
+    assert "group '0~1.0' (ranks 0, 1 (was 2), 2 (was 3)):\n" in text
+    assert "group '0' (ranks 0, 1 (was 2), no longer in use):\n" in text
+    assert "  rank 1 (was 2): done with allreduce #0 (64 bytes, float32)" in text
+    assert ("  first divergence: allreduce #1 (64 bytes, float32): ranks [1 (was 2)] did not "
+            "arrive; ranks [0] are waiting in it\n") in text
+    assert "everybody waits for: ranks [1 (was 2)]\n" in text
+    assert 'rank 1 (was 2) is doing:\n  main thread 0x00007f0000000001:\n    File "/job/t.py"' \
+        in text

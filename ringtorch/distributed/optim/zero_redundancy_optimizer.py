@@ -374,11 +374,13 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
     def rewrap(self, process_group: Any | None = None) -> ZeroRedundancyOptimizer:
         """The same parameters, local optimizer and settings, sharded over ``process_group``
         (default: the default group): for a world that changed
-        (``ringtorch.distributed.shrink_on_failure``). Call it on every rank of the new group.
+        (``ringtorch.distributed.shrink_on_failure``, ``admit_joiners``). Call it on every rank
+        of the new group; a replacement that joined calls it on the optimizer it made there.
 
-        Each survivor's shard of the optimizer state moves to the parameters' new owners (an
+        Each rank's shard of the optimizer state moves to the parameters' new owners (an
         all_gather_object on the new group); the state of the parameters a lost rank owned is
-        gone with it, and starts afresh. This optimizer must not be used again.
+        gone with it, and starts afresh, as a fresh optimizer's. This optimizer must not be
+        used again.
         """
         group = process_group if process_group is not None else dist.group.WORLD
         mine = {self._param_to_index[p]: _copy_to_device(state, torch.device("cpu"))
