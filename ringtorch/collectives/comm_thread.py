@@ -232,6 +232,19 @@ class Lane:
         with self._lock:
             return len(self._queue)
 
+    def join(self, timeout: float) -> None:
+        """Wait at most ``timeout`` seconds for the lane's own thread to end (after close);
+        nothing to wait for from that thread itself or for a pooled lane.
+
+        Why: a thread still finishing a Work when the program exits may be inside a torch
+        call that gave the GIL up; Python ends such a thread when it takes the GIL back
+        during the interpreter's finalization, and torch's C++ frames turn that into
+        "terminate called without an active exception" (the process aborts).
+        """
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
     def close(self, reason: BaseException) -> None:
         """Refuse new Work and fail every queued one with ``reason``; a running one goes on
         until the backend (closed or aborted by the caller) makes it fail."""

@@ -38,6 +38,10 @@ RunFn = Callable[[Operation], Any]
 # group's ``site_depth``. Counted rather than walked: a walk up to the first frame outside
 # ringtorch and torch costs each all_reduce 0.1-0.8 us more (docs/observability.md).
 SITE_DEPTH = 3
+# How long a destroyed group waits for its lane's thread to finish the Work it runs (its
+# backend is closed, so that Work fails at once): bounded, so a completion callback that
+# blocks cannot hold destroy_process_group up.
+_LANE_JOIN_S = 2.0
 
 
 class GroupBase:
@@ -260,6 +264,8 @@ class GroupBase:
             if abort:
                 self._backend.abort(reason)
             self._backend.close()
+        if not abort:  # destroyed: the lane's thread ends with the group, as gloo's threads do
+            self._collectives.join(_LANE_JOIN_S)
 
 
 

@@ -146,3 +146,20 @@ def test_work_wait_with_a_timeout_raises_while_the_operation_goes_on() -> None:
     assert not pending.is_completed() and not pending.is_success()
     pending.run()
     assert pending.wait() is True
+
+
+def test_join_returns_once_the_lanes_thread_has_finished_its_work_and_ended() -> None:
+    # A destroyed group joins its lane's thread so that no thread of it is left inside a
+    # torch call when the program exits.
+    record: list = []
+    lane = Lane("joined")
+    gate = threading.Event()
+    running = _work(record, "running", gate=gate)
+    lane.submit(running, inline=False, collective=True)
+    wait_for(lambda: lane.statistics().running, what="the work to start on the lane's thread")
+    lane.close(DistBackendError("destroyed"))
+    threading.Thread(target=gate.set).start()  # the work ends only after join has begun
+    lane.join(5)
+    assert running.is_completed() and [name for name, _, _ in record] == ["running"]
+    assert not [t for t in threading.enumerate() if t.name == "joined-comm"]
+    lane.join(5)  # nothing left to wait for
