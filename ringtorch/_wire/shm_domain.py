@@ -21,10 +21,10 @@ copy that every peer compares with its own after the round: ranks that called di
 collectives, sizes, dtypes or roots fail at their first round, before any data is read, as does
 a rank whose peer aborted before it arrived. ``now`` reports a rank stuck in a socket collective.
 
-Waits spin on the peer's round word (0.3 µs a hand-off), then yield the CPU (ranks may
-outnumber cores), then sleep with back-off. Every millisecond or so a waiting rank also checks
-the ranks it waits for: alive (shm.py's lock probe), not aborted, not in another collective,
-and the deadline. Knows bytes, never tensors.
+Waits spin on the peer's round word (0.3 µs a hand-off), then yield the CPU while yielding
+is cheap, then sleep until the peer's signal wakes them (shm_wait.py). Every millisecond or
+so a waiting rank also checks the ranks it waits for: alive (shm.py's lock probe), not
+aborted, not in another collective, and the deadline. Knows bytes, never tensors.
 
 Segment header (little-endian u64 words; what each rank writes into its *own* segment):
 
@@ -56,7 +56,7 @@ from typing import NamedTuple, NoReturn, Protocol
 
 from ringtorch import _config
 from ringtorch._errors import DistBackendError
-from ringtorch._wire import futex
+from ringtorch._wire import futex, shm_wait
 from ringtorch._wire.shm import PAGE, Segment
 
 log = logging.getLogger(__name__)
@@ -74,9 +74,6 @@ DATA_OFFSET = 4096
 INITIAL_HALF = 64 * 1024
 SPIN_ITERS = 30            # ~2 µs of pure spinning before a wait starts yielding the CPU
 SPIN_ITERS_PINNED = 20000  # ~1.5 ms when every rank has a CPU of its own (spin_long)
-CHECK_INTERVAL_S = 0.001   # how often a waiting rank checks liveness, aborts and the deadline
-YIELD_PHASE_S = 0.002      # then it sleeps, doubling from SLEEP_MIN_S up to SLEEP_MAX_S
-SLEEP_MIN_S, SLEEP_MAX_S = 20e-6, 500e-6
 LEFT_GRACE_S = 0.25  # how long a peer's departure waits for its reason on the sockets
 
 
@@ -212,6 +209,7 @@ class ShmDomain:
         self._stats = {"collectives": 0, "entered": 0, "finished": 0, "slept": 0}
         self._current: Desc | None = None
         self._waiting_on: int | None = None
+        self._yield_budget = shm_wait.YieldBudget()
 
     def statistics(self) -> ShmDomainStatistics:
         """What this rank's domain has done and is doing now (see ShmDomainStatistics)."""
@@ -306,32 +304,10 @@ class ShmDomain:
             self._waiting_on = None
 
     def _wait_peer_long(self, j: int, t: int, desc: Desc, deadline: float) -> None:
-        word = self.words[j]
-        start = now = time.monotonic()
-        next_check = start + CHECK_INTERVAL_S
-        nap = SLEEP_MIN_S
-        slept = False
-        while word[W_ROUND] < t:
-            if now >= next_check:
-                self._check_late(t, desc, deadline, now)
-                next_check = now + CHECK_INTERVAL_S
-            if now - start < YIELD_PHASE_S:
-                os.sched_yield()
-                now = time.monotonic()
-                continue
-            if not slept:
-                slept = True
-                self._stats["slept"] += 1
-            if futex.available:
-                seen = word[W_ROUND]
-                word[W_SLEEPERS] = 1  # j wakes us when it stores its next round
-                if seen < t:
-                    futex.wait(self._round_addr(j), seen, nap)
-                nap = min(nap * 2, SLEEP_MAX_S)
-            else:
-                time.sleep(nap)
-                nap = min(nap * 2, SLEEP_MAX_S)
-            now = time.monotonic()
+        if shm_wait.wait_round(self.words[j], W_ROUND, W_SLEEPERS, t,
+                               lambda: self._round_addr(j), self._yield_budget,
+                               lambda now: self._check_late(t, desc, deadline, now)):
+            self._stats["slept"] += 1
 
     def _explained_by_sockets(self, desc: Descriptor) -> None:
         """A peer left: if it aborted the group on its sockets first (an ABORT frame, read by
