@@ -47,7 +47,7 @@ from ringtorch import _config, _device
 from ringtorch._device.api import DeviceEvent, DeviceRuntime, DeviceStream
 from ringtorch._device.confirmed import confirmed
 from ringtorch.collectives.work import Work
-from ringtorch.distributed import _nccl, _nccl_ops
+from ringtorch.distributed import _device_ipc, _nccl, _nccl_ops
 
 FEATURE = "cuda_tensors"
 _KEEP_PER_SHAPE = 4  # pinned buffers kept per (runtime, numel, dtype) for reuse
@@ -296,6 +296,9 @@ def staged_call(rt: DeviceRuntime, fn: Callable[..., Any], params: dict[str, Any
         side.ensure(rt.device_index(_first_device(rt, present)))
         if not side.shared_path:  # else ranks share a GPU this NCCL cannot: staged below
             return _nccl_ops.call(side, inner.__name__, kwargs)
+    if inner.__name__ == "all_reduce" and _device_ipc.try_all_reduce(
+            rt, kwargs, rt.device_index(kwargs["tensor"])):  # one host: IPC (incl. shared GPU)
+        return None
     if side is None and not opened():  # backend "nccl" is open, staging is not: as before
         _state.local.plain = True
         try:
