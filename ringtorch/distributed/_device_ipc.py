@@ -1,36 +1,50 @@
 """all_reduce of device tensors between the ranks of one host through IPC-exported device
 memory, reduced on the device with torch ops (the ``ipc_collectives`` feature).
 
-When every rank of a group runs on this host, each rank keeps one device buffer per group
-(grown as needed, to the same size on every rank since an all_reduce's tensors match),
-exported once per size by IPC and opened by its peers, and two interprocess events:
-``written`` (its input is in its buffer) and ``done`` (it has finished reading its peers'
-buffers). Handles travel through the group's store once per buffer size. A round ``k``:
+Which path a group's device all_reduce takes is a fact every rank of the group agrees on, so
+that no rank waits on a path its peers do not take: it is the IPC path when the feature is
+open and every rank of the group is on this host, decided once per group when its first
+device all_reduce arrives, from what the group's rendezvous learnt (its mesh's host of every
+peer; a backend without one agrees through the group's store, once). The call itself (sync
+or async, contiguous or not, on which device) never changes the path; the reduction op and
+dtype, which torch requires to match across ranks, may (AVG, bitwise ops, bool and complex
+tensors are staged); ``RINGTORCH_DEVICE_IPC=0`` turns the path off (set alike on every rank).
+``RINGTORCH_DEBUG=INFO`` logs the path each rank takes per group.
+
+Each rank keeps one device buffer per group (grown as needed, to the same size on every rank
+since an all_reduce's tensors match), exported once per size by IPC and opened by its peers,
+and two interprocess events: ``written`` (its input is in its buffer) and ``done`` (it has
+finished reading its peers' buffers). Rounds run in call order on the group's IPC thread, so
+an asynchronous call returns at once; the caller's current stream is captured at the call.
+Round ``k``:
 
 1. wait (on the host) for every peer's "done k-1" key, then make the IPC stream wait for each
    peer's ``done`` event: a buffer is overwritten only after every peer has read it;
-2. the IPC stream waits for the caller's current stream (queued work is included), copies the
-   input into this rank's buffer and records ``written``; the host sets "written k";
+2. the IPC stream waits for the caller's stream as it was at the call, copies the input into
+   this rank's buffer and records ``written``; the host sets "written k";
 3. wait for every peer's "written k" key; the IPC stream waits for each peer's ``written``
    event and reduces the whole tensor from every rank's buffer, in rank order (every rank gets
    the same bits), into the caller's tensor; records ``done``; the host sets "done k";
-4. the caller's current stream waits for ``done``; the call returns without blocking the host
-   on device work.
+4. the caller's current stream waits for the round (at once for a synchronous call, in
+   ``Work.wait()`` for an asynchronous one).
+
+The IPC thread sets a round's key only once the event it announces has completed, so a
+rank that dies after its key leaves its peers nothing to wait for on the device (an IPC event
+of a dead process may never fire); a synchronous call thus returns once its round is done on
+the device, an asynchronous one at once.
 
 Rounds are synchronised through the group's store: an event must be recorded before a peer
 waits on it (a wait placed earlier is a no-op), so a host-side handshake per round is needed
 whatever carries it, and the store is the one channel every group has on any backend, with
 the liveness records beside it. Waits poll the peers' liveness: a peer whose process has
 exited raises ``PeerLostError`` naming it; none is late past the group's timeout.
-
-Rules kept: nothing here runs unless the feature is open and the group's ranks are all on this
-host; operations, ops and dtypes it does not take (asynchronous calls, complex tensors, AVG,
-bitwise ops, non-contiguous tensors) go to the staging path unchanged.
 """
 
 from __future__ import annotations
 
+import logging
 import pickle
+import queue
 import threading
 import time
 import weakref
@@ -40,16 +54,49 @@ from typing import Any
 import torch
 
 from ringtorch import _config
-from ringtorch._device.api import DeviceRuntime
+from ringtorch._device.api import DeviceEvent, DeviceRuntime
 from ringtorch._device.confirmed import confirmed
 from ringtorch._errors import DistBackendError, DistStoreError, PeerLostError
 from ringtorch._wire.mesh import host_identity
 from ringtorch.collectives import liveness
+from ringtorch.collectives.work import Work
 from ringtorch.distributed import _args as a
 
 FEATURE = "ipc_collectives"
 _POLL = timedelta(seconds=0.5)  # how long one store wait lasts before the peers are probed
 _OPS = {"SUM": torch.add, "PRODUCT": torch.mul, "MAX": torch.maximum, "MIN": torch.minimum}
+log = logging.getLogger(__name__)
+
+
+class IpcWork(Work):
+    """The Work of an asynchronous IPC all_reduce: ``wait()`` waits for the host's part of
+    the round, then makes the waiting thread's current stream wait for its device part."""
+
+    __slots__ = ("_rt", "_device", "_finished")
+
+    def __init__(self, rt: DeviceRuntime, device: int, finished: DeviceEvent, run: Any,
+                 tensor: torch.Tensor, group_name: str) -> None:
+        super().__init__("allreduce", -1, run, [tensor], group_name)
+        self._rt, self._device, self._finished = rt, device, finished
+
+    def wait(self, timeout: Any = None) -> bool:
+        super().wait(timeout)
+        self._finished.wait(self._rt.current_stream(self._device))
+        return True
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def block_current_stream(self) -> None:
+        self.wait()
+
+
+def _serve(jobs: queue.SimpleQueue[Work | None]) -> None:
+    """The IPC thread of one group: runs its rounds in call order (holds no link: the link's
+    finalizer ends it)."""
+    while (work := jobs.get()) is not None:
+        work.run()
+        del work
 
 
 class _Link:
@@ -71,7 +118,10 @@ class _Link:
         self.views: list[torch.Tensor | None] = []  # every rank's buffer (this rank's own)
         self.peer_events: dict[int, tuple[Any, Any]] = {}
         self.round = 0
-        self.lock = threading.Lock()
+        self.jobs: queue.SimpleQueue[Work | None] = queue.SimpleQueue()
+        threading.Thread(target=_serve, args=(self.jobs,), daemon=True,
+                         name=f"ringtorch-ipc-{self.name}").start()
+        weakref.finalize(self, self.jobs.put, None)
 
     def peers(self) -> list[int]:
         return [r for r in range(self.size) if r != self.rank]
@@ -128,52 +178,74 @@ class _Link:
                                        self.rt.open_event(handles[1], self.device))
         self.capacity = size
 
-    def all_reduce(self, tensor: torch.Tensor, combine: Any) -> None:
-        """One round (see the module docstring); ``tensor`` is reduced in place."""
-        with self.lock:
-            k = self.round
-            self.round += 1
-            if k > 0:
-                self.wait_keys("the end of the previous round",
-                               {r: f"ipc/{k - 1}/done/{r}" for r in self.peers()})
-                for _, done in self.peer_events.values():
-                    self.stream.wait_event(done)
-            nbytes = tensor.numel() * tensor.element_size()
-            self.fit(nbytes)
-            rt, stream = self.rt, self.stream
-            stream.wait_stream(rt.current_stream(self.device))
-            mine = self.buffer[:nbytes].view(tensor.dtype).view(tensor.shape)  # type: ignore[index]
-            rt.copy(mine, tensor, stream)
-            self.written.record(stream)
-            self.store.set(f"ipc/{k}/written/{self.rank}", b"1")
-            self.wait_keys("its input", {r: f"ipc/{k}/written/{r}" for r in self.peers()})
-            for written, _ in self.peer_events.values():
-                stream.wait_event(written)
-            parts = [v[:nbytes].view(tensor.dtype).view(tensor.shape)  # type: ignore[index]
-                     for v in self.views]
+    def submit(self, tensor: torch.Tensor, combine: Any, device: int,
+               async_op: bool) -> IpcWork | None:
+        """Queue one round on ``tensor`` (reduced in place, in stream order with the calling
+        thread's current stream of ``device``); a synchronous call waits for its host part."""
+        ready = self.rt.new_event()
+        ready.record(self.rt.current_stream(device))
+        finished = self.rt.new_event()
 
-            def reduce() -> None:
-                acc = parts[0].clone()
-                for part in parts[1:]:
-                    acc = combine(acc, part)
-                tensor.copy_(acc)
+        def run(_: Work) -> None:
+            self.all_reduce(tensor, combine, ready, finished)
 
-            rt.launch(stream, reduce)
-            self.done.record(stream)
-            self.store.set(f"ipc/{k}/done/{self.rank}", b"1")
-            if k >= 2:  # every peer has passed round k-1's keys: drop this rank's of k-2
-                for key in (f"ipc/{k - 2}/written/{self.rank}", f"ipc/{k - 2}/done/{self.rank}"):
-                    self.store.delete_key(key)
-            rt.current_stream(self.device).wait_event(self.done)
+        work = IpcWork(self.rt, device, finished, run, tensor, self.name)
+        self.jobs.put(work)
+        if async_op:
+            return work
+        work.wait()
+        return None
+
+    def all_reduce(self, tensor: torch.Tensor, combine: Any, ready: DeviceEvent,
+                   finished: DeviceEvent) -> None:
+        """One round (see the module docstring), on the IPC thread."""
+        k = self.round
+        self.round += 1
+        if k > 0:
+            self.wait_keys("the end of the previous round",
+                           {r: f"ipc/{k - 1}/done/{r}" for r in self.peers()})
+            for _, done in self.peer_events.values():
+                self.stream.wait_event(done)
+        nbytes = tensor.numel() * tensor.element_size()
+        self.fit(nbytes)
+        rt, stream = self.rt, self.stream
+        stream.wait_event(ready)
+        mine = self.buffer[:nbytes].view(tensor.dtype).view(tensor.shape)  # type: ignore[index]
+        rt.copy(mine, tensor, stream)  # a non-contiguous input lands contiguous
+        self.written.record(stream)
+        self.written.synchronize()  # a peer never waits on an event a dead rank left unfired
+        self.store.set(f"ipc/{k}/written/{self.rank}", b"1")
+        self.wait_keys("its input", {r: f"ipc/{k}/written/{r}" for r in self.peers()})
+        for written, _ in self.peer_events.values():
+            stream.wait_event(written)
+        parts = [v[:nbytes].view(tensor.dtype).view(tensor.shape)  # type: ignore[index]
+                 for v in self.views]
+
+        def reduce() -> None:
+            acc = parts[0].clone()
+            for part in parts[1:]:
+                acc = combine(acc, part)
+            tensor.copy_(acc)
+
+        rt.launch(stream, reduce)
+        self.done.record(stream)
+        finished.record(stream)
+        self.done.synchronize()
+        self.store.set(f"ipc/{k}/done/{self.rank}", b"1")
+        if k >= 2:  # every peer has passed round k-1's keys: drop this rank's of k-2
+            for key in (f"ipc/{k - 2}/written/{self.rank}", f"ipc/{k - 2}/done/{self.rank}"):
+                self.store.delete_key(key)
 
 
 class _State:
-    """The link of each group of this process (None: not eligible), held weakly: a group's
-    buffers, events and stream go with the group (this subsystem's one state object)."""
+    """The link of each group of this process (None: its ranks span hosts), held weakly: a
+    group's buffers, events, stream and thread go with the group; ``paths`` the path each
+    group's device all_reduce takes (this subsystem's one state object)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.links: weakref.WeakKeyDictionary[Any, _Link | None] = weakref.WeakKeyDictionary()
+        self.paths: dict[str, str] = {}
 
 
 _state = _State()
@@ -184,37 +256,60 @@ def opened() -> bool:
     return bool(_config.DEVICE_UNCONFIRMED.get()) or confirmed(FEATURE)
 
 
-def _eligible(group: Any) -> bool:
-    """Whether every rank of ``group`` is on this host (collective, once per group)."""
+def _one_host(group: Any) -> tuple[bool, str]:
+    """Whether every rank of ``group`` is on this host, and how that was learnt: from the
+    group's rendezvous (its mesh) where its backend has one, else agreed through its store
+    (collective, once per group)."""
+    backend = group._get_backend(None)
+    one_host = getattr(backend, "one_host", None)
+    if one_host is not None:
+        return bool(one_host), "the group's rendezvous"
     store, rank, size = group.get_group_store(), group.rank(), group.size()
     store.set(f"ipc/host/{rank}", host_identity())
-    deadline = timedelta(seconds=group.timeout.total_seconds())
     keys = [f"ipc/host/{r}" for r in range(size)]
-    store.wait(keys, deadline)
-    return len({store.get(k) for k in keys}) == 1
+    store.wait(keys, timedelta(seconds=group.timeout.total_seconds()))
+    return len({store.get(k) for k in keys}) == 1, "the group's store"
 
 
-def try_all_reduce(rt: DeviceRuntime, kwargs: dict[str, Any], device: int) -> bool:
-    """Run the facade's all_reduce call ``kwargs`` on the IPC path if it takes it; returns
-    whether it did (else the caller stages it). A synchronous call only."""
-    tensor, op, group = kwargs["tensor"], kwargs.get("op"), kwargs.get("group")
-    if kwargs.get("async_op") or a.not_in_group(group) or not opened():
-        return False
-    combine = _OPS.get(getattr(op, "name", str(op)).split(".")[-1].upper())
-    if (combine is None or type(tensor) is not torch.Tensor or tensor.is_complex()
-            or not tensor.is_contiguous() or tensor.dtype is torch.bool):
-        return False
-    group = a.group_or_default(group)
-    if group.size() < 2:
-        return False
+def _link(rt: DeviceRuntime, group: Any, device: int) -> _Link | None:
     with _state.lock:
         known = group in _state.links
         link = _state.links.get(group)
-    if not known:
-        link = _Link(rt, group, device) if _eligible(group) else None
-        with _state.lock:
-            _state.links[group] = link
-    if link is None or link.device != device or link.rt is not rt:
-        return False
-    link.all_reduce(tensor, combine)
-    return True
+    if known:
+        return link
+    if _config.DEVICE_IPC.get():
+        one_host, source = _one_host(group)
+    else:  # the path is off (alike on every rank: see docs/env-vars.md)
+        one_host, source = False, "RINGTORCH_DEVICE_IPC=0"
+    link = _Link(rt, group, device) if one_host else None
+    path = "ipc" if link is not None else "staging"
+    with _state.lock:
+        _state.links[group] = link
+        _state.paths[group.group_name] = path
+    if _config.DEBUG.get() != "OFF":
+        where = "on this host" if one_host else "on more than one host"
+        why = (source if not _config.DEVICE_IPC.get() else
+               f"its {group.size()} ranks are {where}, from {source}")
+        log.info("group '%s' rank %d: all_reduce of device tensors takes the %s path (%s)",
+                 group.group_name, group.rank(), path, why)
+    return link
+
+
+def try_all_reduce(rt: DeviceRuntime, kwargs: dict[str, Any], device: int) -> Any:
+    """Run the facade's all_reduce call ``kwargs`` on the IPC path if its group takes it
+    (see the module docstring): returns ``(True, result)`` (None, or the Work of an async
+    call), or ``(False, None)`` when the caller should stage it."""
+    tensor, op, group = kwargs["tensor"], kwargs.get("op"), kwargs.get("group")
+    if a.not_in_group(group) or not opened():
+        return False, None
+    combine = _OPS.get(getattr(op, "name", str(op)).split(".")[-1].upper())
+    if (combine is None or type(tensor) is not torch.Tensor or tensor.is_complex()
+            or tensor.dtype is torch.bool):
+        return False, None
+    group = a.group_or_default(group)
+    if group.size() < 2:
+        return False, None
+    link = _link(rt, group, device)
+    if link is None or link.rt is not rt:
+        return False, None
+    return True, link.submit(tensor, combine, device, bool(kwargs.get("async_op")))

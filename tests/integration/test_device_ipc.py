@@ -1,5 +1,5 @@
 """all_reduce of device tensors between the ranks of one host over IPC-exported device memory
-(ringtorch/distributed/_device_ipc.py).
+(ringtorch/distributed/_device_ipc.py), and the staging path where ranks span hosts.
 
 ``sim`` worlds 2-4 in the default suite; the ``cuda`` twin (marked gpu(1): world 2, both ranks
 on GPU 0, a GPU shared as NCCL below 2.30 refuses) runs in the GPU check. The path is opened
@@ -18,14 +18,18 @@ import pytest
 from ringtorch.testing import run_ranks
 from tests.integration import _device_ipc_ranks as R
 
-WORLDS = [("sim", 2), ("sim", 3), ("sim", 4),
+WORLDS = [("sim", 2), ("sim", 4),  # world 3: the two-host and the killed-peer cases
           pytest.param("cuda", 2, marks=pytest.mark.gpu(1))]
-ENV = {"RINGTORCH_DEVICE_UNCONFIRMED": "1"}
+ENV = {"RINGTORCH_DEVICE_UNCONFIRMED": "1", "RINGTORCH_DEBUG": "INFO"}
 
 
 @functools.cache
 def results(runtime: str, ws: int) -> list[dict]:
     return run_ranks(R.run, ws, timeout=120, env={**ENV, "RINGTORCH_DEVICE_RUNTIME": runtime})
+
+
+def _sum(ws: int, n: int, dtype: str) -> np.ndarray:
+    return np.sum([R.values(r, n, dtype) for r in range(ws)], axis=0)
 
 
 @pytest.mark.parametrize(("runtime", "ws"), WORLDS)
@@ -35,30 +39,58 @@ def test_all_reduce_over_ipc_matches_numpy_for_uneven_sizes_and_dtypes(runtime: 
     for rank, got in enumerate(res):
         for dtype in R.DTYPES:
             for n in R.SIZES:
-                expected = np.sum([R.values(r, n, dtype) for r in range(ws)], axis=0)
-                np.testing.assert_array_equal(got[f"{dtype}/{n}"], expected,
+                np.testing.assert_array_equal(got[f"{dtype}/{n}"], _sum(ws, n, dtype),
                                               err_msg=f"{dtype}/{n} rank {rank}")
-        # every one of those calls took the IPC path (none was staged)
+        # every one of those calls took the IPC path (none was staged), and each rank says so
         assert got["rounds"] == len(R.DTYPES) * len(R.SIZES)
+        assert list(got["paths"].values()) == ["ipc"]
+        assert len(got["log"]) == 1 and got["log"][0].startswith(
+            f"group '{next(iter(got['paths']))}' rank {rank}: all_reduce of device tensors "
+            f"takes the ipc path (its {ws} ranks are on this host, from the group's "
+            f"rendezvous)"), got["log"]
         assert got["leftover"] == [], f"rank {rank}"  # its device memory went with its group
 
 
 @pytest.mark.parametrize(("runtime", "ws"), WORLDS)
-def test_work_queued_on_the_callers_stream_is_included(runtime: str, ws: int) -> None:
-    expected = np.sum([R.values(r, 7, "float32") for r in range(ws)], axis=0)
+def test_calls_that_differ_per_rank_in_form_take_the_same_path(runtime: str, ws: int) -> None:
+    # rank 0 asynchronous, rank 1 a non-contiguous view, the others plain: one IPC round
     for rank, got in enumerate(results(runtime, ws)):
-        np.testing.assert_array_equal(got["order"], expected, err_msg=f"rank {rank}")
+        np.testing.assert_array_equal(got["mixed"], _sum(ws, 9, "float32"),
+                                      err_msg=f"rank {rank}")
+        assert got["mixed_rounds"] == 1, f"rank {rank}"
+    assert results(runtime, ws)[0]["async_returned"] is True
+    untouched = np.repeat(R.values(1, 9, "float32"), 2)[1::2]  # the elements between the view's
+    np.testing.assert_array_equal(results(runtime, ws)[1]["untouched"], untouched)
+
+
+@pytest.mark.parametrize(("runtime", "ws"), WORLDS)
+def test_work_queued_on_the_callers_stream_is_included(runtime: str, ws: int) -> None:
+    for rank, got in enumerate(results(runtime, ws)):
+        np.testing.assert_array_equal(got["order"], _sum(ws, 7, "float32"),
+                                      err_msg=f"rank {rank}")
 
 
 @pytest.mark.parametrize(("runtime", "ws"), WORLDS[:1])
 def test_while_the_feature_is_closed_the_ipc_path_does_not_run(runtime: str, ws: int) -> None:
-    expected = np.sum([R.values(r, 4, "float32") for r in range(ws)], axis=0)
     for got in results(runtime, ws):
         assert got["closed_rounds"] == 0
-        np.testing.assert_array_equal(got["closed"], expected)
+        np.testing.assert_array_equal(got["closed"], _sum(ws, 4, "float32"))
 
 
-def test_a_peer_killed_between_rounds_fails_the_survivors_naming_it() -> None:
+def test_ranks_on_two_hosts_take_the_staging_path_all_of_them() -> None:
+    ws = 3
+    res = run_ranks(R.two_hosts, ws, timeout=60, env={**ENV, "RINGTORCH_DEVICE_RUNTIME": "sim"})
+    for rank, got in enumerate(res):
+        for n in (5, 1001):
+            np.testing.assert_array_equal(got[f"float32/{n}"], _sum(ws, n, "float32"),
+                                          err_msg=f"rank {rank}")
+        np.testing.assert_array_equal(got["async"], _sum(ws, 5, "int64"), err_msg=f"{rank}")
+        assert got["rounds"] == 0
+        assert list(got["paths"].values()) == ["staging"]
+        assert "takes the staging path (its 3 ranks are on more than one host" in got["log"][0]
+
+
+def test_a_peer_killed_mid_round_fails_the_survivors_naming_it() -> None:
     victim = 1
     res = run_ranks(R.killed, 3, args=(victim,), timeout=60,
                     env={**ENV, "RINGTORCH_DEVICE_RUNTIME": "sim"})
@@ -67,7 +99,8 @@ def test_a_peer_killed_between_rounds_fails_the_survivors_naming_it() -> None:
         got = res[rank]
         assert got["error"] == "PeerLostError", got
         assert got["message"].startswith(
-            f"all_reduce on device tensors (group '{res[rank]['group']}'): rank {victim}'s "
+            f"all_reduce on device tensors (group '{got['group']}'): rank {victim}'s "
             f"process exited while rank {rank} waited for it"), got["message"]
+        assert got["rounds"] == 3  # the round the victim died in completed here; the next failed
         assert got["seconds"] < 10  # well within the group's 20 s timeout: no hang
         assert got["leftover"] == [], f"rank {rank}"
