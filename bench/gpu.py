@@ -191,7 +191,11 @@ def main() -> int:
     args = parse_args()
     recorder = Recorder("gpu")
     start = time.monotonic()
-    results = {lib: run_world(lib, args) for lib in LIBS}
+    results = {}
+    for lib in LIBS:  # each world's medians as it ends: a check cut short keeps them
+        results[lib] = run_world(lib, args)
+        print(f"{lib}: " + ", ".join(f"{human(n)} {s * 1e6:.1f} us"
+                                     for n, s in results[lib].items()), flush=True)
     print(report(results, args))
     print(f"total {time.monotonic() - start:.1f} s")
     recorder.write(args.json, {"world_size": WORLD, "dry": args.dry, "sizes": args.sizes,
