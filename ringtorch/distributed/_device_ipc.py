@@ -90,6 +90,16 @@ class IpcWork(Work):
     def block_current_stream(self) -> None:
         self.wait()
 
+    def get_future(self) -> torch.futures.Future:
+        # done once the round is done on the device: a callback's thread has no caller's
+        # stream to be ordered on (comm hooks read the result in their callbacks)
+        return super().get_future().then(self._settled)
+
+    def _settled(self, fut: torch.futures.Future) -> Any:
+        value = fut.value()
+        self._finished.synchronize()
+        return value
+
 
 def _serve(jobs: queue.SimpleQueue[Work | None]) -> None:
     """The IPC thread of one group: runs its rounds in call order (holds no link: the link's

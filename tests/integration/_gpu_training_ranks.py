@@ -1,0 +1,91 @@
+"""Rank-side code of tests/integration/test_gpu_training.py: DistributedDataParallel on a
+module in device memory (the process's runtime: ``sim`` or ``cuda``, from
+RINGTORCH_DEVICE_RUNTIME), DataParallel with ``device_ids=[0]``, and the closed feature.
+
+The model and every rank's batch are pure functions of a seed (``model``, ``batch``), so the
+driver trains the same model on one process over the whole batch with plain torch and compares.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+import ringtorch.distributed as dist
+from ringtorch import _config, _device
+from ringtorch._device import place
+from ringtorch.distributed import _device_ipc
+from ringtorch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from ringtorch.nn.parallel import DataParallel, DistributedDataParallel
+
+STEPS = 3
+LR = 0.1
+
+
+def model() -> nn.Module:
+    """Three parameters of 16K+ elements (one bucket each, at a 64 KB cap) and small ones."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 2048), nn.ReLU(), nn.Linear(2048, 8), nn.ReLU(),
+                         nn.Linear(8, 3))
+
+
+def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(4, 8, generator=g), torch.randn(4, 3, generator=g)
+
+
+def _host(rt: Any, t: torch.Tensor) -> np.ndarray:
+    place.fence(rt)
+    return t.detach().to("cpu").numpy().copy()
+
+
+def _train(rt: Any, rank: int, hook: bool) -> tuple[list[np.ndarray], list[bool]]:
+    net = place.to_device(model(), 0, rt)
+    ddp = DistributedDataParallel(net, device_ids=[0], bucket_cap_mb=0.0625)
+    if hook:
+        ddp.register_comm_hook(None, allreduce_hook)
+    on_device = [rt.is_device(b.buffer) for b in ddp.reducer._buckets]
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR)
+    for step in range(STEPS):
+        x, y = batch(rank, step)
+        x, y = place.to_device(x, 0, rt), place.to_device(y, 0, rt)
+        opt.zero_grad()
+        nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+    return [_host(rt, p) for p in net.parameters()], on_device
+
+
+def run(rank: int, ws: int) -> dict[str, Any]:
+    rt = _device.runtime()
+    dist.init_process_group("gloo")
+    out: dict[str, Any] = {"runtime": rt.name}
+    out["params"], out["on_device"] = _train(rt, rank, hook=False)
+    out["params_hook"], _ = _train(rt, rank, hook=True)
+    out["paths"] = sorted(set(_device_ipc._state.paths.values()))
+    with _config.override(DEVICE_UNCONFIRMED=False):
+        try:
+            DistributedDataParallel(place.to_device(model(), 0, rt), device_ids=[0])
+        except RuntimeError as exc:
+            out["closed"] = str(exc)
+    dist.destroy_process_group()
+    return out
+
+
+def data_parallel(rank: int, ws: int) -> dict[str, Any]:
+    """DataParallel over device 0 of the runtime: the module's output and gradients."""
+    rt = _device.runtime()
+    net = place.to_device(model(), 0, rt)
+    dp = DataParallel(net, device_ids=[0])
+    x, y = batch(0, 0)
+    nn.functional.mse_loss(dp(place.to_device(x, 0, rt)), place.to_device(y, 0, rt)).backward()
+    out: dict[str, Any] = {"device_ids": list(dp.device_ids),
+                           "grads": [_host(rt, p.grad) for p in net.parameters()]}
+    with _config.override(DEVICE_UNCONFIRMED=False):
+        try:
+            DataParallel(place.to_device(model(), 0, rt), device_ids=[0])
+        except RuntimeError as exc:
+            out["closed"] = str(exc)
+    return out
