@@ -89,3 +89,51 @@ def data_parallel(rank: int, ws: int) -> dict[str, Any]:
         except RuntimeError as exc:
             out["closed"] = str(exc)
     return out
+
+
+def _describe(t: torch.Tensor) -> tuple[bool, torch.Tensor]:
+    """On the callee: whether ``t`` arrived in device memory, and twice it, in device memory."""
+    rt = _device.runtime()
+    arrived = bool(t.is_cuda or rt.is_device(t))
+    return arrived, place.to_device(_host_tensor(rt, t) * 2, 0, rt)
+
+
+def _host_tensor(rt: Any, t: torch.Tensor) -> torch.Tensor:
+    place.fence(rt)
+    return t.detach().to("cpu")
+
+
+def rpc_device_map(rank: int, ws: int) -> dict[str, Any]:
+    """worker0 maps its device 0 to worker1's device 0 and has no map to worker2."""
+    import ringtorch.distributed.rpc as rpc
+
+    rt = _device.runtime()
+    name, out = f"worker{rank}", {}
+    mapped = rpc.TensorPipeRpcBackendOptions(rpc_timeout=30)
+    mapped.set_device_map("worker1", {"cuda:0": "cuda:0"})
+    with _config.override(DEVICE_UNCONFIRMED=False):
+        try:
+            rpc.init_rpc(name, rank=rank, world_size=ws, rpc_backend_options=mapped)
+        except ValueError as exc:
+            out["closed"] = str(exc)
+    try:
+        rpc.init_rpc(name, rank=rank, world_size=ws,
+                     rpc_backend_options=rpc.TensorPipeRpcBackendOptions(devices=["cpu"]))
+    except ValueError as exc:
+        out["devices"] = str(exc)
+    options = mapped if rank == 0 else rpc.TensorPipeRpcBackendOptions(rpc_timeout=30)
+    rpc.init_rpc(name, rank=rank, world_size=ws, rpc_backend_options=options)
+    if rank == 0:
+        t = place.to_device(torch.arange(6, dtype=torch.float32), 0, rt)
+        arrived, back = rpc.rpc_sync("worker1", _describe, args=(t,))
+        out["arrived_on_device"] = arrived
+        out["back_on_device"] = bool(back.is_cuda or rt.is_device(back))
+        out["back"] = _host(rt, back)
+        try:
+            rpc.rpc_sync("worker2", _describe, args=(t,))
+        except RuntimeError as exc:
+            out["unmapped"] = str(exc)
+        # a CPU tensor still travels as before, to a worker without a map too
+        out["cpu"] = rpc.rpc_sync("worker2", torch.add, args=(torch.ones(2), 1)).tolist()
+    rpc.shutdown()
+    return out

@@ -83,3 +83,27 @@ def test_data_parallel_over_device_0(runtime: str, ws: int) -> None:
         assert res["closed"] == CLOSED.format(what="DataParallel on a GPU module")
     else:  # on CUDA, DataParallel needs no device feature of ringtorch's: today's behaviour
         assert "closed" not in res
+
+
+@pytest.mark.parametrize("runtime", ["sim", pytest.param("cuda", marks=pytest.mark.gpu(1))])
+def test_rpc_device_map_moves_device_tensors_to_the_mapped_device(runtime: str) -> None:
+    res = run_ranks(R.rpc_device_map, 3, timeout=90,
+                    env={**ENV, "RINGTORCH_DEVICE_RUNTIME": runtime})
+    out = res[0]
+    assert out["arrived_on_device"] is True  # on worker1's cuda:0, by worker0's map
+    assert out["back_on_device"] is True  # the reply: worker0's map reversed
+    np.testing.assert_array_equal(out["back"], np.arange(6, dtype=np.float32) * 2)
+    assert out["unmapped"] == (
+        "TensorPipe RPC backend only supports CPU tensors by default, please move your tensors "
+        "to CPU before sending them over RPC, or call `set_device_map` on "
+        "`TensorPipeRpcBackendOptions` to explicitly configure device mapping. Request device "
+        "mapping is not available for destination worker2")
+    assert out["cpu"] == [2.0, 2.0]
+    for rank, got in enumerate(res):
+        assert got["closed"] == (
+            "ringtorch RPC moves CPU tensors only: device_maps and devices must be empty (move "
+            "CUDA tensors to the CPU before sending them); RPC device maps have not been "
+            "confirmed on a GPU yet (docs/gpu.md), RINGTORCH_DEVICE_UNCONFIRMED=1 opens them "
+            "for testing"), f"rank {rank}"
+        assert got["devices"] == ("`set_devices` expect a list of CUDA devices, but got device "
+                                  "type cpu."), f"rank {rank}"
