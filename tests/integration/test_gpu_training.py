@@ -1,16 +1,23 @@
-"""DistributedDataParallel and DataParallel on modules in device memory (the ``gpu_training``
-feature): ringtorch/nn/parallel/ddp.py, reducer.py, data_parallel.py, ringtorch/_device/place.py.
+"""DistributedDataParallel and DataParallel on modules in device memory and RPC device maps
+(the ``gpu_training`` feature): ringtorch/nn/parallel/ddp.py, reducer.py, data_parallel.py,
+ringtorch/distributed/rpc/_devices.py, ringtorch/_device/place.py.
 
 ``sim`` (the simulated runtime, modules moved with ``place.to_device`` standing in for
 ``.to("cuda:N")``) in the default suite; the ``cuda`` twins (marked gpu(1): every rank on GPU 0)
-run in the GPU check. The feature is opened with RINGTORCH_DEVICE_UNCONFIRMED=1 as the GPU
-check does. Expected parameters come from plain torch training the same model on one process
+run in the GPU check, with ``ringrun --nproc-per-node gpu`` (one worker per visible GPU,
+``LOCAL_RANK`` naming its device; on CPU its refusal is tests/unit/test_run_args.py's). The feature is
+opened with RINGTORCH_DEVICE_UNCONFIRMED=1 as the GPU check does. Expected parameters come from plain torch training the same model on one process
 over the whole batch (tests/integration/_gpu_training_ranks.py builds both).
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +27,8 @@ from torch import nn
 from ringtorch.testing import run_ranks
 from tests.integration import _gpu_training_ranks as R
 
-WORLDS = [("sim", 2), ("sim", 3), pytest.param("cuda", 2, marks=pytest.mark.gpu(1))]
+# world 2: the device paths themselves are tested at worlds 2-4 (test_device_ipc.py)
+WORLDS = [("sim", 2), pytest.param("cuda", 2, marks=pytest.mark.gpu(1))]
 ONE = [("sim", 1), pytest.param("cuda", 1, marks=pytest.mark.gpu(1))]
 ENV = {"RINGTORCH_DEVICE_UNCONFIRMED": "1"}
 CLOSED = ("{what} is not available in this build of ringtorch: it has not been confirmed on a "
@@ -107,3 +115,33 @@ def test_rpc_device_map_moves_device_tensors_to_the_mapped_device(runtime: str) 
             "for testing"), f"rank {rank}"
         assert got["devices"] == ("`set_devices` expect a list of CUDA devices, but got device "
                                   "type cpu."), f"rank {rank}"
+
+
+GPU_WORKER = r"""
+import json, os, sys
+import torch
+local = int(os.environ["LOCAL_RANK"])
+torch.cuda.set_device(local)
+report = {"local_rank": local, "world_size": int(os.environ["WORLD_SIZE"]),
+          "device": torch.cuda.current_device(), "count": torch.cuda.device_count()}
+with open(os.path.join(sys.argv[1], "rank%s.json" % os.environ["RANK"]), "w") as f:
+    json.dump(report, f)
+"""
+
+
+@pytest.mark.gpu(1)
+def test_ringrun_nproc_per_node_gpu_starts_one_worker_per_visible_gpu(tmp_path: Path) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(GPU_WORKER)
+    env = {**os.environ}
+    env.pop("OMP_NUM_THREADS", None)
+    done = subprocess.run([sys.executable, "-m", "ringtorch.launcher", "--nproc-per-node", "gpu",
+                           str(script), str(tmp_path)], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    reports = sorted((json.loads(p.read_text()) for p in tmp_path.glob("rank*.json")),
+                     key=lambda r: r["local_rank"])
+    count = reports[0]["count"]
+    assert [r["local_rank"] for r in reports] == list(range(count))
+    assert [r["device"] for r in reports] == list(range(count))
+    assert {r["world_size"] for r in reports} == {count}
