@@ -57,8 +57,8 @@ from ringtorch import _config
 from ringtorch._device.api import DeviceEvent, DeviceRuntime
 from ringtorch._device.confirmed import confirmed
 from ringtorch._errors import DistBackendError, DistStoreError, PeerLostError
-from ringtorch._wire.mesh import host_identity
 from ringtorch.collectives import liveness
+from ringtorch.collectives.liveness import host_identity
 from ringtorch.collectives.work import Work
 from ringtorch.distributed import _args as a
 

@@ -6,8 +6,9 @@ ringtorch/distributed/rpc/_devices.py, ringtorch/_device/place.py.
 ``.to("cuda:N")``) in the default suite; the ``cuda`` twins (marked gpu(1): every rank on GPU 0)
 run in the GPU check, with ``ringrun --nproc-per-node gpu`` (one worker per visible GPU,
 ``LOCAL_RANK`` naming its device; on CPU its refusal is tests/unit/test_run_args.py's). The feature is
-opened with RINGTORCH_DEVICE_UNCONFIRMED=1 as the GPU check does. Expected parameters come from plain torch training the same model on one process
-over the whole batch (tests/integration/_gpu_training_ranks.py builds both).
+opened with RINGTORCH_DEVICE_UNCONFIRMED=1 as the GPU check does. Expected parameters come from
+plain torch training the same model on one process over the whole batch
+(tests/integration/_gpu_training_ranks.py builds both).
 """
 
 from __future__ import annotations

@@ -80,11 +80,18 @@ def _maps_of(name: str) -> dict[str, dict[int, int]]:
     with _state.lock:
         found = _state.maps.get(name)
     if found is None:
-        raw = json.loads(STATE.agent._store.get(_KEY.format(name=name)))
+        raw = json.loads(_agent()._store.get(_KEY.format(name=name)))
         found = {callee: {int(s): d for s, d in m.items()} for callee, m in raw.items()}
         with _state.lock:
             _state.maps[name] = found
     return found
+
+
+def _agent() -> Any:
+    """The running agent (a message is being pickled or loaded: there is one)."""
+    agent = STATE.agent
+    assert agent is not None
+    return agent
 
 
 def device_index(tensor: torch.Tensor) -> int | None:
@@ -102,7 +109,7 @@ def target(index: int, dst: int) -> int:
     Raises:
         RuntimeError: no map names it (torch's message).
     """
-    agent = STATE.agent
+    agent = _agent()
     me, them = agent.info.name, agent.get_worker_info(dst).name
     mine = _maps_of(me).get(them, {})
     if index in mine:
