@@ -7,8 +7,9 @@ open and every rank of the group is on this host, decided once per group when it
 device all_reduce arrives, from what the group's rendezvous learnt (its mesh's host of every
 peer; a backend without one agrees through the group's store, once). The call itself (sync
 or async, contiguous or not, on which device) never changes the path; the reduction op and
-dtype, which torch requires to match across ranks, may (AVG, bitwise ops, bool and complex
-tensors are staged); ``RINGTORCH_DEVICE_IPC=0`` turns the path off (set alike on every rank).
+dtype, which torch requires to match across ranks, may (bitwise ops, AVG of integers, bool
+and complex tensors are staged; AVG of floating point is the sum divided on the device);
+``RINGTORCH_DEVICE_IPC=0`` turns the path off (set alike on every rank).
 ``RINGTORCH_DEBUG=INFO`` logs the path each rank takes per group.
 
 Each rank keeps one device buffer per group (grown as needed, to the same size on every rank
@@ -188,8 +189,8 @@ class _Link:
                                        self.rt.open_event(handles[1], self.device))
         self.capacity = size
 
-    def submit(self, tensor: torch.Tensor, combine: Any, device: int,
-               async_op: bool) -> IpcWork | None:
+    def submit(self, tensor: torch.Tensor, combine: Any, device: int, async_op: bool,
+               average: bool = False) -> IpcWork | None:
         """Queue one round on ``tensor`` (reduced in place, in stream order with the calling
         thread's current stream of ``device``); a synchronous call waits for its host part."""
         ready = self.rt.new_event()
@@ -197,7 +198,7 @@ class _Link:
         finished = self.rt.new_event()
 
         def run(_: Work) -> None:
-            self.all_reduce(tensor, combine, ready, finished)
+            self.all_reduce(tensor, combine, ready, finished, average)
 
         work = IpcWork(self.rt, device, finished, run, tensor, self.name)
         self.jobs.put(work)
@@ -207,7 +208,7 @@ class _Link:
         return None
 
     def all_reduce(self, tensor: torch.Tensor, combine: Any, ready: DeviceEvent,
-                   finished: DeviceEvent) -> None:
+                   finished: DeviceEvent, average: bool = False) -> None:
         """One round (see the module docstring), on the IPC thread."""
         k = self.round
         self.round += 1
@@ -235,7 +236,7 @@ class _Link:
             acc = parts[0].clone()
             for part in parts[1:]:
                 acc = combine(acc, part)
-            tensor.copy_(acc)
+            tensor.copy_(acc.div_(len(parts)) if average else acc)
 
         rt.launch(stream, reduce)
         self.done.record(stream)
@@ -312,7 +313,10 @@ def try_all_reduce(rt: DeviceRuntime, kwargs: dict[str, Any], device: int) -> An
     tensor, op, group = kwargs["tensor"], kwargs.get("op"), kwargs.get("group")
     if a.not_in_group(group) or not opened():
         return False, None
-    combine = _OPS.get(getattr(op, "name", str(op)).split(".")[-1].upper())
+    name = getattr(op, "name", str(op)).split(".")[-1].upper()
+    # AVG: the sum in rank order, divided on the device (floating point: as the staged path)
+    average = name == "AVG" and type(tensor) is torch.Tensor and tensor.is_floating_point()
+    combine = torch.add if average else _OPS.get(name)
     if (combine is None or type(tensor) is not torch.Tensor or tensor.is_complex()
             or tensor.dtype is torch.bool):
         return False, None
@@ -322,4 +326,4 @@ def try_all_reduce(rt: DeviceRuntime, kwargs: dict[str, Any], device: int) -> An
     link = _link(rt, group, device)
     if link is None or link.rt is not rt:
         return False, None
-    return True, link.submit(tensor, combine, device, bool(kwargs.get("async_op")))
+    return True, link.submit(tensor, combine, device, bool(kwargs.get("async_op")), average)

@@ -98,6 +98,11 @@ def run(rank: int, ws: int) -> dict[str, Any]:
     out["mixed"] = _read(rt, t)
     out["untouched"] = _read(rt, whole[1::2]) if rank == 1 else None
     out["mixed_rounds"] = _link_rounds() - out["rounds"]
+    # AVG of floating point: the sum divided on the device, one round too
+    t = _put(rt, values(rank, 11, "float32"), "float32")
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    out["avg"] = _read(rt, t)
+    out["avg_rounds"] = _link_rounds() - out["rounds"] - out["mixed_rounds"]
     # work queued on the current stream before the call is included
     cur = rt.current_stream(0)
     q = rt.empty((7,), torch.float32, 0)

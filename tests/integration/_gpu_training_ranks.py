@@ -42,9 +42,11 @@ def _host(rt: Any, t: torch.Tensor) -> np.ndarray:
     return t.detach().to("cpu").numpy().copy()
 
 
-def _train(rt: Any, rank: int, hook: bool) -> tuple[list[np.ndarray], list[bool]]:
+def _train(rt: Any, rank: int, hook: bool,
+           group: Any = None) -> tuple[list[np.ndarray], list[bool]]:
     net = place.to_device(model(), 0, rt)
-    ddp = DistributedDataParallel(net, device_ids=[0], bucket_cap_mb=0.0625)
+    ddp = DistributedDataParallel(net, device_ids=[0], bucket_cap_mb=0.0625,
+                                  process_group=group)
     if hook:
         ddp.register_comm_hook(None, allreduce_hook)
     on_device = [rt.is_device(b.buffer) for b in ddp.reducer._buckets]
@@ -63,8 +65,14 @@ def run(rank: int, ws: int) -> dict[str, Any]:
     dist.init_process_group("gloo")
     out: dict[str, Any] = {"runtime": rt.name}
     out["params"], out["on_device"] = _train(rt, rank, hook=False)
+    out["ipc_rounds"] = sum(link.round for link in _device_ipc._state.links.values() if link)
     out["params_hook"], _ = _train(rt, rank, hook=True)
     out["paths"] = sorted(set(_device_ipc._state.paths.values()))
+    # a group whose device all_reduce is staged through host memory instead
+    with _config.override(DEVICE_IPC=False):
+        staged = dist.new_group(list(range(ws)))
+        out["params_staged"], _ = _train(rt, rank, hook=False, group=staged)
+    out["staged_path"] = _device_ipc._state.paths[staged.group_name]
     with _config.override(DEVICE_UNCONFIRMED=False):
         try:
             DistributedDataParallel(place.to_device(model(), 0, rt), device_ids=[0])

@@ -64,6 +64,14 @@ def test_calls_that_differ_per_rank_in_form_take_the_same_path(runtime: str, ws:
 
 
 @pytest.mark.parametrize(("runtime", "ws"), WORLDS)
+def test_avg_of_floating_point_is_the_sum_divided_on_the_device(runtime: str, ws: int) -> None:
+    for rank, got in enumerate(results(runtime, ws)):
+        np.testing.assert_array_equal(got["avg"], _sum(ws, 11, "float32") / ws,
+                                      err_msg=f"rank {rank}")
+        assert got["avg_rounds"] == 1, f"rank {rank}"
+
+
+@pytest.mark.parametrize(("runtime", "ws"), WORLDS)
 def test_work_queued_on_the_callers_stream_is_included(runtime: str, ws: int) -> None:
     for rank, got in enumerate(results(runtime, ws)):
         np.testing.assert_array_equal(got["order"], _sum(ws, 7, "float32"),

@@ -61,13 +61,16 @@ def test_ddp_on_a_device_module_trains_like_one_process(runtime: str, ws: int) -
     expected = _single_process(ws)
     for rank, res in enumerate(results(runtime, ws)):
         assert res["runtime"] == runtime
-        for key in ("params", "params_hook"):  # without a comm hook, and with allreduce_hook
+        # without a comm hook, with allreduce_hook (both over IPC), staged (RINGTORCH_DEVICE_IPC=0)
+        for key in ("params", "params_hook", "params_staged"):
             for i, (got, want) in enumerate(zip(res[key], expected, strict=True)):
                 np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6,
                                            err_msg=f"{key} {i} rank {rank}")
         # several buckets, all in device memory, reduced over the device path (IPC here)
         assert len(res["on_device"]) > 1 and all(res["on_device"]), res["on_device"]
+        assert res["ipc_rounds"] == R.STEPS * len(res["on_device"])  # every bucket, every step
         assert res["paths"] == ["ipc"]
+        assert res["staged_path"] == "staging"
 
 
 @pytest.mark.parametrize(("runtime", "ws"), WORLDS[:1])
