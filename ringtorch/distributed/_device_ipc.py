@@ -1,10 +1,11 @@
-"""all_reduce of device tensors between the ranks of one host through IPC-exported device
-memory, reduced on the device with torch ops (the ``ipc_collectives`` feature).
+"""all_reduce, broadcast and all_gather of device tensors between the ranks of one host
+through IPC-exported device memory, on the device with torch ops (the ``ipc_collectives``
+feature).
 
-Which path a group's device all_reduce takes is a fact every rank of the group agrees on, so
+Which path a group's device collectives take is a fact every rank of the group agrees on, so
 that no rank waits on a path its peers do not take: it is the IPC path when the feature is
 open and every rank of the group is on this host, decided once per group when its first
-device all_reduce arrives, from what the group's rendezvous learnt (its mesh's host of every
+device collective arrives, from what the group's rendezvous learnt (its mesh's host of every
 peer; a backend without one agrees through the group's store, once). The call itself (sync
 or async, contiguous or not, on which device) never changes the path; the reduction op and
 dtype, which torch requires to match across ranks, may (bitwise ops, AVG of integers, bool
@@ -12,8 +13,9 @@ and complex tensors are staged; AVG of floating point is the sum divided on the 
 ``RINGTORCH_DEVICE_IPC=0`` turns the path off (set alike on every rank).
 ``RINGTORCH_DEBUG=INFO`` logs the path each rank takes per group.
 
-Each rank keeps one device buffer per group (grown as needed, to the same size on every rank
-since an all_reduce's tensors match), exported once per size by IPC and opened by its peers,
+Each rank keeps one device buffer per group (grown as needed, to the same size on every rank:
+an all_reduce's or broadcast's tensors match, an all_gather's output list is the same
+everywhere), exported once per size by IPC and opened by its peers,
 and two interprocess events: ``written`` (its input is in its buffer) and ``done`` (it has
 finished reading its peers' buffers). Rounds run in call order on the group's IPC thread, so
 an asynchronous call returns at once; the caller's current stream is captured at the call.
@@ -24,8 +26,9 @@ Round ``k``:
 2. the IPC stream waits for the caller's stream as it was at the call, copies the input into
    this rank's buffer and records ``written``; the host sets "written k";
 3. wait for every peer's "written k" key; the IPC stream waits for each peer's ``written``
-   event and reduces the whole tensor from every rank's buffer, in rank order (every rank gets
-   the same bits), into the caller's tensor; records ``done``; the host sets "done k";
+   event and writes the outputs from the ranks' buffers (all_reduce: reduced in rank order,
+   so every rank gets the same bits; broadcast: the source's; all_gather: each rank's);
+   records ``done``; the host sets "done k";
 4. the caller's current stream waits for the round (at once for a synchronous call, in
    ``Work.wait()`` for an asynchronous one).
 
@@ -64,20 +67,21 @@ from ringtorch.collectives.work import Work
 from ringtorch.distributed import _args as a
 
 FEATURE = "ipc_collectives"
+OPERATIONS = ("all_reduce", "broadcast", "all_gather")  # the facade's entry points taken
 _POLL = timedelta(seconds=0.5)  # how long one store wait lasts before the peers are probed
 _OPS = {"SUM": torch.add, "PRODUCT": torch.mul, "MAX": torch.maximum, "MIN": torch.minimum}
 log = logging.getLogger(__name__)
 
 
 class IpcWork(Work):
-    """The Work of an asynchronous IPC all_reduce: ``wait()`` waits for the host's part of
+    """The Work of an asynchronous IPC collective: ``wait()`` waits for the host's part of
     the round, then makes the waiting thread's current stream wait for its device part."""
 
     __slots__ = ("_rt", "_device", "_finished")
 
     def __init__(self, rt: DeviceRuntime, device: int, finished: DeviceEvent, run: Any,
-                 tensor: torch.Tensor, group_name: str) -> None:
-        super().__init__("allreduce", -1, run, [tensor], group_name)
+                 outputs: list[torch.Tensor], group_name: str) -> None:
+        super().__init__("ipc", -1, run, outputs, group_name)
         self._rt, self._device, self._finished = rt, device, finished
 
     def wait(self, timeout: Any = None) -> bool:
@@ -189,26 +193,28 @@ class _Link:
                                        self.rt.open_event(handles[1], self.device))
         self.capacity = size
 
-    def submit(self, tensor: torch.Tensor, combine: Any, device: int, async_op: bool,
-               average: bool = False) -> IpcWork | None:
-        """Queue one round on ``tensor`` (reduced in place, in stream order with the calling
-        thread's current stream of ``device``); a synchronous call waits for its host part."""
+    def submit(self, tensor: torch.Tensor, finish: Any, outputs: list[torch.Tensor],
+               nbytes: int, device: int, async_op: bool) -> IpcWork | None:
+        """Queue one round: ``tensor`` is this rank's input, ``finish(parts)`` (on the IPC
+        stream; ``parts``: every rank's buffer) writes the outputs, all in stream order with
+        the calling thread's current stream of ``device``; ``nbytes``: the buffer size every
+        rank needs (the same on every rank). A synchronous call waits for its host part."""
         ready = self.rt.new_event()
         ready.record(self.rt.current_stream(device))
         finished = self.rt.new_event()
 
         def run(_: Work) -> None:
-            self.all_reduce(tensor, combine, ready, finished, average)
+            self.exchange(tensor, finish, nbytes, ready, finished)
 
-        work = IpcWork(self.rt, device, finished, run, tensor, self.name)
+        work = IpcWork(self.rt, device, finished, run, outputs, self.name)
         self.jobs.put(work)
         if async_op:
             return work
         work.wait()
         return None
 
-    def all_reduce(self, tensor: torch.Tensor, combine: Any, ready: DeviceEvent,
-                   finished: DeviceEvent, average: bool = False) -> None:
+    def exchange(self, tensor: torch.Tensor, finish: Any, nbytes: int, ready: DeviceEvent,
+                 finished: DeviceEvent) -> None:
         """One round (see the module docstring), on the IPC thread."""
         k = self.round
         self.round += 1
@@ -217,28 +223,20 @@ class _Link:
                            {r: f"ipc/{k - 1}/done/{r}" for r in self.peers()})
             for _, done in self.peer_events.values():
                 self.stream.wait_event(done)
-        nbytes = tensor.numel() * tensor.element_size()
         self.fit(nbytes)
         rt, stream = self.rt, self.stream
         stream.wait_event(ready)
-        mine = self.buffer[:nbytes].view(tensor.dtype).view(tensor.shape)  # type: ignore[index]
-        rt.copy(mine, tensor, stream)  # a non-contiguous input lands contiguous
+        mine = tensor.numel() * tensor.element_size()
+        own = self.buffer[:mine].view(tensor.dtype).view(tensor.shape)  # type: ignore[index]
+        rt.copy(own, tensor, stream)  # a non-contiguous input lands contiguous
         self.written.record(stream)
         self.written.synchronize()  # a peer never waits on an event a dead rank left unfired
         self.store.set(f"ipc/{k}/written/{self.rank}", b"1")
         self.wait_keys("its input", {r: f"ipc/{k}/written/{r}" for r in self.peers()})
         for written, _ in self.peer_events.values():
             stream.wait_event(written)
-        parts = [v[:nbytes].view(tensor.dtype).view(tensor.shape)  # type: ignore[index]
-                 for v in self.views]
-
-        def reduce() -> None:
-            acc = parts[0].clone()
-            for part in parts[1:]:
-                acc = combine(acc, part)
-            tensor.copy_(acc.div_(len(parts)) if average else acc)
-
-        rt.launch(stream, reduce)
+        views = list(self.views)
+        rt.launch(stream, lambda: finish(views))
         self.done.record(stream)
         finished.record(stream)
         self.done.synchronize()
@@ -246,6 +244,12 @@ class _Link:
         if k >= 2:  # every peer has passed round k-1's keys: drop this rank's of k-2
             for key in (f"ipc/{k - 2}/written/{self.rank}", f"ipc/{k - 2}/done/{self.rank}"):
                 self.store.delete_key(key)
+
+
+def _part(buffer: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The start of a rank's buffer, as ``like`` (its shape and dtype)."""
+    nbytes = like.numel() * like.element_size()
+    return buffer[:nbytes].view(like.dtype).view(like.shape)
 
 
 class _State:
@@ -306,24 +310,87 @@ def _link(rt: DeviceRuntime, group: Any, device: int) -> _Link | None:
     return link
 
 
-def try_all_reduce(rt: DeviceRuntime, kwargs: dict[str, Any], device: int) -> Any:
-    """Run the facade's all_reduce call ``kwargs`` on the IPC path if its group takes it
-    (see the module docstring): returns ``(True, result)`` (None, or the Work of an async
-    call), or ``(False, None)`` when the caller should stage it."""
-    tensor, op, group = kwargs["tensor"], kwargs.get("op"), kwargs.get("group")
-    if a.not_in_group(group) or not opened():
-        return False, None
+def _plain(*tensors: Any) -> bool:
+    return all(type(t) is torch.Tensor and not t.is_complex() and t.dtype is not torch.bool
+               for t in tensors)
+
+
+def _all_reduce(link: _Link, kwargs: dict[str, Any], device: int) -> Any:
+    tensor, op = kwargs["tensor"], kwargs.get("op")
     name = getattr(op, "name", str(op)).split(".")[-1].upper()
     # AVG: the sum in rank order, divided on the device (floating point: as the staged path)
-    average = name == "AVG" and type(tensor) is torch.Tensor and tensor.is_floating_point()
+    average = name == "AVG" and _plain(tensor) and tensor.is_floating_point()
     combine = torch.add if average else _OPS.get(name)
-    if (combine is None or type(tensor) is not torch.Tensor or tensor.is_complex()
-            or tensor.dtype is torch.bool):
+    if combine is None or not _plain(tensor):
+        return False, None
+
+    def reduce(views: list[torch.Tensor]) -> None:
+        parts = [_part(v, tensor) for v in views]
+        acc = parts[0].clone()
+        for part in parts[1:]:
+            acc = combine(acc, part)
+        tensor.copy_(acc.div_(len(parts)) if average else acc)
+
+    nbytes = tensor.numel() * tensor.element_size()
+    return True, link.submit(tensor, reduce, [tensor], nbytes, device,
+                             bool(kwargs.get("async_op")))
+
+
+def _broadcast(link: _Link, kwargs: dict[str, Any], device: int, group: Any) -> Any:
+    tensor = kwargs["tensor"]
+    if not _plain(tensor):
+        return False, None
+    src = a.canonical_rank(group, kwargs.get("src"), kwargs.get("group_src"))
+
+    def take(views: list[torch.Tensor]) -> None:
+        if link.rank != src:
+            tensor.copy_(_part(views[src], tensor))
+
+    nbytes = tensor.numel() * tensor.element_size()
+    return True, link.submit(tensor, take, [tensor], nbytes, device,
+                             bool(kwargs.get("async_op")))
+
+
+def _all_gather(link: _Link, kwargs: dict[str, Any], device: int) -> Any:
+    outs, tensor = kwargs["tensor_list"], kwargs["tensor"]
+    if (not isinstance(outs, (list, tuple)) or len(outs) != link.size or not _plain(tensor, *outs)
+            or any(o.dtype != tensor.dtype for o in outs)):
+        return False, None  # the staged path raises the entry point's error
+
+    def gather(views: list[torch.Tensor]) -> None:
+        for out, view in zip(outs, views, strict=True):
+            out.copy_(_part(view, out))
+
+    # every rank knows every rank's size (the output list): the same buffer size everywhere
+    nbytes = max(o.numel() * o.element_size() for o in outs)
+    return True, link.submit(tensor, gather, list(outs), nbytes, device,
+                             bool(kwargs.get("async_op")))
+
+
+def try_collective(rt: DeviceRuntime, name: str, kwargs: dict[str, Any], device: int) -> Any:
+    """Run the facade's call ``name`` (all_reduce, broadcast or all_gather) with ``kwargs``
+    on the IPC path if its group takes it (see the module docstring): returns ``(True,
+    result)`` (None, or the Work of an async call), or ``(False, None)`` when the caller
+    should stage it."""
+    group = kwargs.get("group")
+    if a.not_in_group(group) or not opened():
         return False, None
     group = a.group_or_default(group)
     if group.size() < 2:
         return False, None
+    if name == "all_reduce":
+        eligible = _plain(kwargs["tensor"]) and (
+            getattr(kwargs.get("op"), "name", str(kwargs.get("op"))).split(".")[-1].upper()
+            in (*_OPS, "AVG"))
+    else:
+        eligible = True
+    if not eligible:
+        return False, None
     link = _link(rt, group, device)
     if link is None or link.rt is not rt:
         return False, None
-    return True, link.submit(tensor, combine, device, bool(kwargs.get("async_op")), average)
+    if name == "all_reduce":
+        return _all_reduce(link, kwargs, device)
+    if name == "broadcast":
+        return _broadcast(link, kwargs, device, group)
+    return _all_gather(link, kwargs, device)

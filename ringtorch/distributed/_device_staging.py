@@ -298,9 +298,11 @@ def staged_call(rt: DeviceRuntime, fn: Callable[..., Any], params: dict[str, Any
         side.ensure(rt.device_index(_first_device(rt, present)))
         if not side.shared_path:  # else ranks share a GPU this NCCL cannot: staged below
             return _nccl_ops.call(side, inner.__name__, kwargs)
-    if inner.__name__ == "all_reduce" and type(kwargs["tensor"]) is torch.Tensor:
+    if inner.__name__ in _device_ipc.OPERATIONS and type(kwargs["tensor"]) is torch.Tensor \
+            and rt.is_device(kwargs["tensor"]):
         # one host: IPC (also where ranks share a GPU); the path is the group's, not the call's
-        took, result = _device_ipc.try_all_reduce(rt, kwargs, rt.device_index(kwargs["tensor"]))
+        took, result = _device_ipc.try_collective(rt, inner.__name__, kwargs,
+                                                  rt.device_index(kwargs["tensor"]))
         if took:
             return result
     if side is None and not opened():  # backend "nccl" is open, staging is not: as before

@@ -103,6 +103,23 @@ def run(rank: int, ws: int) -> dict[str, Any]:
     dist.all_reduce(t, op=dist.ReduceOp.AVG)
     out["avg"] = _read(rt, t)
     out["avg_rounds"] = _link_rounds() - out["rounds"] - out["mixed_rounds"]
+    # broadcast (rank 0 asynchronous) and an all_gather of uneven sizes (rank 1 async)
+    before = _link_rounds()
+    b = _put(rt, values(rank, 1001, "float32"), "float32")
+    if rank == 0:
+        dist.broadcast(b, src=ws - 1, async_op=True).wait()
+    else:
+        dist.broadcast(b, src=ws - 1)
+    out["broadcast"] = _read(rt, b)
+    g = _put(rt, values(rank, 3 + 2 * rank, "int64"), "int64")
+    outs = [_put(rt, np.full(3 + 2 * r, -1, dtype=np.int64), "int64") for r in range(ws)]
+    if rank == 1:
+        dist.all_gather(outs, g, async_op=True).wait()
+    else:
+        dist.all_gather(outs, g)
+    out["all_gather"] = [_read(rt, o) for o in outs]
+    out["bcast_gather_rounds"] = _link_rounds() - before
+    del b, g, outs
     # work queued on the current stream before the call is included
     cur = rt.current_stream(0)
     q = rt.empty((7,), torch.float32, 0)

@@ -50,6 +50,7 @@ def _train(rt: Any, rank: int, hook: bool,
     if hook:
         ddp.register_comm_hook(None, allreduce_hook)
     on_device = [rt.is_device(b.buffer) for b in ddp.reducer._buckets]
+    before = _ipc_rounds()  # after construction's broadcast (over IPC too)
     opt = torch.optim.SGD(ddp.parameters(), lr=LR)
     for step in range(STEPS):
         x, y = batch(rank, step)
@@ -57,15 +58,20 @@ def _train(rt: Any, rank: int, hook: bool,
         opt.zero_grad()
         nn.functional.mse_loss(ddp(x), y).backward()
         opt.step()
+    on_device.append(_ipc_rounds() - before)  # last: the IPC rounds of the steps
     return [_host(rt, p) for p in net.parameters()], on_device
+
+
+def _ipc_rounds() -> int:
+    return sum(link.round for link in _device_ipc._state.links.values() if link)
 
 
 def run(rank: int, ws: int) -> dict[str, Any]:
     rt = _device.runtime()
     dist.init_process_group("gloo")
     out: dict[str, Any] = {"runtime": rt.name}
-    out["params"], out["on_device"] = _train(rt, rank, hook=False)
-    out["ipc_rounds"] = sum(link.round for link in _device_ipc._state.links.values() if link)
+    out["params"], on_device = _train(rt, rank, hook=False)
+    out["on_device"], out["ipc_rounds"] = on_device[:-1], on_device[-1]
     out["params_hook"], _ = _train(rt, rank, hook=True)
     out["paths"] = sorted(set(_device_ipc._state.paths.values()))
     # a group whose device all_reduce is staged through host memory instead

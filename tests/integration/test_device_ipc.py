@@ -72,6 +72,17 @@ def test_avg_of_floating_point_is_the_sum_divided_on_the_device(runtime: str, ws
 
 
 @pytest.mark.parametrize(("runtime", "ws"), WORLDS)
+def test_broadcast_and_all_gather_of_uneven_sizes_over_ipc(runtime: str, ws: int) -> None:
+    for rank, got in enumerate(results(runtime, ws)):
+        np.testing.assert_array_equal(got["broadcast"], R.values(ws - 1, 1001, "float32"),
+                                      err_msg=f"broadcast rank {rank}")
+        for r in range(ws):
+            np.testing.assert_array_equal(got["all_gather"][r], R.values(r, 3 + 2 * r, "int64"),
+                                          err_msg=f"all_gather part {r} rank {rank}")
+        assert got["bcast_gather_rounds"] == 2, f"rank {rank}"
+
+
+@pytest.mark.parametrize(("runtime", "ws"), WORLDS)
 def test_work_queued_on_the_callers_stream_is_included(runtime: str, ws: int) -> None:
     for rank, got in enumerate(results(runtime, ws)):
         np.testing.assert_array_equal(got["order"], _sum(ws, 7, "float32"),
