@@ -68,9 +68,9 @@ def test_ranks_sharing_a_gpu_below_nccl_2_30_reduce_over_ipc_and_say_so_once() -
             res["shared/second"], np.sum([values(r, N, 4) for r in range(2)], axis=0))
         assert res["shared/said"] == [
             "ProcessGroup 'nccl' (group '0'): ranks of this group share one GPU, which NCCL "
-            "2.28.9 refuses (2.30 or later accepts it); its all_reduce runs over IPC "
-            "between the ranks' device buffers instead, its other operations on device "
-            "tensors on ringtorch's staged path"], f"rank {rank}"
+            "2.28.9 refuses (2.30 or later accepts it); its all_reduce, broadcast and "
+            "all_gather run over IPC between the ranks' device buffers instead, its other "
+            "operations on device tensors on ringtorch's staged path"], f"rank {rank}"
         assert res["shared/paths"] == ["ipc"], f"rank {rank}"
 
 
