@@ -305,7 +305,8 @@ def _link(rt: DeviceRuntime, group: Any, device: int) -> _Link | None:
         where = "on this host" if one_host else "on more than one host"
         why = (source if not _config.DEVICE_IPC.get() else
                f"its {group.size()} ranks are {where}, from {source}")
-        log.info("group '%s' rank %d: all_reduce of device tensors takes the %s path (%s)",
+        log.info("group '%s' rank %d: all_reduce, broadcast and all_gather of device tensors "
+                 "take the %s path (%s)",
                  group.group_name, group.rank(), path, why)
     return link
 

@@ -45,9 +45,9 @@ def test_all_reduce_over_ipc_matches_numpy_for_uneven_sizes_and_dtypes(runtime: 
         assert got["rounds"] == len(R.DTYPES) * len(R.SIZES)
         assert list(got["paths"].values()) == ["ipc"]
         assert len(got["log"]) == 1 and got["log"][0].startswith(
-            f"group '{next(iter(got['paths']))}' rank {rank}: all_reduce of device tensors "
-            f"takes the ipc path (its {ws} ranks are on this host, from the group's "
-            f"rendezvous)"), got["log"]
+            f"group '{next(iter(got['paths']))}' rank {rank}: all_reduce, broadcast and "
+            f"all_gather of device tensors take the ipc path (its {ws} ranks are on this "
+            f"host, from the group's rendezvous)"), got["log"]
         assert got["leftover"] == [], f"rank {rank}"  # its device memory went with its group
 
 
@@ -106,7 +106,7 @@ def test_ranks_on_two_hosts_take_the_staging_path_all_of_them() -> None:
         np.testing.assert_array_equal(got["async"], _sum(ws, 5, "int64"), err_msg=f"{rank}")
         assert got["rounds"] == 0
         assert list(got["paths"].values()) == ["staging"]
-        assert "takes the staging path (its 3 ranks are on more than one host" in got["log"][0]
+        assert "take the staging path (its 3 ranks are on more than one host" in got["log"][0]
 
 
 def test_a_peer_killed_mid_round_fails_the_survivors_naming_it() -> None:
