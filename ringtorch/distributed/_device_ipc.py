@@ -247,9 +247,11 @@ class _Link:
 
 
 def _part(buffer: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """The start of a rank's buffer, as ``like`` (its shape and dtype)."""
+    """The start of a rank's buffer, as ``like`` (its shape, dtype and device: ranks with a
+    GPU each read a peer's buffer across devices)."""
     nbytes = like.numel() * like.element_size()
-    return buffer[:nbytes].view(like.dtype).view(like.shape)
+    part = buffer[:nbytes].view(like.dtype).view(like.shape)
+    return part if part.device == like.device else part.to(like.device, non_blocking=True)
 
 
 class _State:
