@@ -1,22 +1,24 @@
-"""all_reduce on device tensors at world 2 on ONE GPU: ringtorch's staged path vs torch's gloo.
+"""all_reduce on device tensors at world 2 on ONE GPU: ringtorch's IPC and staged paths vs torch's gloo.
 
     python bench/gpu.py                    # float32, 1K..256M (every power of 4), cuda:0
     python bench/gpu.py --quick            # 1K, 64K, 1M, 16M, 64M, 256M, few iterations (< 2 min)
     python bench/gpu.py --dry              # the simulated runtime, tiny sizes (a CPU machine)
     python bench/gpu.py --json bench/out/gpu.json   # also bench/_report.py's JSON
 
-Both ranks run on cuda:0 (the GPU check's machine has one GPU). ``ringtorch`` is
-ringtorch.distributed with backend "gloo" (its native one) on CUDA tensors, staged through
-pinned host memory in stream order (opened with RINGTORCH_DEVICE_UNCONFIRMED=1, as the GPU
-check does); ``gloo`` is torch.distributed's gloo on the same CUDA tensors. Each library runs in
+Both ranks run on cuda:0 (the GPU check's machine has one GPU). ``ipc`` is
+ringtorch.distributed with backend "gloo" (its native one) on CUDA tensors over the IPC path
+(device buffers exported between the ranks, reduced on the device); ``staging`` the same with
+that path off (RINGTORCH_DEVICE_IPC=0), staged through pinned host memory in stream order
+(both opened with RINGTORCH_DEVICE_UNCONFIRMED=1, as the GPU check does); ``gloo`` is
+torch.distributed's gloo on the same CUDA tensors. Each library runs in
 its own world of processes. A timed call follows a barrier and ends when the calling stream has
 drained (the result is on the device); an iteration's time is the slowest rank's, a cell's the
-median over iterations. Bus bandwidth is nccl-tests' (size x 2(n-1)/n / time); the ratio is
-ringtorch's time over gloo's (> 1: gloo is faster). The first call of every size is checked
+median over iterations. Bus bandwidth is nccl-tests' (size x 2(n-1)/n / time); each ratio is
+gloo's time over the path's (its speed-up: > 1, ringtorch is faster). The first call of every size is checked
 for the right sum.
 
 Dry run (``--dry``, or RINGTORCH_DEVICE_RUNTIME=sim as GPU_CHECK_DRY=1 sets, or no CUDA):
-ringtorch runs on the simulated runtime's device tensors and gloo on CPU tensors, at 1K and
+ringtorch's paths run on the simulated runtime's device tensors and gloo on CPU tensors, at 1K and
 64K only: it checks the plumbing in seconds; its numbers mean nothing.
 """
 
@@ -35,7 +37,7 @@ from _sizes import busbw_factor, human, parse_sizes
 
 QUICK = "1K,64K,1M,16M,64M,256M"
 DRY = "1K,64K"
-LIBS = ("ringtorch", "gloo")
+LIBS = ("ipc", "staging", "gloo")
 WORLD = 2
 
 
@@ -57,7 +59,7 @@ def run_rank(rank: int, world_size: int, lib: str, sizes: list[int], port: int, 
     import torch
 
     warnings.simplefilter("ignore", FutureWarning)
-    if lib == "ringtorch":
+    if lib != "gloo":
         import ringtorch.distributed as dist
         from ringtorch import _device
 
@@ -94,6 +96,12 @@ def run_rank(rank: int, world_size: int, lib: str, sizes: list[int], port: int, 
         if not bool((got == expected).all()):
             raise AssertionError(f"{lib} all_reduce of {human(nbytes)}: expected {expected}, "
                                  f"got {got[:4].tolist()}...")
+        if lib != "gloo":  # the path measured is the one named
+            from ringtorch.distributed import _device_ipc
+
+            paths = set(_device_ipc._state.paths.values())
+            if paths != {"ipc" if lib == "ipc" else "staging"}:
+                raise AssertionError(f"{lib}: all_reduce took the path(s) {sorted(paths)}")
         for _ in range(warm):
             dist.all_reduce(t)
         drain()
@@ -126,7 +134,7 @@ def _host(rt: Any, t: Any) -> Any:
 def run_world(lib: str, args: argparse.Namespace) -> dict[int, float]:
     from ringtorch.testing.harness import job_port, run_ranks
 
-    env = {"RINGTORCH_DEVICE_UNCONFIRMED": "1"}
+    env = {"RINGTORCH_DEVICE_UNCONFIRMED": "1", "RINGTORCH_DEVICE_IPC": str(int(lib == "ipc"))}
     if args.dry:
         env["RINGTORCH_DEVICE_RUNTIME"] = "sim"
     per_rank = run_ranks(run_rank, WORLD, timeout=args.timeout, env=env,
@@ -139,15 +147,16 @@ def report(results: dict[str, dict[int, float]], args: argparse.Namespace) -> st
     where = ("the simulated runtime (ringtorch) and CPU tensors (gloo): plumbing only"
              if args.dry else "both ranks on cuda:0")
     factor = busbw_factor("all_reduce", WORLD)
-    lines = [f"all_reduce float32, world {WORLD}, {where}; median time per call, bus bandwidth "
-             f"(size x {factor:g} / time), ratio = ringtorch time / gloo time",
-             f"{'size':>6} {'ringtorch us':>13} {'GB/s':>7} {'gloo us':>10} {'GB/s':>7} "
-             f"{'ratio':>6}"]
+    lines = [f"all_reduce float32, world {WORLD}, {where}; median time per call (us), bus "
+             f"bandwidth (GB/s: size x {factor:g} / time), x = gloo's time / the path's",
+             f"{'size':>6} " + " ".join(f"{lib + ' us':>12} {'GB/s':>7}" for lib in LIBS)
+             + f" {'ipc x':>7} {'staging x':>9}"]
     for n in args.sizes:
-        ours, theirs = results["ringtorch"][n], results["gloo"][n]
-        lines.append(f"{human(n):>6} {ours * 1e6:>13.1f} {n * factor / ours / 1e9:>7.2f} "
-                     f"{theirs * 1e6:>10.1f} {n * factor / theirs / 1e9:>7.2f} "
-                     f"{ours / theirs:>6.2f}")
+        cells = " ".join(f"{results[lib][n] * 1e6:>12.1f} {n * factor / results[lib][n] / 1e9:>7.2f}"
+                         for lib in LIBS)
+        gloo = results["gloo"][n]
+        lines.append(f"{human(n):>6} {cells} {gloo / results['ipc'][n]:>7.2f} "
+                     f"{gloo / results['staging'][n]:>9.2f}")
     return "\n".join(lines)
 
 
@@ -182,7 +191,11 @@ def main() -> int:
     args = parse_args()
     recorder = Recorder("gpu")
     start = time.monotonic()
-    results = {lib: run_world(lib, args) for lib in LIBS}
+    results = {}
+    for lib in LIBS:  # each world's medians as it ends: a check cut short keeps them
+        results[lib] = run_world(lib, args)
+        print(f"{lib}: " + ", ".join(f"{human(n)} {s * 1e6:.1f} us"
+                                     for n, s in results[lib].items()), flush=True)
     print(report(results, args))
     print(f"total {time.monotonic() - start:.1f} s")
     recorder.write(args.json, {"world_size": WORLD, "dry": args.dry, "sizes": args.sizes,

@@ -274,6 +274,12 @@ DEVICE_RUNTIME = _knob(
     "else the simulated one), cuda, or sim (streams run by threads over CPU memory; for "
     "tests)",
 )
+DEVICE_IPC = _knob(
+    "RINGTORCH_DEVICE_IPC", True, _parse_bool,
+    "0 turns the IPC path off: an all_reduce of device tensors among ranks of one host is "
+    "staged through pinned host memory like one across hosts (set it alike on every rank; "
+    "the benchmark compares the two paths with it)",
+)
 DEVICE_UNCONFIRMED = _knob(
     "RINGTORCH_DEVICE_UNCONFIRMED", False, _parse_bool,
     "for tests and the GPU check only: open the device features that no recorded GPU run has "

@@ -137,7 +137,7 @@ fi
 # --- bench ---------------------------------------------------------------------------------
 t0=$(date +%s)
 if [ -f bench/gpu.py ]; then
-    L=$(limit 90)
+    L=$(limit 150)
     timeout -k 10 "$L" "$PYTHON" bench/gpu.py --quick >"$OUT/bench.log" 2>&1
     rc=$?
     SUMMARY+=("bench: $(status $rc) (exit $rc, $(( $(date +%s) - t0 )) s, limit $L s)")

@@ -78,6 +78,8 @@ class _Fifo:
             except BaseException as exc:  # a failed kernel poisons the stream, as on CUDA
                 if self.error is None:
                     self.error = exc
+            # an idle worker holds nothing: what the op read or wrote may be freed now
+            op = fn = None  # type: ignore[assignment]
             with self.cond:
                 self.completed = seq
                 self.cond.notify_all()

@@ -23,8 +23,10 @@ the call runs as (``staged_call`` runs the entry point itself on the host buffer
 A group with an NCCL side (backend "nccl", or a map naming ``cuda:nccl``; ``_nccl.py``) takes
 its device tensors there instead (``_nccl_ops.py``), for the operations NCCL runs; the others
 (the coalesced forms), and every operation of a group whose ranks
-share a GPU that its NCCL cannot, are staged here. With backend "nccl" open and
-staging closed, a group without an NCCL side gets the entry point as it is.
+share a GPU that its NCCL cannot, are staged here. An all_reduce of a group whose ranks are
+all on this host goes through device memory exported by IPC instead (``_device_ipc.py``:
+the ``ipc_collectives`` feature; the choice is the group's, the same on every rank).
+With backend "nccl" open and staging closed, a group without an NCCL side gets the entry point as it is.
 
 Rules kept: a pinned buffer (and the device tensors it served) is reused or dropped only after
 the event recorded behind its last copy has completed; nothing here runs for host tensors and
@@ -47,7 +49,7 @@ from ringtorch import _config, _device
 from ringtorch._device.api import DeviceEvent, DeviceRuntime, DeviceStream
 from ringtorch._device.confirmed import confirmed
 from ringtorch.collectives.work import Work
-from ringtorch.distributed import _nccl, _nccl_ops
+from ringtorch.distributed import _device_ipc, _nccl, _nccl_ops
 
 FEATURE = "cuda_tensors"
 _KEEP_PER_SHAPE = 4  # pinned buffers kept per (runtime, numel, dtype) for reuse
@@ -296,6 +298,13 @@ def staged_call(rt: DeviceRuntime, fn: Callable[..., Any], params: dict[str, Any
         side.ensure(rt.device_index(_first_device(rt, present)))
         if not side.shared_path:  # else ranks share a GPU this NCCL cannot: staged below
             return _nccl_ops.call(side, inner.__name__, kwargs)
+    if inner.__name__ in _device_ipc.OPERATIONS and type(kwargs["tensor"]) is torch.Tensor \
+            and rt.is_device(kwargs["tensor"]):
+        # one host: IPC (also where ranks share a GPU); the path is the group's, not the call's
+        took, result = _device_ipc.try_collective(rt, inner.__name__, kwargs,
+                                                  rt.device_index(kwargs["tensor"]))
+        if took:
+            return result
     if side is None and not opened():  # backend "nccl" is open, staging is not: as before
         _state.local.plain = True
         try:

@@ -20,8 +20,9 @@ deadlines and the liveness of the group's processes on this host: a failed commu
 dead peer or an operation past the group's timeout aborts the communicator (from that thread,
 the only safe place) and fails every pending and later operation with a
 ``DistBackendError`` naming the rank. Where ranks share one GPU and the NCCL library is older
-than 2.30 (which refuses that), the group says so once and runs its device operations on the
-staged path (``_device_staging``) over its CPU backend instead.
+than 2.30 (which refuses that), the group says so once and runs its all_reduce, broadcast
+and all_gather over IPC between the ranks' device buffers (``_device_ipc``) and its other
+device operations on the staged path (``_device_staging``) over its CPU backend instead.
 
 Rules kept: no call here blocks the host on device work, except the communicator's init
 (bounded by the timeout); nothing waits without a deadline.
@@ -154,8 +155,9 @@ class NcclGroup:
             warnings.warn(
                 f"ProcessGroup 'nccl' (group '{self.group_name}'): ranks of this group share "
                 f"one GPU, which NCCL {_version(self.lib.version())} refuses (2.30 or later "
-                f"accepts it); its operations on device tensors run on ringtorch's staged "
-                f"path instead", stacklevel=4)
+                f"accepts it); its all_reduce, broadcast and all_gather run over IPC "
+                f"between the ranks' device buffers instead, its other operations on device "
+                f"tensors on ringtorch's staged path", stacklevel=4)
             return
         if self.rank == 0:
             self.store.set("nccl/unique_id", self.lib.unique_id())

@@ -49,7 +49,8 @@ ALLOWED: dict[str, set[str]] = {
     "ringtorch.c10d": {"ringtorch.collectives", "ringtorch.store", "ringtorch._observe"},
     "ringtorch.distributed.rpc": {"ringtorch.rendezvous", "ringtorch.store", "ringtorch._wire",
                                   "ringtorch._buffers", "ringtorch.futures",
-                                  "ringtorch._observe"},
+                                  "ringtorch._observe",
+                                  "ringtorch._device"},  # device maps (rpc/_devices.py)
     "ringtorch.distributed.autograd": {"ringtorch.distributed.rpc", "ringtorch.futures"},
     # the public names of ringtorch.distributed (functional), of rpc (RemoteModule)
     "ringtorch.distributed.nn": {"ringtorch.distributed", "ringtorch.distributed.rpc",
@@ -81,7 +82,8 @@ ALLOWED: dict[str, set[str]] = {
     "ringtorch.launcher": {"ringtorch.store", "ringtorch._workers", "ringtorch._wire",
                            "ringtorch._observe"},
     "ringtorch.multiprocessing": {"ringtorch._workers"},
-    "ringtorch.nn": {"ringtorch.distributed"},
+    # _device.place: DDP and DataParallel on modules in device memory
+    "ringtorch.nn": {"ringtorch.distributed", "ringtorch._device"},
     "ringtorch.utils": {"ringtorch.distributed"},
     "ringtorch.testing": {"ringtorch"},  # anything public
 }

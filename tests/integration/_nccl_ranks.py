@@ -22,7 +22,7 @@ import torch
 import ringtorch.distributed as dist
 from ringtorch import _config
 from ringtorch.collectives.reduce_op import make_premul_sum
-from ringtorch.distributed import _nccl_ops
+from ringtorch.distributed import _device_ipc, _nccl_ops
 from ringtorch.distributed.groups import _get_default_store
 from ringtorch.testing import wait_for
 from tests.integration._device_staging_ranks import _Dev, _setup, values
@@ -245,6 +245,7 @@ def faults(rank: int, ws: int) -> dict[str, Any]:
         dist.all_reduce(t)
         out["shared/second"] = d.read(t)
         out["shared/said"] = [str(w.message) for w in caught if "share one GPU" in str(w.message)]
+        out["shared/paths"] = list(_device_ipc._state.paths.values())
         dist.destroy_process_group()
     return out
 

@@ -60,7 +60,7 @@ def test_an_operation_past_the_timeout_aborts_the_communicator_and_names_the_ran
         assert res["after_timeout"] == f"DistBackendError: {said}", "later calls fail at once"
 
 
-def test_ranks_sharing_a_gpu_below_nccl_2_30_run_staged_and_say_so_once() -> None:
+def test_ranks_sharing_a_gpu_below_nccl_2_30_reduce_over_ipc_and_say_so_once() -> None:
     for rank, res in enumerate(faults()):
         np.testing.assert_array_equal(
             res["shared/first"], np.sum([values(r, N, 3) for r in range(2)], axis=0))
@@ -68,8 +68,10 @@ def test_ranks_sharing_a_gpu_below_nccl_2_30_run_staged_and_say_so_once() -> Non
             res["shared/second"], np.sum([values(r, N, 4) for r in range(2)], axis=0))
         assert res["shared/said"] == [
             "ProcessGroup 'nccl' (group '0'): ranks of this group share one GPU, which NCCL "
-            "2.28.9 refuses (2.30 or later accepts it); its operations on device tensors run "
-            "on ringtorch's staged path instead"], f"rank {rank}"
+            "2.28.9 refuses (2.30 or later accepts it); its all_reduce, broadcast and "
+            "all_gather run over IPC between the ranks' device buffers instead, its other "
+            "operations on device tensors on ringtorch's staged path"], f"rank {rank}"
+        assert res["shared/paths"] == ["ipc"], f"rank {rank}"
 
 
 def test_a_killed_peer_fails_the_survivors_naming_it_within_seconds() -> None:

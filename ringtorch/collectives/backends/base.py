@@ -180,6 +180,12 @@ class Backend(ABC):
         ranks (a capability: False unless a backend says otherwise)."""
         return False
 
+    @property
+    def one_host(self) -> bool | None:
+        """Whether every rank of the group is on this host, as the group's rendezvous learnt
+        it (the same answer on every rank); None where the backend does not know."""
+        return None
+
     def shared_tensor(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """Collective: a zero-filled 1-D tensor for repeated all_reduces, in shared memory
         where the backend has it (then its all_reduce skips a copy). Every rank calls it

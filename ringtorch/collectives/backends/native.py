@@ -112,6 +112,11 @@ class NativeBackend(Backend):
         return route_of(self.transport, record.call)
 
     @property
+    def one_host(self) -> bool:
+        """See base class: from the mesh the group's rendezvous built."""
+        return self._mesh is None or all(self._mesh.same_host)
+
+    @property
     def shares_memory(self) -> bool:
         """See base class: on one host's shared memory."""
         return self.transport.shares_memory

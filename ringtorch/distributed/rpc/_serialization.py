@@ -29,6 +29,8 @@ import numpy as np
 import torch
 
 from ringtorch import _buffers
+from ringtorch._device import place
+from ringtorch.distributed.rpc import _devices
 from ringtorch.distributed.rpc._state import STATE, PerThread
 
 _CUDA_MESSAGE = (
@@ -117,6 +119,13 @@ def _rebuild_sparse_coo(indices: torch.Tensor, values: torch.Tensor, size: tuple
 
 
 def _reduce_tensor(tensor: torch.Tensor) -> tuple[Any, ...]:
+    ctx: EncodeContext | None = STATE.thread.encode
+    if ctx is not None and (index := _devices.device_index(tensor)) is not None \
+            and place.training_opened():
+        # a device tensor: staged through host memory to the mapped device (_devices.py)
+        target = _devices.target(index, ctx.dst)
+        return (_devices.rebuild_on_device,
+                (target, tensor.requires_grad, _devices.to_host(tensor)))
     if tensor.device.type != "cpu":
         raise RuntimeError(f"{_CUDA_MESSAGE}; got a tensor on {tensor.device}")
     if tensor.layout == torch.sparse_coo:
@@ -126,7 +135,6 @@ def _reduce_tensor(tensor: torch.Tensor) -> tuple[Any, ...]:
         raise TypeError(f"tensors of layout {tensor.layout} (quantized={tensor.is_quantized}, "
                         f"nested={tensor.is_nested}) cannot be sent over ringtorch RPC; "
                         f"send dense or sparse COO tensors")
-    ctx: EncodeContext | None = STATE.thread.encode
     if ctx is not None:
         ctx.tensors.append(tensor)
     data = tensor.detach().resolve_conj().resolve_neg()

@@ -21,7 +21,7 @@ from ringtorch._observe import trace_run
 from ringtorch._observe.hang_ask import HANG
 from ringtorch._observe.recorder import RECORDER
 from ringtorch._observe.totals import TOTALS
-from ringtorch.distributed.rpc import _calls, _shutdown
+from ringtorch.distributed.rpc import _calls, _devices, _shutdown
 from ringtorch.distributed.rpc._rref_context import RRefContext
 from ringtorch.distributed.rpc._state import STATE, current_agent
 from ringtorch.distributed.rpc._workerinfo import WorkerInfo
@@ -68,9 +68,7 @@ def init_rpc(name: str, backend: BackendType | None = None, rank: int = -1,
     if not isinstance(options, TensorPipeRpcBackendOptions):
         options = TensorPipeRpcBackendOptions(rpc_timeout=options.rpc_timeout,
                                               init_method=options.init_method)
-    if options.device_maps or options.devices:
-        raise ValueError("ringtorch RPC moves CPU tensors only: device_maps and devices must "
-                         "be empty (move CUDA tensors to the CPU before sending them)")
+    _devices.check_options(options)
     with STATE.init_lock:
         if STATE.agent is not None:
             raise RuntimeError("RPC is already initialized")
@@ -86,6 +84,7 @@ def _start(name: str, rank: int, world_size: int, options: TensorPipeRpcBackendO
     store = PrefixStore(f"rpc_prefix_{STATE.init_count}", store)
     STATE.init_count += 1
     RECORDER.settle()  # this process's environment is known by now
+    _devices.publish(store, name, options)
     agent = RpcAgent(name, rank, world_size, options, store)
     rrefs = RRefContext(agent)
     STATE.start_run(agent, rrefs, _shutdown.ShutdownLeader(agent))

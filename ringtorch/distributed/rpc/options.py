@@ -2,8 +2,9 @@
 
 Seed code writes ``rpc.TensorPipeRpcBackendOptions(num_worker_threads=8, rpc_timeout=20)`` and
 ``backend=rpc.BackendType.TENSORPIPE``: both work and select ringtorch's agent. Device maps are
-CUDA-only in torch; ringtorch's RPC moves CPU tensors only, so a non-empty device map or device
-list is rejected by ``init_rpc`` (the setters still validate like torch's).
+CUDA-only in torch; in ringtorch they are the feature ``gpu_training`` (``_devices.py``): while
+it is closed, a non-empty device map or device list is rejected by ``init_rpc`` (the setters
+still validate like torch's).
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ class TensorPipeRpcBackendOptions(RpcBackendOptions):
         num_worker_threads: how many incoming calls may execute at once (default 16).
         rpc_timeout: default timeout of a call, in seconds (default 60; 0 means none).
         init_method: rendezvous URL, as for ``init_process_group`` (default ``env://``).
-        device_maps, devices: accepted for compatibility; must stay empty (CPU only).
+        device_maps, devices: where each device tensor sent to a worker goes (see
+            ``_devices.py``); refused by ``init_rpc`` while the feature is closed.
         _transports, _channels: TensorPipe internals, ignored.
     """
 
@@ -97,7 +99,7 @@ class TensorPipeRpcBackendOptions(RpcBackendOptions):
         self.device_maps[to] = {**current, **full}
 
     def set_devices(self, devices: list[Any]) -> None:
-        """Record the local devices (see module doc: must stay empty for ringtorch)."""
+        """Record the local devices (see module doc)."""
         self.devices = list(devices)
 
 

@@ -28,6 +28,8 @@ import torch
 from torch import nn
 from torch._utils import ExceptionWrapper
 
+from ringtorch._device import place
+
 __all__ = ["DataParallel", "data_parallel", "gather", "parallel_apply", "replicate", "scatter",
            "scatter_kwargs"]
 
@@ -313,6 +315,8 @@ class DataParallel(nn.Module):
         super().__init__()
         self.module = module
         self.dim = dim
+        if cpu_replicas is None and self._on_simulated_device(device_ids, output_device):
+            return
         if cpu_replicas is not None:
             device_type, device_ids = "cpu", _cpu_replica_ids(cpu_replicas, device_ids)
         elif not torch.cuda.is_available():
@@ -329,6 +333,25 @@ class DataParallel(nn.Module):
         self.src_device_obj = _to_device(device_ids[0], device_type)
         if len(device_ids) == 1:
             self.module.to(self.src_device_obj)
+
+    def _on_simulated_device(self, device_ids: Sequence[DeviceLike] | None,
+                             output_device: DeviceLike | None) -> bool:
+        """A module in the simulated runtime's device memory (``_device.place``; CUDA
+        modules need no such step): its one device, 0, as torch's on a one-GPU machine."""
+        rt = place.runtime_of(chain(self.module.parameters(), self.module.buffers()))
+        if not place.is_sim(rt):
+            return False
+        if not place.training_opened():
+            raise RuntimeError(place.CLOSED.format(what="DataParallel on a GPU module"))
+        ids = [0] if device_ids is None else [_to_device(d, "cuda").index or 0
+                                               for d in device_ids]
+        if ids != [0]:
+            raise ValueError(f"the simulated device runtime has one device, 0; got device_ids "
+                             f"{list(device_ids or [])}")
+        self.device_ids = [0]
+        self.output_device = 0 if output_device is None else output_device
+        self.src_device_obj = rt.device(0)  # type: ignore[union-attr]
+        return True
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         if not self.device_ids:

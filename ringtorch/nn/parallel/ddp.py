@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ringtorch import distributed as dist
+from ringtorch._device import place
 from ringtorch.distributed.algorithms.join import Join, Joinable, JoinHook
 from ringtorch.nn.parallel.buckets import bucket_caps, plan_buckets
 from ringtorch.nn.parallel.reducer import Reducer
@@ -178,7 +179,7 @@ class DistributedDataParallel(nn.Module, Joinable):
                                "init_process_group and have not passed process_group argument "
                                "to DDP constructor")
         state = dict(self.__dict__)
-        del state["process_group"], state["reducer"]
+        del state["process_group"], state["reducer"], state["_device_rt"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -192,6 +193,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         super().__setstate__(state)
         self.__dict__.setdefault("require_forward_param_sync", True)
         self.__dict__.setdefault("require_backward_grad_sync", True)
+        self._device_rt = place.runtime_of(self.module.parameters())
         self.reducer = self._build_reducer(*self._params_for_reducer(), self.static_graph)
         if self.static_graph:
             self.reducer.static_graph = True
@@ -203,6 +205,18 @@ class DistributedDataParallel(nn.Module, Joinable):
                        output_device: int | torch.device | None) -> None:
         if device_ids is not None and len(device_ids) > 1:
             raise ValueError("device_ids can only be None or contain a single element.")
+        # a module in device memory (CUDA, or the simulated runtime's): gpu_training
+        self._device_rt = place.runtime_of(p for _, p in named)
+        if self._device_rt is not None and not place.training_opened():
+            raise RuntimeError(place.CLOSED.format(what="DistributedDataParallel on a GPU "
+                                                        "module"))
+        if place.is_sim(self._device_rt) and device_ids:
+            # simulated device memory is CPU memory: inputs stay where they are
+            index = device_ids[0] if isinstance(device_ids[0], int) else device_ids[0].index
+            self.device_type, self.is_multi_device_module = "cpu", False
+            self.device_ids = [self._device_rt.device(index or 0)]  # type: ignore[union-attr]
+            self.output_device = self.device_ids[0]
+            return
         devices = {p.device for _, p in named}
         device_types = {d.type for d in devices}
         if len(device_types) != 1:
@@ -280,7 +294,10 @@ class DistributedDataParallel(nn.Module, Joinable):
         for group in groups.values():
             for chunk in _chunks(group, self.broadcast_bucket_size):
                 flat = torch.cat([t.detach().reshape(-1) for t in chunk])
+                if place.is_sim(self._device_rt):  # as on CUDA: broadcast in device memory
+                    flat = place.to_device(flat, 0, self._device_rt)
                 dist.broadcast(flat, src=src_global, group=self.process_group)
+                place.fence(self._device_rt)
                 if not is_src:
                     offset = 0
                     for t in chunk:

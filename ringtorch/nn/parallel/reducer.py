@@ -24,6 +24,7 @@ import torch
 from torch.autograd import Variable
 
 from ringtorch import distributed as dist
+from ringtorch._device import place
 from ringtorch.distributed import GradBucket
 from ringtorch.nn.parallel._ddp_trace import BackwardTrace
 from ringtorch.nn.parallel.buckets import BucketPlan
@@ -67,11 +68,19 @@ class _Bucket:
         self.offsets = plan.offsets
         self.params = [params[i] for i in plan.indices]
         first = self.params[0]
+        # parameters in the simulated runtime's device memory: the bucket too (on CUDA,
+        # torch.zeros on the parameters' device already is), so it takes the device path
+        rt = place.runtime_of((first,))
+        self.sim = rt if place.is_sim(rt) else None
         # `allocate` (the group's shared_tensor) puts the buffer in the group's shared memory,
         # whose all_reduce needs no copy in; it gives an ordinary tensor where that is off
-        self.shared = allocate is not None and first.device.type == "cpu"
-        self.buffer = (allocate(plan.numel, first.dtype) if self.shared and allocate is not None
-                       else torch.zeros(plan.numel, dtype=first.dtype, device=first.device))
+        self.shared = allocate is not None and first.device.type == "cpu" and self.sim is None
+        if self.sim is not None:
+            self.buffer = place.zeros(self.sim, plan.numel, first.dtype, 0)
+        else:
+            self.buffer = (allocate(plan.numel, first.dtype)
+                           if self.shared and allocate is not None
+                           else torch.zeros(plan.numel, dtype=first.dtype, device=first.device))
         self.views = [self.buffer[off:off + p.numel()].view(p.shape)
                       for off, p in zip(plan.offsets, self.params, strict=True)]
         self.pending = len(self.indices)
@@ -270,7 +279,7 @@ class Reducer:
         b, pos = self._locator[index]
         bucket = self._buckets[b]
         param = self._params[index]
-        if used and bucket.solo and not self._as_view \
+        if used and bucket.solo and not self._as_view and bucket.sim is None \
                 and _reducible_in_place(param.grad, bucket.buffer):
             # A bucket of one parameter is reduced in its gradient itself: no copy into the
             # bucket, none back. (Not for unused parameters, whose .grad must stay untouched.)
@@ -353,6 +362,7 @@ class Reducer:
         self._require_finalize = False
         for bucket in self._buckets:
             result = None if bucket.comm is None else bucket.comm.wait()
+            place.fence(bucket.sim)  # simulated device memory: the host reads it next
             target = bucket.comm_buffer()
             if result is not None and result.data_ptr() != target.data_ptr():
                 target.copy_(result.reshape(-1))
@@ -398,7 +408,7 @@ class Reducer:
                 saved.append((bucket.buffer, bucket.buffer.clone()))
                 zeros = bucket.buffer.zero_()
             else:
-                zeros = torch.zeros_like(bucket.buffer)
+                zeros = place.zeros_like(bucket.buffer)  # in device memory where it is
             if self._comm_hook is None:
                 comms.append(_Pending(work=dist.all_reduce(zeros, group=self._group,
                                                            async_op=True)))
