@@ -172,7 +172,8 @@ def _segments() -> list[str]:
     """This process's simulated device segments still named, once its groups and tensors
     are gone (the harness ends a rank with os._exit, which runs no finalizer: look now).
     Worker threads (the group's IPC thread, stream workers) drop their last references
-    just after waking the caller: wait a few seconds for the names to go."""
+    just after waking the caller: wait for the names to go (up to 30 s: on a loaded machine
+    those threads may not run for seconds; a leak still fails)."""
     if not os.path.isdir("/dev/shm"):
         return []
 
@@ -182,7 +183,7 @@ def _segments() -> list[str]:
                 if name.startswith("ringtorch-sim-") and f"-{os.getpid()}-" in name]
 
     with contextlib.suppress(TimeoutError):
-        wait_for(lambda: not left(), timeout=5.0, what="device segments released",
+        wait_for(lambda: not left(), timeout=30.0, what="device segments released",
                  interval=0.05)
     return left()
 
