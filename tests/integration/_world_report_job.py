@@ -4,7 +4,9 @@
 1. The one started as rank 1 SIGKILLs itself at step 2; the survivors shrink (0 and 2 become
    ranks 0 and 1). Then the one started as 2 stalls in Python (writes CONTROL/stalled, waits
    for CONTROL/release) while rank 0 waits in an all_reduce (writes CONTROL/waiting once it
-   is in it): the test asks ringrun for a report (SIGUSR1) meanwhile.
+   is in it): the test asks ringrun for a report (SIGUSR1) meanwhile, then has the stalled
+   one ask through the store as ``python -m ringtorch.distributed.debug host:port`` does
+   (CONTROL/ask; it writes the report into CONTROL/debug-report.txt).
 2. ringrun's replacement for rank 1 joins; the survivors admit it. Every rank makes a group
    with a 3 s timeout, on which the one started as 0 skips an all_reduce (it waits for
    CONTROL/done-1 and done-2): the other two time out, each naming its hang report.
@@ -25,6 +27,7 @@ from pathlib import Path
 import torch
 
 import ringtorch.distributed as dist
+from ringtorch.distributed.debug import via_store
 
 
 def _wait_file(path: Path) -> None:
@@ -50,6 +53,9 @@ def main(control: Path) -> None:
                 break
         if slot == 2:
             (control / "stalled").touch()
+            _wait_file(control / "ask")
+            text, _ = via_store(f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", None)
+            (control / "debug-report.txt").write_text(text)
             _wait_file(control / "release")
         work = dist.all_reduce(torch.ones(4), async_op=True)
         if slot == 0:

@@ -40,6 +40,9 @@ def test_reports_ask_the_current_world_and_a_grown_world_makes_one_report(
         (path,) = wait_for(lambda: list(saved(f"hang-report-ringrun-*-{ringrun.pid}.txt")),
                            30, "ringrun's report", interval=0.05)
         report = wait_for(lambda: path.read_text().endswith("\n") and path.read_text(), 5)
+        (tmp_path / "ask").touch()
+        asked = tmp_path / "debug-report.txt"
+        debug = wait_for(lambda: asked.exists() and asked.read_text(), 30, "the debug report")
         (tmp_path / "release").touch()
         out, err = ringrun.communicate(timeout=90)
     finally:
@@ -51,12 +54,16 @@ def test_reports_ask_the_current_world_and_a_grown_world_makes_one_report(
     assert ringrun.returncode == 0, out + err
     assert report.startswith("=== ringtorch hang report: 2 rank(s) ===\n"
                              "why: ringrun received SIGUSR1\n"), report
-    assert "did not answer" not in report and "rank 1:" not in report, report  # not the dead
-    assert re.search(r"group '[^']+' \(ranks 0, 1 \(was 2\)\):\n  rank 0: in allreduce #0 "
-                     r"\(16 bytes, float32\), (queued|running) at .*\n  rank 1 \(was 2\): no "
-                     r"collective on this group yet\n", report), report
-    assert "everybody waits for: ranks [1 (was 2)]\n" in report, report
-    assert 'rank 1 (was 2) is doing:\n' in report and "in _wait_file" in report, report
+    assert debug.startswith("=== ringtorch hang report: 2 rank(s) ===\n"
+                            "why: asked by python -m ringtorch.distributed.debug"), debug
+    for text in (report, debug):  # the dead rank is not asked: no "rank 1:" line
+        assert "did not answer" not in text and "rank 1:" not in text, text
+        assert re.search(r"group '[^']+' \(ranks 0, 1 \(was 2\)\):\n  rank 0: in allreduce #0 "
+                         r"\(16 bytes, float32\), (queued|running) at .*\n  rank 1 \(was 2\): "
+                         r"no collective on this group yet\n", text), text
+        assert "everybody waits for: ranks [1 (was 2)]\n" in text, text
+        assert "rank 1 (was 2) is doing:\n" in text, text
+    assert "in _wait_file" in report, report  # (the debug report's asker is that rank itself)
     # the grown world: the replacement (1) and a survivor (2) time out and share one report
     records = {int(m[1]): json.loads(m[2]) for m in re.finditer(r"worker (\d): (.*)", out)}
     assert sorted(records) == [0, 1, 2] and all(r["world"] == 3 for r in records.values()), out
