@@ -76,6 +76,9 @@ class HangState:
         self.rank = -1
         self.world_size = 0
         self.epoch = 0  # counts this rank's initialisations on the store (keys stay unique)
+        # the epoch of the keys by which a group's ranks make one report: this one's epoch,
+        # but a replacement's (one more) becomes the world's it joins (see renumber)
+        self.report_epoch = 0
         self.stacks_path = ""
         self.dump: Callable[[], dict[str, Any]] = RECORDER.dump
         self.name = ""  # the RPC worker name, when init_rpc gave one
@@ -116,7 +119,7 @@ class HangState:
 
     def _install(self, store: Any, rank: int, world_size: int) -> None:
         self.store, self.rank, self.world_size = store, rank, world_size
-        self.epoch = store.add(key("installs", rank), 1)
+        self.epoch = self.report_epoch = store.add(key("installs", rank), 1)
         folder = _config.OBSERVE_DIR.get()
         if folder:
             self.stacks_path = os.path.join(folder, f"stacks-{rank}.txt")
@@ -126,7 +129,8 @@ class HangState:
         else:  # a file without a name (nothing to clean up), read through /proc by askers
             self._stacks = tempfile.TemporaryFile("a+")
             self.stacks_path = f"/proc/{os.getpid()}/fd/{self._stacks.fileno()}"
-        self._info = {"rank": rank, "epoch": self.epoch, "world_size": world_size,
+        self._info = {"rank": rank, "epoch": self.epoch, "report_epoch": self.epoch,
+                      "world_size": world_size,
                       "host": socket.gethostname(),
                       "pid": os.getpid(), "main_thread": thread_id(threading.main_thread().ident),
                       "stacks_file": self.stacks_path, "observe_dir": folder}
@@ -147,11 +151,26 @@ class HangState:
         """The job's world changed (a shrink, a grow back): it is now the ranks ``world``
         (as each was started, in the new rank order) and this one is ``now`` in it. This
         rank keeps its keys (askers from outside the job, ringrun, know only those); its
-        reports ask only ``world`` and name ranks by both numbers. Never raises."""
+        reports ask only ``world`` and name ranks by both numbers, and the world is published
+        (``ringtorch/hang/world``) for askers from outside. Every rank of ``world`` takes the
+        lowest report epoch its members published: the survivors' (a replacement installed
+        once more than the rank it replaces), so they all coordinate on the same keys. Never
+        raises."""
         self.world = list(world)
         self._info["now"] = now
-        if self.store is not None:
-            self._publish()
+        if self.store is None:
+            return
+        try:
+            infos = [json.loads(self.store.get(key("info", r))) for r in world
+                     if r != self.rank and self.store.check([key("info", r)])]
+            self.report_epoch = min([self.report_epoch, *(
+                i.get("report_epoch", i["epoch"]) for i in infos)])
+            self._info["report_epoch"] = self.report_epoch
+            self.store.set(key("world"), json.dumps({"ranks": self.world,
+                                                     "report_epoch": self.report_epoch}))
+        except Exception as exc:
+            log.debug("could not publish the new world for hang reports: %s", exc)
+        self._publish()
 
     def ranks(self) -> list[int]:
         """The ranks a report of this process asks: the current world's."""
@@ -261,7 +280,7 @@ class HangState:
         answered = threading.Event()
         self._ahead[group] = (seq, time.monotonic(), answered)
         threading.Thread(target=self._ask_ahead,
-                         args=(self.store, (self.epoch, group, seq), deadline, answered),
+                         args=(self.store, (self.report_epoch, group, seq), deadline, answered),
                          daemon=True, name="ringtorch-hang-ahead").start()
 
     def _ask_ahead(self, store: Any, tag: tuple[int, str, int], deadline: float,
@@ -317,13 +336,13 @@ class HangState:
             _, since, answered = begun
             if not answered.wait(max(0.0, since + STORE_SILENT_S - time.monotonic())):
                 return "(none: the job's store does not answer)"
-        done = key("report", self.epoch, group)
+        done = key("report", self.report_epoch, group)
         wait_s = _config.HANG_REPORT_WAIT_S.get()
-        if store.add(key("failed", self.epoch, group), 1) != 1:  # another rank makes it
+        if store.add(key("failed", self.report_epoch, group), 1) != 1:  # another rank makes it
             store.wait([done], timedelta(seconds=wait_s + SIGNAL_WAIT_S + 10.0))
             return store.get(done).decode()
         reason = f"rank {self.rank}: {message.strip().splitlines()[0]}"
-        tag = (self.epoch, group, seq)
+        tag = (self.report_epoch, group, seq)
         if seq is not None and store.check([key("ahead", *tag)]):
             store.set(key("why", *tag), reason)  # the asker writes the report now
             try:
@@ -441,6 +460,20 @@ def ask(store: Any, world_size: int, reason: str, wait_s: float,
     return out
 
 
+def current_world(store: Any, world_size: int) -> list[int]:
+    """The ranks (as started) of the job's current world, in its rank order, for an asker from
+    outside (ringrun): the world its ranks last published on a shrink or a grow back, while
+    one of them still is in it (a world whose ranks all initialised again since is over);
+    else every rank of ``world_size``."""
+    if store.check([key("world")]):
+        world = json.loads(store.get(key("world")))
+        for rank in world["ranks"]:
+            if store.check([key("info", rank)]) and json.loads(store.get(key("info", rank))).get(
+                    "report_epoch") == world["report_epoch"]:
+                return list(world["ranks"])
+    return list(range(world_size))
+
+
 def poke(store: Any, epoch: int, rank: int, request: dict[str, Any]) -> None:
     """Hand ``request`` to the responder of ``rank`` (installation ``epoch``): its next
     numbered request key (one counter per rank, so no responder ever waits on a number that
@@ -451,5 +484,5 @@ def poke(store: Any, epoch: int, rank: int, request: dict[str, Any]) -> None:
 
 HANG = HangState()
 
-__all__ = ["HANG", "HangState", "ask", "is_hang", "key", "poke", "save_report", "thread_id",
+__all__ = ["HANG", "HangState", "ask", "current_world", "is_hang", "key", "poke", "save_report", "thread_id",
            "write_report"]

@@ -31,7 +31,7 @@ import time
 from datetime import timedelta
 
 from ringtorch import _config
-from ringtorch._observe.hang_ask import ask, key, write_report
+from ringtorch._observe.hang_ask import ask, current_world, key, write_report
 from ringtorch.store import TCPStore
 
 PID_FILE = "ringrun.pid"  # written by the launcher into its run directory
@@ -97,10 +97,11 @@ def via_store(address: str, world_size: int | None) -> tuple[str, str]:
                                  f"(RINGTORCH_HANG_REPORT=0, or no process group yet)")
             world_size = int(json.loads(store.get(key("info", 0)))["world_size"])
         reason = f"asked by python -m ringtorch.distributed.debug (pid {os.getpid()})"
-        answers = ask(store, world_size, reason, _config.HANG_REPORT_WAIT_S.get())
+        ranks = current_world(store, world_size)  # after a shrink or a grow back: its ranks
+        answers = ask(store, world_size, reason, _config.HANG_REPORT_WAIT_S.get(), ranks=ranks)
     finally:
         store.close()
-    return write_report(answers, world_size, reason, "debug")
+    return write_report(answers, world_size, reason, "debug", ranks=ranks)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,7 @@
 """ringrun's hang report: on SIGUSR1, and on SIGINT/SIGTERM before it stops the workers.
 
-The launcher asks every rank of the job for its flight record and stacks through the job's
+The launcher asks every rank of the job's current world (after a shrink or a grow back, the
+ranks its ranks published; docs/recovery.md) for its flight record and stacks through the job's
 store (``_observe/hang_ask.py``), gets the stacks of its own workers that do not answer by
 SIGUSR1 (faulthandler writes them into ``<observe dir>/stacks-<rank>.txt`` without the
 worker's cooperation), merges everything into one report (``_observe/hang_report.py``),
@@ -22,7 +23,7 @@ from datetime import timedelta
 from typing import Any
 
 from ringtorch import _config
-from ringtorch._observe.hang_ask import ask, write_report
+from ringtorch._observe.hang_ask import ask, current_world, write_report
 from ringtorch._observe.hang_report import Answer
 from ringtorch._observe.hang_signal import parse_header, signal_stacks
 from ringtorch._workers import console_write
@@ -67,11 +68,14 @@ def report(reason: str, observe_dir: str, pids: set[int], master: tuple[str, int
     if not local:
         return None
     answers: list[Answer] = []
+    ranks = list(range(world_size))  # after a shrink or a grow back: the current world's
     try:
         store = TCPStore(master[0], master[1], is_master=False,
                          timeout=timedelta(seconds=_CONNECT_S), wait_for_workers=False)
         try:
-            answers = ask(store, world_size, reason, _config.HANG_REPORT_WAIT_S.get())
+            ranks = current_world(store, world_size)
+            answers = ask(store, world_size, reason, _config.HANG_REPORT_WAIT_S.get(),
+                          ranks=ranks)
         finally:
             store.close()
     except Exception as exc:  # no store (rank 0 gone or stuck): the local stacks still tell
@@ -79,12 +83,12 @@ def report(reason: str, observe_dir: str, pids: set[int], master: tuple[str, int
             f"their stacks")
     known = {a.rank for a in answers}
     for rank, header in sorted(local.items()):
-        if rank not in known:
+        if rank not in known and rank in ranks:
             stacks = signal_stacks(header["pid"], header["stacks_file"])
             answers.append(Answer(rank, None, stacks, header["main_thread"], header["host"],
                                   header["pid"], "no answer through the store; stacks by "
                                   "SIGUSR1"))
-    text, path = write_report(answers, world_size, reason, "ringrun", run_dir)
+    text, path = write_report(answers, world_size, reason, "ringrun", run_dir, ranks=ranks)
     console_write(sys.stderr, text + f"ringrun: hang report saved in {path}\n")
     return path
 

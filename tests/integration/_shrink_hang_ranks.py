@@ -53,7 +53,7 @@ def stalls_after_a_shrink(rank: int, world_size: int, victim: int, culprit: int)
     dist.all_reduce(torch.ones(64))
     name = dist.group.WORLD.group_name
     if rank == culprit:
-        HANG.store.wait([key("report", HANG.epoch, name)], timedelta(seconds=60))
+        HANG.store.wait([key("report", HANG.report_epoch, name)], timedelta(seconds=60))
         return {"new_rank": world.rank, "skipped": True}
     warnings = _Warnings()
     logging.getLogger("ringtorch").addHandler(warnings)

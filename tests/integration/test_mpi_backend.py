@@ -55,7 +55,8 @@ def _case(world: list[dict], name: str) -> list[dict]:
     for rank, book in enumerate(world):
         assert name in book, f"rank {rank} did not run {name}"
         expected_error = name.startswith(("errors/", "p2p/recv_", "p2p/neg", "timeout/",
-                                          "facade/monitored_barrier", "facade/local_sync_group"))
+                                          "facade/monitored_barrier", "facade/local_sync_group",
+                                          "facade/shrink_group"))
         if "traceback" in book[name] and not expected_error:
             pytest.fail(f"rank {rank}, {name}:\n{book[name]['traceback']}")
         results.append(book[name])
@@ -251,6 +252,18 @@ def test_new_group_with_local_synchronization_is_refused_on_mpi_as_torch_refuses
         world: list[dict]) -> None:
     for r in _case(world, "facade/local_sync_group"):
         assert r["error"] == ("ValueError", "MPI backend doesn't support use_local_synchronization=True")
+
+
+def test_shrink_group_is_refused_on_mpi_as_torch_refuses_it_on_backends_other_than_nccl(
+        world: list[dict]) -> None:
+    expected = (("ValueError", "Cannot shrink a process group with size 1. Group must have at "
+                 "least 2 ranks to support shrinking.") if len(world) == 1 else
+                ("TypeError", "Process group backend for '0' does not support shrinking "
+                 "operations."))
+    for r in _case(world, "facade/shrink_group"):
+        assert r["error"] == expected
+    for r in _case(world, "facade/destroy"):  # the refusal left the world usable to the end
+        assert "error" not in r
 
 
 def _singleton(tmp_path: Path, *args: str) -> dict:

@@ -266,6 +266,8 @@ def facade_cases(w: Ranks) -> None:
     w.record("facade/monitored_barrier", dist.monitored_barrier)
     w.record("facade/local_sync_group",
              lambda: dist.new_group(list(range(w.size)), use_local_synchronization=True))
+    # torch's shrink_group works on NCCL only; ringtorch's on its native backend: MPI refuses
+    w.record("facade/shrink_group", lambda: dist.shrink_group([w.size - 1]))
     w.record("facade/destroy", dist.destroy_process_group)
 
 
