@@ -25,6 +25,7 @@ from ringtorch.testing import wait_for
 KILL_AFTER = 3  # the victim dies after this step (0-based), at a step boundary
 AT_TWO = 3  # steps rank 0 trains at world 2 before the replacement may knock
 LR, MOMENTUM = 0.05, 0.9
+LR_AFTER_SHRINK = 0.02  # the members lower it once shrunk; a replacement's constructor has LR
 
 
 def model() -> torch.nn.Module:
@@ -111,6 +112,8 @@ def _run(slot: int, steps: int, marker: Path, die_after: int = -1) -> Any:
             world = dist.shrink_on_failure(exc)
             torch_view["shrunk"] = _torch_view(world.replacement(pair).group_name, slot)
             ddp, opt = ddp.rewrap(), opt.rewrap()
+            for group in opt.param_groups:  # as a scheduler would: the replacement gets it too
+                group["lr"] = LR_AFTER_SHRINK
             step = _counts(step, 0)
             continue
         worlds.append(dist.get_process_group_ranks(dist.group.WORLD))

@@ -6,7 +6,8 @@ shrink and re-wrap, train at world 2, then admit its replacement (a fresh proces
 optimizer) and train on at world 3. What docs/recovery.md promises, step by step: the optimizer
 state a survivor held is kept through both re-wraps (re-sharded); the state the lost rank held
 is gone and starts afresh, as a fresh optimizer's; a replacement gets its share of the kept
-state. The reference is one process with ``torch.optim.SGD`` over the whole model, whose
+state, and steps its shard with the members' settings (they lower ``lr`` once shrunk, as a
+scheduler would; the replacement's constructor has the first one). The reference is one process with ``torch.optim.SGD`` over the whole model, whose
 gradient at each step is the mean over the ranks that trained it, and which forgets the
 momentum of the one weight the lost rank owned (torch's greedy partition at world 3 gives it
 the 20-element weight: largest first, each to the least loaded rank) when it dies. The same
@@ -31,6 +32,8 @@ def _reference(worlds: list[list[int]], lost_at: int) -> list[torch.Tensor]:
     for step, world in enumerate(worlds):
         if step == lost_at:
             opt.state.pop(lost)
+            for group in opt.param_groups:
+                group["lr"] = ranks.LR_AFTER_SHRINK
         opt.zero_grad()
         losses = [torch.nn.functional.mse_loss(net(x), y)
                   for x, y in (ranks.batch(step, slot) for slot in world)]

@@ -379,20 +379,25 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
 
         Each rank's shard of the optimizer state moves to the parameters' new owners (an
         all_gather_object on the new group); the state of the parameters a lost rank owned is
-        gone with it, and starts afresh, as a fresh optimizer's. This optimizer must not be
-        used again.
+        gone with it, and starts afresh, as a fresh optimizer's. The settings of the parameter
+        groups (``lr`` as a scheduler left it, ...) are those of the lowest rank that holds
+        optimizer state, so that a replacement's fresh optimizer steps its shard as the
+        members step theirs. This optimizer must not be used again.
         """
         group = process_group if process_group is not None else dist.group.WORLD
         mine = {self._param_to_index[p]: _copy_to_device(state, torch.device("cpu"))
                 for p, state in self.optim.state.items()}
+        settings = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
         gathered: list[Any] = [None] * dist.get_world_size(group)
-        dist.all_gather_object(gathered, mine, group=group)
-        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": list(g["params"])}
-                  for g in self.param_groups]
+        dist.all_gather_object(gathered, (mine, settings), group=group)
+        # a member has stepped (it holds state); a replacement's settings are its constructor's
+        source = next((theirs for state, theirs in gathered if state), settings)
+        groups = [{**chosen, "params": list(g["params"])}
+                  for chosen, g in zip(source, self.param_groups, strict=True)]
         new = ZeroRedundancyOptimizer(groups, self._optim_constructor, process_group=group,
                                       parameters_as_bucket_view=self.parameters_as_bucket_view,
                                       **self._optim_defaults)
-        states = {index: state for part in gathered for index, state in part.items()}
+        states = {index: state for part, _ in gathered for index, state in part.items()}
         for param_group in new.optim.param_groups:
             for param in param_group["params"]:
                 index = new._param_to_index[param]
