@@ -197,7 +197,8 @@ def analyse(answers: list[Answer], world_size: int, reason: str,
         verdict["gone"] = name not in groups  # its records outlived it (shrunk, destroyed)
         out_groups[name] = verdict
         mismatches += verdict.pop("mismatches")
-        culprits.update(verdict["late"])
+        if not verdict["gone"]:  # a rank behind in a shrunk-away group holds nobody up now
+            culprits.update(verdict["late"])
     stacks = {}
     for answer in answers:
         threads = _user_threads(answer)

@@ -5,9 +5,11 @@ up to a nap late (500 µs), every round, whenever the machine is busy. With a fu
 arrival wakes it at once (25-60 µs on these VMs): the waiter marks the peer's *sleepers* word,
 then sleeps on the low 32 bits of the peer's round word (the kernel returns at once if they
 changed already); the peer, after storing a new round, wakes the word's sleepers if the mark is
-set. Python has no memory fence, so a wake can be missed (the waiter's mark and the waker's
-round store may pass each other): every futex sleep therefore has a timeout (the nap it
-replaces) and a missed wake costs what a nap cost before, never a hang.
+set. A wake can be missed two ways: Python has no memory fence (the waiter's mark and the
+waker's round store may pass each other), and the waker clears the mark after reading it, so
+a waiter that marks for the next round between the waker's store and its read is cleared
+unwoken. Every futex sleep therefore has a timeout (at most the waiter's next liveness check,
+1 ms: ringtorch/_wire/shm_wait.py): a missed wake costs that much, never a hang.
 
 Linux x86-64 only (the shared-memory path already requires x86-64's store order); elsewhere
 ``available`` is False and callers nap.

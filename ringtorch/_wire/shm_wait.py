@@ -82,13 +82,12 @@ def wait_round(word: memoryview, index: int, sleepers: int, t: int, address: Cal
             if now - start >= YIELD_PHASE_S:
                 budget.fast()
                 break
+            before = time.monotonic()  # after the check: its own time is not the yield's
             os.sched_yield()
-            after = time.monotonic()
-            if after - now > SLOW_YIELD_S:
-                budget.slow(after)
-                now = after
+            now = time.monotonic()
+            if now - before > SLOW_YIELD_S:
+                budget.slow(now)
                 break
-            now = after
         else:
             budget.fast()
             return False

@@ -21,6 +21,7 @@ Works, in order, on the waiting thread instead (``help_until``).
 from __future__ import annotations
 
 import collections
+import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -28,6 +29,8 @@ from dataclasses import dataclass
 
 from ringtorch._errors import DistBackendError
 from ringtorch.collectives.work import Work
+
+log = logging.getLogger(__name__)
 
 _POOL_IDLE_S = 10.0
 
@@ -244,6 +247,11 @@ class Lane:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+            if thread.is_alive():
+                log.warning("%s: the thread of lane %r still runs a Work %.1f s after its "
+                            "group was destroyed (a completion callback that blocks?); the "
+                            "program may abort at exit if it is inside torch then",
+                            thread.name, self.name, timeout)
 
     def close(self, reason: BaseException) -> None:
         """Refuse new Work and fail every queued one with ``reason``; a running one goes on

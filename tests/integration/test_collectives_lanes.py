@@ -12,7 +12,7 @@ import torch
 from ringtorch._errors import DistBackendError
 from ringtorch.collectives.comm_thread import Lane, LaneStatistics, WorkerPool
 from ringtorch.collectives.work import Work
-from ringtorch.testing import wait_for
+from ringtorch.testing import wait_for, wait_for_thread_in
 
 
 def _work(record: list, name: str, gate: threading.Event | None = None,
@@ -158,8 +158,24 @@ def test_join_returns_once_the_lanes_thread_has_finished_its_work_and_ended() ->
     lane.submit(running, inline=False, collective=True)
     wait_for(lambda: lane.statistics().running, what="the work to start on the lane's thread")
     lane.close(DistBackendError("destroyed"))
-    threading.Thread(target=gate.set).start()  # the work ends only after join has begun
-    lane.join(5)
+    joined: list[bool] = []
+    joiner = threading.Thread(target=lambda: joined.append(lane.join(5) is None))
+    joiner.start()
+    wait_for_thread_in(joiner, "join")  # the work ends only after join has begun
+    gate.set()
+    joiner.join(10)
+    assert joined == [True] and not [t for t in threading.enumerate() if t.name == "joined-comm"]
     assert running.is_completed() and [name for name, _, _ in record] == ["running"]
-    assert not [t for t in threading.enumerate() if t.name == "joined-comm"]
     lane.join(5)  # nothing left to wait for
+
+
+def test_a_join_that_runs_out_of_time_says_which_lane_still_runs(caplog) -> None:
+    gate = threading.Event()
+    lane = Lane("stuck")
+    lane.submit(_work([], "blocked", gate=gate), inline=False, collective=True)
+    wait_for(lambda: lane.statistics().running, what="the work to start on the lane's thread")
+    lane.close(DistBackendError("destroyed"))
+    lane.join(0.2)
+    gate.set()
+    assert ("stuck-comm: the thread of lane 'stuck' still runs a Work 0.2 s after its group "
+            "was destroyed") in caplog.text

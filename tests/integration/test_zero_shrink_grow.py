@@ -7,12 +7,13 @@ optimizer) and train on at world 3. What docs/recovery.md promises, step by step
 state a survivor held is kept through both re-wraps (re-sharded); the state the lost rank held
 is gone and starts afresh, as a fresh optimizer's; a replacement gets its share of the kept
 state, and steps its shard with the members' settings (they lower ``lr`` once shrunk, as a
-scheduler would; the replacement's constructor has the first one). The reference is one process with ``torch.optim.SGD`` over the whole model, whose
-gradient at each step is the mean over the ranks that trained it, and which forgets the
-momentum of the one weight the lost rank owned (torch's greedy partition at world 3 gives it
-the 20-element weight: largest first, each to the least loaded rank) when it dies. The same
-run checks that torch.distributed's own functions see each world (one world: the facade's
-groups are torch's groups).
+scheduler would; the replacement's constructor has the first one). The reference is one
+process with ``torch.optim.SGD`` over the whole model, whose gradient at each step is the mean
+over the ranks that trained it, and which forgets the momentum of the one weight the lost rank
+owned (torch's greedy partition at world 3 gives it the 20-element weight: largest first, each
+to the least loaded rank) when it dies, and lowers ``lr`` there. The same run checks that
+torch.distributed's own functions see each world (one world: the facade's groups are torch's
+groups).
 """
 
 from __future__ import annotations

@@ -202,3 +202,19 @@ def test_after_a_shrink_ranks_are_named_by_their_new_number_and_the_one_they_sta
     assert "everybody waits for: ranks [1 (was 2)]\n" in text
     assert 'rank 1 (was 2) is doing:\n  main thread 0x00007f0000000001:\n    File "/job/t.py"' \
         in text
+
+
+def test_a_rank_behind_in_a_shrunk_away_group_is_not_whom_everybody_waits_for() -> None:
+    # ranks 0 and 2 entered allreduce #1 of group '0' before it was shrunk away; rank 1 never
+    # did. In the group they use now all three are in step: nobody holds anybody up.
+    def flight(rank: int, old: list[dict]) -> dict:
+        new = [{**_entry(0), "group": "0~1.0"}]
+        return {"format": "ringtorch-flight-record", "rank": rank, "entries": old + new,
+                "groups": {"0~1.0": {"ranks": [0, 1, 2], "rank": rank, "size": 3}}}
+
+    ahead = [_entry(0), _entry(1, state="failed")]
+    answers = [Answer(0, flight(0, ahead)), Answer(1, flight(1, [_entry(0)])),
+               Answer(2, flight(2, ahead))]
+    facts = analyse(answers, 3, "test")
+    assert facts["groups"]["0"]["gone"] and facts["groups"]["0"]["late"] == [1]
+    assert facts["culprits"] == []

@@ -18,6 +18,10 @@ import pytest
 from ringtorch._wire import futex, shm_wait
 from ringtorch.testing import wait_for
 
+# the sleeping half of a wait is a futex wait: these tests need it (x86-64 Linux); elsewhere
+# waits nap instead, which test_shm_failures covers
+NEEDS_FUTEX = pytest.mark.skipif(not futex.available, reason="no futex on this platform")
+
 ROUND, SLEEPERS = 8, 9  # the words' indices in shm_domain.py's header
 
 
@@ -73,6 +77,7 @@ def _yields(monkeypatch: pytest.MonkeyPatch, each: Callable[[int], None]) -> lis
     return calls
 
 
+@NEEDS_FUTEX
 def test_a_slow_yield_sends_the_wait_to_sleep_and_later_waits_sleep_without_yielding(
         peer: Peer, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _yields(monkeypatch, lambda n: time.sleep(0.002))  # the CPU went to another task
@@ -117,6 +122,7 @@ def test_repeated_slow_yields_lengthen_the_quiet_period_up_to_its_bound() -> Non
     assert max(lengths) == lengths[-1] == shm_wait.QUIET_MAX_S
 
 
+@NEEDS_FUTEX
 def test_a_sleeping_wait_runs_its_checks_and_their_failure_ends_it(
         peer: Peer, monkeypatch: pytest.MonkeyPatch) -> None:
     _yields(monkeypatch, lambda n: time.sleep(0.002))
