@@ -113,8 +113,12 @@ class Staged:
     __slots__ = ("flat", "_target")
 
     def __init__(self, tensor: torch.Tensor, *, read: bool, write: bool) -> None:
-        view = flat_view(tensor)
         self._target: torch.Tensor | None = None
+        if (tensor.ndim == 1 and not tensor.requires_grad and not tensor.is_complex()
+                and tensor.is_contiguous()):
+            self.flat = tensor  # already flat: a view of it would cost more than the checks
+            return
+        view = flat_view(tensor)
         if view is not None:
             self.flat = view
             return

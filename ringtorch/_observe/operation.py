@@ -49,7 +49,10 @@ class Operation:
         site: the user's frame that issued it, (code, instruction offset), or NO_SITE;
             looked up once, by the flight recorder, when it records the operation.
         enqueued, started, finished: ``time.monotonic()`` seconds (0.0: not yet).
-        deadline: ``time.monotonic()`` by which it must finish (0.0 until it starts).
+        timeout: seconds it may run, given by its issuer (-1.0: none); its deadline is
+            taken from it when it starts.
+        deadline: ``time.monotonic()`` by which it must finish (0.0 until it starts, and
+            when it has no timeout).
         call: the CollectiveCall the backend ran it as (None until it starts, and for p2p).
         route: what it travelled by, asked at dump time: an object whose ``route(record)``
             returns ``(transport, algorithm)`` (the backend), or None.
@@ -66,7 +69,7 @@ class Operation:
     """
 
     __slots__ = ("kind", "group", "op", "seq", "nbytes", "peer", "detail", "site", "enqueued",
-                 "started", "finished", "deadline", "call", "route", "error", "profile", "id",
+                 "started", "finished", "timeout", "deadline", "call", "route", "error", "profile", "id",
                  "warn_after", "scratch", "parent")
 
     def __init__(self, kind: str, group: str, op: str, nbytes: int = -1,
@@ -81,6 +84,7 @@ class Operation:
         self.site = NO_SITE
         self.enqueued = _now()
         self.started = self.finished = self.deadline = 0.0
+        self.timeout = -1.0
         self.call: Any = None  # a CollectiveCall (collectives/ is above this layer)
         self.route: Any = None
         self.profile: Any = None
