@@ -63,14 +63,17 @@ class Operation:
             not read yet; the backend reads the setting only if it waits that long).
         scratch: what the backend running it must undo when it ends (NumPy's
             floating-point error state), so that no backend keeps per-call state.
+        ahead: what the backend's slow waits of it scheduled ahead of its deadline (the
+            peers' status query, the hang report's start); unset until one of its waits is
+            slow (``getattr(o, "ahead", None)``).
         parent: the operation it is a part of (an object collective's, whose tensor
             collectives are its parts); unset otherwise (``getattr(o, "parent", None)``:
             unset costs an operation nothing).
     """
 
     __slots__ = ("kind", "group", "op", "seq", "nbytes", "peer", "detail", "site", "enqueued",
-                 "started", "finished", "timeout", "deadline", "call", "route", "error", "profile", "id",
-                 "warn_after", "scratch", "parent")
+                 "started", "finished", "timeout", "deadline", "call", "route", "error", "profile",
+                 "id", "warn_after", "scratch", "ahead", "parent")
 
     def __init__(self, kind: str, group: str, op: str, nbytes: int = -1,
                  peer: int | str = -1, detail: str = "") -> None:
