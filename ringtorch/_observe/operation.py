@@ -74,6 +74,9 @@ class Operation:
     __slots__ = ("kind", "group", "op", "seq", "nbytes", "peer", "detail", "site", "enqueued",
                  "started", "finished", "timeout", "deadline", "call", "route", "error", "profile",
                  "id", "warn_after", "scratch", "ahead", "parent")
+    # unset until someone sets them (see above): declared for the type checker only
+    ahead: Any
+    parent: Operation
 
     def __init__(self, kind: str, group: str, op: str, nbytes: int = -1,
                  peer: int | str = -1, detail: str = "") -> None:
