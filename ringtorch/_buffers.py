@@ -113,8 +113,12 @@ class Staged:
     __slots__ = ("flat", "_target")
 
     def __init__(self, tensor: torch.Tensor, *, read: bool, write: bool) -> None:
-        view = flat_view(tensor)
         self._target: torch.Tensor | None = None
+        if (tensor.ndim == 1 and not tensor.requires_grad and not tensor.is_complex()
+                and tensor.is_contiguous()):
+            self.flat = tensor  # already flat: a view of it would cost more than the checks
+            return
+        view = flat_view(tensor)
         if view is not None:
             self.flat = view
             return
@@ -240,6 +244,18 @@ def as_bytes(tensor: torch.Tensor) -> np.ndarray:
     return _shared_array(tensor)
 
 
+def bytes_at(address: int, nbytes: int) -> np.ndarray:
+    """A 1-D uint8 NumPy array over ``nbytes`` of raw memory at ``address`` that keeps
+    nothing alive: its user keeps the memory alive while it uses the array (a backend caches
+    these per (address, size) for its hot path, where the caller's tensor outlives the call;
+    :func:`as_bytes` costs three times as much)."""
+    memory = _Memory()
+    memory.tensor = None
+    memory.__array_interface__ = {"data": (address, False), "shape": (nbytes,),
+                                  "typestr": "|u1", "version": 3}
+    return np.asarray(memory)
+
+
 def typed_view(data: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     """Bytes (a uint8 NumPy array, e.g. from :func:`as_bytes` or a shared-memory slot) as a
     1-D tensor of ``dtype`` sharing their memory (for torch's kernels on dtypes NumPy lacks)."""
@@ -305,6 +321,7 @@ __all__ = [
     "Staged",
     "adjacent_flat",
     "address",
+    "bytes_at",
     "as_bytes",
     "as_tensor",
     "byte_view",

@@ -49,7 +49,10 @@ class Operation:
         site: the user's frame that issued it, (code, instruction offset), or NO_SITE;
             looked up once, by the flight recorder, when it records the operation.
         enqueued, started, finished: ``time.monotonic()`` seconds (0.0: not yet).
-        deadline: ``time.monotonic()`` by which it must finish (0.0 until it starts).
+        timeout: seconds it may run, given by its issuer (-1.0: none); its deadline is
+            taken from it when it starts.
+        deadline: ``time.monotonic()`` by which it must finish (0.0 until it starts, and
+            when it has no timeout).
         call: the CollectiveCall the backend ran it as (None until it starts, and for p2p).
         route: what it travelled by, asked at dump time: an object whose ``route(record)``
             returns ``(transport, algorithm)`` (the backend), or None.
@@ -60,14 +63,20 @@ class Operation:
             not read yet; the backend reads the setting only if it waits that long).
         scratch: what the backend running it must undo when it ends (NumPy's
             floating-point error state), so that no backend keeps per-call state.
+        ahead: what the backend's slow waits of it scheduled ahead of its deadline (the
+            peers' status query, the hang report's start); unset until one of its waits is
+            slow (``getattr(o, "ahead", None)``).
         parent: the operation it is a part of (an object collective's, whose tensor
             collectives are its parts); unset otherwise (``getattr(o, "parent", None)``:
             unset costs an operation nothing).
     """
 
     __slots__ = ("kind", "group", "op", "seq", "nbytes", "peer", "detail", "site", "enqueued",
-                 "started", "finished", "deadline", "call", "route", "error", "profile", "id",
-                 "warn_after", "scratch", "parent")
+                 "started", "finished", "timeout", "deadline", "call", "route", "error", "profile",
+                 "id", "warn_after", "scratch", "ahead", "parent")
+    # unset until someone sets them (see above): declared for the type checker only
+    ahead: Any
+    parent: Operation
 
     def __init__(self, kind: str, group: str, op: str, nbytes: int = -1,
                  peer: int | str = -1, detail: str = "") -> None:
@@ -81,6 +90,7 @@ class Operation:
         self.site = NO_SITE
         self.enqueued = _now()
         self.started = self.finished = self.deadline = 0.0
+        self.timeout = -1.0
         self.call: Any = None  # a CollectiveCall (collectives/ is above this layer)
         self.route: Any = None
         self.profile: Any = None

@@ -192,21 +192,14 @@ class GroupBase:
         only, e.g. an all_gather's input tensor and not its outputs).
         """
         timeout = getattr(opts, "timeout", None)
-        seconds = self._timeout_s if timeout is None else self._seconds(timeout)
-        check = self.collective_check
-        fingerprint = ([(tuple(t.shape) if shapes else (), t.dtype) for t in described]
-                       if check else [])
         o = Operation(COLLECTIVE, self._group_name, op_name)
-
-        def run(work: Work) -> Any:
-            # the start stamp, just taken (same clock), is the deadline's reference
-            deadline = o.deadline = o.started + seconds
-            if check is not None:
-                check(self, facade_call(op_name, o.seq, self._group_name, deadline),
-                      fingerprint)
-            return fn(o)
-
-        work = Work(op_name, -1, run, outputs, operation=o)
+        # its deadline is taken from this as it starts (Work.run)
+        o.timeout = self._timeout_s if timeout is None else self._seconds(timeout)
+        check = self.collective_check
+        if check is not None:  # RINGTORCH_DEBUG=DETAIL: the ranks compare the call first
+            fn = self._checked(fn, check, op_name, [
+                (tuple(t.shape) if shapes else (), t.dtype) for t in described])
+        work = Work(op_name, -1, fn, outputs, operation=o)
         if RECORDER.on:
             RECORDER.add(o, SITE_DEPTH + self.site_depth)
         inline = not getattr(opts, "asyncOp", True)
@@ -216,6 +209,15 @@ class GroupBase:
             inline = False  # its range ends on the lane's thread: asynchronous (profiling.py)
         self._collectives.submit(work, inline=inline, collective=True)
         return work
+
+    def _checked(self, fn: RunFn, check: CollectiveCheck, op_name: str,
+                 fingerprint: list[tuple[tuple[int, ...], torch.dtype]]) -> RunFn:
+        """``fn`` preceded by the DETAIL check of the ranks' shapes and dtypes."""
+        def run(o: Operation) -> Any:
+            check(self, facade_call(op_name, o.seq, self._group_name, o.deadline), fingerprint)
+            return fn(o)
+
+        return run
 
     def _profile_id(self) -> tuple[str, int, int]:
         """(name, rank, size): how torch.profiler's ranges name this group."""

@@ -98,9 +98,8 @@ class P2POps(GroupBase):
             done.run()
             return done
 
-        def run(_: Work) -> None:
-            deadline = time.monotonic() + self._seconds(None)
-            self._backend_or_raise().send(flat, dst, tag, deadline)
+        def run(o: Operation) -> None:
+            self._backend_or_raise().send(flat, dst, tag, o.deadline)
 
         return self._p2p(("send", dst, tag), "send", run, [t], async_op)
 
@@ -113,12 +112,11 @@ class P2POps(GroupBase):
         tag = checks.tag("recv", tag)
         flat = _flat(t)
 
-        def run(_: Work) -> int:
-            deadline = time.monotonic() + self._seconds(None)
+        def run(o: Operation) -> int:
             if src == self._rank:
-                self._mailbox().take(tag, flat, deadline)
+                self._mailbox().take(tag, flat, o.deadline)
                 return src
-            self._backend_or_raise().recv(flat, src, tag, deadline)
+            self._backend_or_raise().recv(flat, src, tag, o.deadline)
             return src
 
         return self._p2p(("recv", src, tag), "recv", run, [t], async_op)
@@ -131,10 +129,8 @@ class P2POps(GroupBase):
         tag = checks.tag("recv_anysource", tag)
         flat = _flat(t)
 
-        def run(_: Work) -> int:
-            deadline = time.monotonic() + self._seconds(None)
-            backend = self._backend_or_raise()
-            return int(backend.recv(flat, None, tag, deadline))
+        def run(o: Operation) -> int:
+            return int(self._backend_or_raise().recv(flat, None, tag, o.deadline))
 
         return self._p2p(("recv", None, tag), "recv_anysource", run, [t], async_op)
 
@@ -149,6 +145,7 @@ class P2POps(GroupBase):
         peer = -1 if key[1] is None else key[1]
         o = Operation(P2P, self._group_name, op_name,
                       outputs[0].numel() * outputs[0].element_size(), peer, f"tag {key[2]}")
+        o.timeout = self._timeout_s  # its deadline is taken from this as it starts (Work.run)
         work = Work(op_name, -1, run, outputs, operation=o)
         if RECORDER.on:
             RECORDER.add(o, P2P_SITE_DEPTH)

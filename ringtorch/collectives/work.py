@@ -42,7 +42,7 @@ class Work:
     __slots__ = ("operation", "_run_fn", "_outputs", "_exception", "_source_rank_value",
                  "_done", "_event", "_lock", "_future", "_on_finish", "lane", "__weakref__")
 
-    def __init__(self, op_name: str, seq: int, run: Callable[[Work], Any] | None,
+    def __init__(self, op_name: str, seq: int, run: Callable[[Operation], Any] | None,
                  outputs: list[torch.Tensor] | None = None, group_name: str = "",
                  operation: Operation | None = None) -> None:
         if operation is None:
@@ -90,14 +90,17 @@ class Work:
     def run(self, at_once: bool = False) -> None:
         """Run the operation on this thread and complete the Work; never raises.
 
-        The operation function gets this Work (for its ``operation``); an int it returns is
-        the source rank of a receive. ``at_once``: the caller's thread runs it as it issues
-        it (a synchronous operation on an idle group), so its issue stamp is its start stamp
-        too, which spares a clock read."""
+        The operation function gets the Work's operation, its start stamp and deadline set
+        (the deadline: its ``timeout`` after the start, when it has one); an int it returns
+        is the source rank of a receive. ``at_once``: the caller's thread runs it as it
+        issues it (a synchronous operation on an idle group), so its issue stamp is its
+        start stamp too, which spares a clock read."""
         o = self.operation
-        o.started = o.enqueued if at_once else _now()
+        started = o.started = o.enqueued if at_once else _now()
+        if o.timeout >= 0.0:
+            o.deadline = started + o.timeout
         try:
-            result = self._run_fn(self) if self._run_fn is not None else None
+            result = self._run_fn(o) if self._run_fn is not None else None
             if isinstance(result, int):
                 self._source_rank_value = result
             if self._on_finish is not None:
@@ -250,7 +253,7 @@ def completed_work(op_name: str, outputs: list[torch.Tensor] | None = None) -> W
 
 def joined_work(op_name: str, works: list[Work], outputs: list[torch.Tensor]) -> Work:
     """One Work standing for several, done when all are (their errors re-raised in order)."""
-    def run(_: Work) -> None:
+    def run(_: Operation) -> None:
         for w in works:
             w.wait()
 

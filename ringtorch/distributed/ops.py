@@ -64,6 +64,21 @@ def _options(cls: Any, **fields: Any) -> Any:
     return found
 
 
+def _reduce_options(cls: Any, op: Any, async_op: bool) -> Any:
+    """``_options(cls, reduceOp=op, asyncOp=async_op)`` under a shorter key: the hot path of
+    a small all_reduce, where building the general key costs a third of a microsecond."""
+    key = (cls, op, async_op)
+    try:
+        return _OPTIONS[key]
+    except KeyError:
+        found = _options(cls, reduceOp=op, asyncOp=async_op)
+        if len(_OPTIONS) < 4096:
+            _OPTIONS[key] = found
+        return found
+    except TypeError:  # an unhashable op (a PREMUL_SUM factor tensor): build it
+        return cls(reduceOp=op, asyncOp=async_op)
+
+
 def _finish(work: Work | None, async_op: bool) -> Work | None:
     if async_op:
         return work
@@ -119,7 +134,7 @@ def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: ProcessGroup
             raise ValueError(f"all_reduce does not support {op} on complex tensors")
         t = torch.view_as_real(t)
     group = a.group_or_default(group)
-    opts = _options(AllreduceOptions, reduceOp=op, asyncOp=async_op)
+    opts = _reduce_options(AllreduceOptions, op, async_op)
     # the group refuses a sparse tensor (NotImplementedError): catching that spares every
     # dense call a layout check
     try:

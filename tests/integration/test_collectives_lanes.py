@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from ringtorch._errors import DistBackendError
+from ringtorch._observe.operation import Operation
 from ringtorch.collectives.comm_thread import Lane, LaneStatistics, WorkerPool
 from ringtorch.collectives.work import Work
 from ringtorch.testing import wait_for, wait_for_thread_in
@@ -17,7 +18,7 @@ from ringtorch.testing import wait_for, wait_for_thread_in
 
 def _work(record: list, name: str, gate: threading.Event | None = None,
           error: Exception | None = None) -> Work:
-    def run(w: Work) -> None:
+    def run(w: Operation) -> None:
         if gate is not None:
             assert gate.wait(5)
         record.append((name, w.seq, threading.get_ident()))

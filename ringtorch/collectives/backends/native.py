@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ringtorch import _config
-from ringtorch._buffers import as_bytes, typed_view
+from ringtorch._buffers import as_bytes, bytes_at, typed_view
 from ringtorch._errors import DistBackendError, PeerLostError
 from ringtorch._observe.hang_ask import HANG
 from ringtorch._observe.operation import Operation
@@ -84,6 +84,7 @@ class NativeBackend(Backend):
         self._lowered: dict[tuple[RedOpType, torch.dtype, str], Lowering] = {}
         self._all_reduce_plans: dict[tuple[RedOpType, torch.dtype], tuple[Lowering, Signature]] = {}
         self._shared_at: dict[int, tuple[int, int]] = {}  # data_ptr -> (index, nbytes)
+        self._views: dict[tuple[int, int], np.ndarray] = {}  # all_reduce's (see there)
         self._mesh: PeerMesh | None = None
         self._mailbox: mb.Mailbox | None = None
         self._watch = WaitWatch(self._board, self._words, self.abort_state, ctx.rank, ctx.size)
@@ -288,7 +289,15 @@ class NativeBackend(Backend):
                 "all_reduce", buf.dtype, kind, -1))
         low, sig = hot
         factor = premul_factor(op) if low.scales else None
-        data = as_bytes(buf)
+        # the bytes' view, per (address, size): a training loop all-reduces the same few
+        # buffers; the view holds nothing alive (the caller's tensor outlives this call)
+        key = (buf.data_ptr(), buf.nbytes)
+        data = self._views.get(key)
+        if data is None or buf.is_neg() or buf.is_conj():
+            data = as_bytes(buf)  # refuses a tensor whose memory does not hold its values
+            if len(self._views) >= 64:
+                self._views.clear()
+            self._views[key] = bytes_at(*key)
         call = _new_call(CollectiveCall, (*sig, o.seq, data.nbytes, o.deadline))
         if self._shared_at:
             at = self._shared_at.get(buf.data_ptr())
@@ -462,6 +471,7 @@ class NativeBackend(Backend):
         if self._mesh is not None:
             self._mesh.close()
         self._shared_at.clear()
+        self._views.clear()
         self.transport.close()
 
 

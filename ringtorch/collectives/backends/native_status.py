@@ -1,9 +1,11 @@
 """The native backend's answers to "where are you?" (kept here so native.py reads as the
 operations; the arguments were checked by the group, collectives/checks.py).
 
-The StatusBoard holds this rank's current collective (its CollectiveCall, running or
+The StatusBoard points at this rank's current collective (its Operation, running or
 finished), answered to a peer's STATUS_REQ frame by the p2p reader thread, so a timeout message
 can say where every rank is without the store and without the missing rank's main thread.
+What is due ahead of a collective's deadline is that operation's own (``Ahead``, kept on it
+as ``o.ahead``): the board keeps no per-call state but the pointer, and the peers' answers.
 """
 
 from __future__ import annotations
@@ -28,6 +30,20 @@ STATUS_WAIT_S = 1.0
 LATE_ANSWERS_S = 0.1
 
 
+class Ahead:
+    """What is due ahead of one collective's deadline, kept on its operation (``o.ahead``),
+    made the first time one of its waits is slow: ``time.monotonic()`` of the status query
+    and of the hang report's start (0.0: done or never), and of the last query sent while it
+    ran (0.0: none)."""
+
+    __slots__ = ("status_at", "report_at", "asked_at")
+
+    def __init__(self, status_at: float, report_at: float) -> None:
+        self.status_at = status_at
+        self.report_at = report_at
+        self.asked_at = 0.0
+
+
 class StatusBoard:
     """This rank's progress, and the answers peers gave to our status queries.
 
@@ -37,14 +53,13 @@ class StatusBoard:
     begun (``on_report``), both at most half the timeout ahead."""
 
     def __init__(self) -> None:
-        # The current or last collective: its operation (the call, start stamp and next
-        # stall warning are the operation's; the board only points at it).
+        # The current or last collective: its operation (the call, start stamp, next stall
+        # warning and what is due ahead of its deadline are the operation's; the board only
+        # points at it).
         self.op: Operation | None = None
         self.running = False
         self._cond = threading.Condition()
         self._answers: dict[int, dict[str, Any]] = {}
-        self._ahead_of: CollectiveCall | None = None  # the call the times below are for
-        self._status_at = self._report_at = self._asked_at = 0.0  # 0: done or never
 
     @property
     def call(self) -> CollectiveCall | None:
@@ -86,13 +101,18 @@ class StatusBoard:
             self._answers[peer] = json.loads(payload)
             self._cond.notify_all()
 
-    def ask(self, mailbox: mb.Mailbox, peers: list[int]) -> None:
-        """Ask ``peers`` where they are, without waiting (the answers are kept)."""
+    def ask(self, mailbox: mb.Mailbox, peers: list[int]) -> float:
+        """Ask ``peers`` where they are, without waiting (the answers are kept); returns when
+        it asked (kept on the current collective's schedule, when it has one)."""
         with self._cond:
             self._answers.clear()
-        self._asked_at = time.monotonic()
+        asked = time.monotonic()
+        plan = getattr(self.op, "ahead", None)
+        if plan is not None:
+            plan.asked_at = asked
         for peer in peers:
             mailbox.send_control(peer, mb.STATUS_REQ, b"", 0.2)
+        return asked
 
     def collect(self, peers: list[int], until: float) -> dict[int, dict[str, Any]]:
         """The answers to the last ``ask``, waiting for the missing ones until ``until``."""
@@ -111,32 +131,35 @@ class StatusBoard:
                     now: float) -> dict[int, dict[str, Any]]:
         """Where the peers are, at the current collective's deadline: the answers to the
         query made ahead of it (asked now, and awaited ``LATE_ANSWERS_S``, if none was)."""
-        if self._ahead_of is not self.call or not self._asked_at:
-            self.ask(mailbox, peers)
-        return self.collect(peers, min(self._asked_at + STATUS_WAIT_S, now + LATE_ANSWERS_S))
+        plan = getattr(self.op, "ahead", None)
+        asked = 0.0 if plan is None else plan.asked_at
+        if not asked:
+            asked = self.ask(mailbox, peers)
+        return self.collect(peers, min(asked + STATUS_WAIT_S, now + LATE_ANSWERS_S))
 
     def ahead(self, call: CollectiveCall, now: float, report_lead_s: float | None,
               mailbox: mb.Mailbox | None, peers: list[int],
               on_report: Callable[[], None]) -> float:
-        """Do what is due ahead of ``call``'s deadline (the status query, when ``mailbox``
-        is given; the hang report's start, when ``report_lead_s`` is); returns the next
-        moment one of them or the next stall warning is due."""
-        if self._ahead_of is not call:
-            self._ahead_of = call
-            half = (call.deadline - self.start) / 2
-            self._asked_at = 0.0
-            self._status_at = call.deadline - min(STATUS_WAIT_S, half) if mailbox else 0.0
-            self._report_at = (call.deadline - min(report_lead_s, half)
-                               if report_lead_s is not None else 0.0)
-        if self._report_at and now >= self._report_at:
-            self._report_at = 0.0
+        """Do what is due ahead of ``call``'s deadline (the current collective's: the status
+        query, when ``mailbox`` is given; the hang report's start, when ``report_lead_s``
+        is); returns the next moment one of them or the next stall warning is due."""
+        op = self.op
+        assert op is not None
+        plan: Ahead | None = getattr(op, "ahead", None)
+        if plan is None:
+            half = (call.deadline - op.started) / 2
+            plan = op.ahead = Ahead(
+                call.deadline - min(STATUS_WAIT_S, half) if mailbox else 0.0,
+                call.deadline - min(report_lead_s, half) if report_lead_s is not None else 0.0)
+        if plan.report_at and now >= plan.report_at:
+            plan.report_at = 0.0
             on_report()
-        if self._status_at and now >= self._status_at:
-            self._status_at = 0.0
+        if plan.status_at and now >= plan.status_at:
+            plan.status_at = 0.0
             assert mailbox is not None
             self.ask(mailbox, peers)
-        due = [t for t in (self._status_at, self._report_at) if t]
-        return min([self.start + self.warning_after(), *due])
+        due = [t for t in (plan.status_at, plan.report_at) if t]
+        return min([op.started + self.warning_after(), *due])
 
 
-__all__ = ["LATE_ANSWERS_S", "STATUS_WAIT_S", "StatusBoard"]
+__all__ = ["LATE_ANSWERS_S", "STATUS_WAIT_S", "Ahead", "StatusBoard"]
