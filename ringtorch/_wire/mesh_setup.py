@@ -23,7 +23,6 @@ import select
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import timedelta
 from typing import Any
 
@@ -38,8 +37,6 @@ from ringtorch._wire.sockets import connect_tcp, connect_unix, listen_tcp, liste
 
 log = logging.getLogger(__name__)
 MAX_HANDSHAKES_IN_FLIGHT = 64
-# Connections a rank dials at once while its mesh is built (threads that end with the set-up).
-DIAL_THREADS = 8
 
 
 def _tcp_address(all_local: bool) -> str:
@@ -191,43 +188,6 @@ def _connect(addr: dict[str, Any], unix: bool, deadline: float) -> socket.socket
     return connect_tcp(host, port, deadline)
 
 
-def _dial(peer: int, kind: str, addr: dict[str, Any], group: str, rank: int, unix: bool,
-          deadline: float) -> socket.socket:
-    """One handshaken connection to ``peer``'s ``kind`` channel."""
-    sock = _connect(addr, unix, deadline)
-    try:
-        handshake.client_handshake(sock, handshake.SERVICE_COLLECTIVE,
-                                   handshake.handshake_deadline(), f"rank {peer}",
-                                   info=_info(group, rank, kind, addr["token"]))
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def _dial_all(dials: list[tuple[int, str, dict[str, Any]]], group: str, rank: int,
-              use_unix: list[bool], deadline: float) -> list[socket.socket]:
-    """The connections of ``dials`` (peer, kind, address), in order. Up to DIAL_THREADS at
-    once: each handshake is a few round trips that wait on the peer's acceptor, and one
-    after another they were most of the mesh's set-up time (rank 0 makes 2 x (size - 1)).
-    On any failure every connection made is closed and the first error (in ``dials``'
-    order) raised."""
-    if len(dials) <= 1:
-        return [_dial(p, k, a, group, rank, use_unix[p], deadline) for p, k, a in dials]
-    with ThreadPoolExecutor(min(DIAL_THREADS, len(dials)),
-                            thread_name_prefix=f"ringtorch-dial-{group}-{rank}") as pool:
-        futures = [pool.submit(_dial, p, k, a, group, rank, use_unix[p], deadline)
-                   for p, k, a in dials]
-        wait(futures)
-    failed = next((f.exception() for f in futures if f.exception() is not None), None)
-    if failed is not None:
-        for f in futures:
-            if f.exception() is None:
-                f.result().close()
-        raise failed
-    return [f.result() for f in futures]
-
-
 def connect_mesh(store: Any, rank: int, size: int, group: str, deadline: float,
                  transport: str | None = None) -> PeerMesh:
     """Connect this rank to every other rank of the group; returns when the mesh is complete.
@@ -265,12 +225,13 @@ def connect_mesh(store: Any, rank: int, size: int, group: str, deadline: float,
         higher = [f"rt_mesh/addr/{r}" for r in range(rank + 1, size)]
         addrs = [json.loads(a) for a in _wait_keys(
             store, higher, deadline, "addresses of ranks")] if higher else []
-        dials = [(peer, kind, addr) for peer, addr in zip(range(rank + 1, size), addrs,
-                                                           strict=True)
-                 for kind in (KIND_COLL, KIND_P2P)]
-        for (peer, kind, _addr), sock in zip(dials, _dial_all(dials, group, rank, use_unix,
-                                                              deadline), strict=True):
-            (coll if kind == KIND_COLL else p2p)[peer] = _channel(sock, peer)
+        for peer, addr in zip(range(rank + 1, size), addrs, strict=True):
+            for kind, table in ((KIND_COLL, coll), (KIND_P2P, p2p)):
+                sock = _connect(addr, use_unix[peer], deadline)
+                handshake.client_handshake(sock, handshake.SERVICE_COLLECTIVE,
+                                           handshake.handshake_deadline(), f"rank {peer}",
+                                           info=_info(group, rank, kind, addr["token"]))
+                table[peer] = _channel(sock, peer)
         for (peer, kind), (sock, _unix) in acceptor.wait().items():
             (coll if kind == KIND_COLL else p2p)[peer] = _channel(sock, peer)
     finally:
