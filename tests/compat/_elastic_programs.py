@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from ringtorch.testing import wait_for
+
 
 def train(module: str, steps: int) -> dict[str, Any]:
     """A linear regression trained data-parallel: each rank its own shard of the data, the
@@ -55,8 +57,6 @@ def fail_while_peer_runs(marker_dir: str) -> None:
     marker = os.path.join(marker_dir, "rank1-started")
     if os.environ["RANK"] == "1":
         open(marker, "w").close()
-        while True:
-            time.sleep(1)
-    while not os.path.exists(marker):
-        time.sleep(0.02)
+        time.sleep(600)  # never returns by itself: the launcher must stop it
+    wait_for(lambda: os.path.exists(marker), 60, "rank 1 to start")
     raise RuntimeError("rank 0 gives up")

@@ -164,12 +164,8 @@ def freed(tag: str) -> bool:
 
 
 def wait_freed(tag: str, seconds: float) -> bool:  # callers give 15 s: under the 20 s RPC timeout
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if freed(tag):
-            return True
-        time.sleep(0.02)
-    return freed(tag)
+    return wait_for(lambda: freed(tag), seconds, f"the object tagged {tag!r} to be freed",
+                    interval=0.02)  # each poll runs a full gc.collect()
 
 
 def keep(name: str, value: Any) -> None:

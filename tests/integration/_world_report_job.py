@@ -20,7 +20,6 @@ import json
 import os
 import signal
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -28,14 +27,11 @@ import torch
 
 import ringtorch.distributed as dist
 from ringtorch.distributed.debug import via_store
+from ringtorch.testing import wait_for
 
 
 def _wait_file(path: Path) -> None:
-    deadline = time.monotonic() + 60
-    while not path.exists():  # bounded: the test creates it, or fails first
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} never came")
-        time.sleep(0.01)
+    wait_for(path.exists, 60, str(path))  # bounded: the test creates it, or fails first
 
 
 def main(control: Path) -> None:

@@ -14,6 +14,9 @@ import sys
 import time
 from pathlib import Path
 
+# A worker's wait gives up after 50 s, under ringrun's 60 s, so that a hung test names what
+# never came.
+
 # Rank 2 fails through @record (imported from the public path, as users do); the others
 # would sleep for ten minutes if nobody stopped them.
 RANK2_RAISES = r"""
@@ -22,11 +25,12 @@ rank = int(os.environ["RANK"])
 out = os.environ["OUT_DIR"]
 if rank == 2:
     from ringtorch.distributed.elastic.multiprocessing.errors import record
+    from ringtorch.testing import wait_for
 
     @record
     def main():
-        while len([n for n in os.listdir(out) if n.startswith("pid")]) < 3:  # others are up
-            time.sleep(0.01)
+        wait_for(lambda: len([n for n in os.listdir(out) if n.startswith("pid")]) >= 3, 50,
+                 "the other ranks' pid files")
         with open(os.path.join(out, "failed_at"), "w") as f:
             f.write(repr(time.time()))
         raise ValueError("rank 2 cannot go on")
@@ -44,8 +48,9 @@ RANK1_KILLED = r"""
 import os, signal, time
 out = os.environ["OUT_DIR"]
 if os.environ["RANK"] == "1":
-    while len([n for n in os.listdir(out) if n.startswith("up")]) < 2:
-        time.sleep(0.01)
+    from ringtorch.testing import wait_for
+    wait_for(lambda: len([n for n in os.listdir(out) if n.startswith("up")]) >= 2, 50,
+             "ranks 0 and 2 to be up")
     os.kill(os.getpid(), signal.SIGKILL)
 open(os.path.join(out, "up" + os.environ["RANK"]), "w").close()
 time.sleep(600)
@@ -56,8 +61,8 @@ IGNORES_SIGTERM = r"""
 import os, signal, sys, time
 ready = os.path.join(os.environ["OUT_DIR"], "ignoring")
 if os.environ["RANK"] == "0":
-    while not os.path.exists(ready):
-        time.sleep(0.01)
+    from ringtorch.testing import wait_for
+    wait_for(lambda: os.path.exists(ready), 50, "rank 1 to ignore SIGTERM")
     sys.exit(7)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 open(ready, "w").close()
@@ -65,14 +70,15 @@ time.sleep(600)
 """
 
 FLAKY = r"""
-import os, signal, time
+import os, signal
 count = os.environ["TORCHELASTIC_RESTART_COUNT"]
 with open(os.path.join(os.environ["OUT_DIR"], "seen"), "a") as f:
     f.write("rank %s restart %s\n" % (os.environ["RANK"], count))
 if count == "0" and os.environ["RANK"] == "1":
     # Die only once rank 0 has written its line, or ringrun may stop rank 0 before it starts.
-    while "rank 0 restart 0" not in open(os.path.join(os.environ["OUT_DIR"], "seen")).read():
-        time.sleep(0.01)
+    from ringtorch.testing import wait_for
+    seen = os.path.join(os.environ["OUT_DIR"], "seen")
+    wait_for(lambda: "rank 0 restart 0" in open(seen).read(), 50, "rank 0's line in " + seen)
     os.kill(os.getpid(), signal.SIGKILL)
 """
 

@@ -20,7 +20,7 @@ from ringtorch.testing.harness import job_port
 SECRET = "0123456789abcdef" * 4
 
 MEET = r"""
-import json, os, sys, time
+import json, os, sys
 from datetime import timedelta
 from ringtorch.store import TCPStore
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -35,9 +35,9 @@ with open(os.path.join(os.environ["OUT_DIR"], "rank%d.json" % rank), "w") as f:
     json.dump({"me": me, "seen": seen}, f)
 if os.environ.get("FAIL_RANK") == str(rank) and me["TORCHELASTIC_RESTART_COUNT"] == "0":
     os._exit(5)
-store.add("done", 1)
-while rank == 0 and store.add("done", 0) < world:  # rank 0 hosts the store: leave last
-    time.sleep(0.01)
+store.set("done%d" % rank, "")
+if rank == 0:  # rank 0 hosts the store: leave last
+    store.wait(["done%d" % r for r in range(world)])
 """
 
 # FAIL_RANK fails once the other ranks' workers run (their marker files in OUT_DIR say so).
@@ -46,8 +46,10 @@ import os, sys, time
 out = os.environ.get("OUT_DIR")
 if os.environ["RANK"] == os.environ.get("FAIL_RANK"):
     others = int(os.environ["WORLD_SIZE"]) - 1
-    while out and len([n for n in os.listdir(out) if n.startswith("up")]) < others:
-        time.sleep(0.01)
+    if out:  # under the tests' 60 s bound on the launchers, so that a hang names what never came
+        from ringtorch.testing import wait_for
+        wait_for(lambda: len([n for n in os.listdir(out) if n.startswith("up")]) >= others, 50,
+                 "the other ranks' marker files")
     sys.exit(4)
 if out:
     open(os.path.join(out, "up" + os.environ["RANK"]), "w").close()

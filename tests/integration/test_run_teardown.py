@@ -22,13 +22,13 @@ from ringtorch.testing import wait_for
 
 WORKER = r"""
 import os, subprocess, sys, time
+from ringtorch.testing import wait_for
 sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
 escaped = os.path.join(os.environ["OUT_DIR"], "escaped%s" % os.environ["RANK"])
 escapee = [sys.executable, "-c", "import os, sys, time; os.setsid(); "
            "open(sys.argv[1], 'w').close(); time.sleep(600)", escaped]
 children = [subprocess.Popen(sleeper), subprocess.Popen(escapee)]
-while not os.path.exists(escaped):  # the escapee has called setsid
-    time.sleep(0.01)
+wait_for(lambda: os.path.exists(escaped), 50, "the escapee to call setsid")
 with open(os.path.join(os.environ["OUT_DIR"], "ready%s" % os.environ["RANK"]), "w") as f:
     f.write(" ".join(str(c.pid) for c in children))
 time.sleep(600)

@@ -26,8 +26,8 @@ def write_index_and_args(i: int, out: str, tag: str) -> None:
 
 def raise_on_one(i: int, out: str) -> None:
     if i == 1:
-        while len(list(Path(out).glob("pid*"))) < 2:  # the others are up
-            time.sleep(0.01)
+        wait_for(lambda: len(list(Path(out).glob("pid*"))) >= 2, 60,
+                 "the other children's pid files")
         raise ValueError(f"bad input on {i}")
     Path(out, f".pid{i}").write_text(str(os.getpid()))  # whole before the others can see it
     Path(out, f".pid{i}").rename(Path(out, f"pid{i}"))
@@ -95,7 +95,7 @@ def test_join_false_returns_a_context_to_join() -> None:
     assert isinstance(context, mp.ProcessContext)
     assert len(context.pids()) == 2 and all(pid > 0 for pid in context.pids())
     assert context.join(timeout=0.01) is False
-    while not context.join():
+    while not context.join():  # torch's own idiom: join() blocks until a process ends
         pass
     assert [p.exitcode for p in context.processes] == [0, 0]
 

@@ -24,7 +24,7 @@ def test_a_full_pool_reads_full_while_newcomers_push_the_oldest_out() -> None:
     done = threading.Event()
 
     def read() -> None:
-        while not done.is_set():
+        while not done.is_set():  # spins without sleeping on purpose: reads between any steps
             counts = pool.counts()
             seen.append((counts.in_flight, sum(counts.dropped.values())))
 

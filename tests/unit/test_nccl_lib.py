@@ -223,7 +223,7 @@ def test_a_nonblocking_init_waiting_for_a_missing_peer_stays_in_progress_until_a
     lib = nccl_comm.RealNccl()
     comm = lib.init_rank(2, lib.unique_id(), 0, 0)  # rank 1 never joins
     deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline:  # a state that holds throughout, not one waited for
         assert comm.async_error() == nccl_comm.IN_PROGRESS
         time.sleep(0.05)
     started = time.monotonic()
