@@ -74,6 +74,7 @@ def _listen() -> _Lines:
 def run(rank: int, ws: int) -> dict[str, Any]:
     """Every (size, dtype); calls that differ per rank (async on rank 0, a non-contiguous
     view on rank 1); the ordering case and the closed case; returns {case: result}."""
+    before = _own_names()
     rt = _setup()
     lines = _listen()
     dist.init_process_group("gloo")
@@ -141,7 +142,7 @@ def run(rank: int, ws: int) -> dict[str, Any]:
     dist.barrier()
     dist.destroy_process_group()
     del t, whole, q, c, work
-    out["leftover"] = _segments()
+    out["leftover"] = _segments(before)
     return out
 
 
@@ -168,19 +169,26 @@ def two_hosts(rank: int, ws: int) -> dict[str, Any]:
     return out
 
 
-def _segments() -> list[str]:
+def _own_names() -> set[str]:
+    """Simulated device segments in /dev/shm named with this process's pid. Some may be an
+    earlier process's: a rank the harness ends with os._exit (no finalizer runs) or a killed
+    one leaves its segments, and pids are reused (32,768 of them here)."""
+    if not os.path.isdir("/dev/shm"):
+        return set()
+    return {name for name in os.listdir("/dev/shm")
+            if name.startswith("ringtorch-sim-") and f"-{os.getpid()}-" in name}
+
+
+def _segments(before: set[str]) -> list[str]:
     """This process's simulated device segments still named, once its groups and tensors
-    are gone (the harness ends a rank with os._exit, which runs no finalizer: look now).
-    Worker threads (the group's IPC thread, stream workers) drop their last references
+    are gone (the harness ends a rank with os._exit, which runs no finalizer: look now);
+    ``before``: the names of an earlier process with this pid, present before this one made
+    any. Worker threads (the group's IPC thread, stream workers) drop their last references
     just after waking the caller: wait for the names to go (up to 30 s: on a loaded machine
     those threads may not run for seconds; a leak still fails)."""
-    if not os.path.isdir("/dev/shm"):
-        return []
-
     def left() -> list[str]:
         gc.collect()
-        return [name for name in os.listdir("/dev/shm")
-                if name.startswith("ringtorch-sim-") and f"-{os.getpid()}-" in name]
+        return sorted(_own_names() - before)
 
     with contextlib.suppress(TimeoutError):
         wait_for(lambda: not left(), timeout=30.0, what="device segments released",
@@ -224,6 +232,7 @@ def killed(rank: int, ws: int, victim: int) -> dict[str, Any]:
         _, status = os.waitpid(pid, 0)
         return {"signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
                 "pid": pid}
+    before = _own_names()
     rt = _setup()
     dist.init_process_group("gloo", timeout=timedelta(seconds=20))
     t = _put(rt, values(rank, 1000, "float32"), "float32")
@@ -240,7 +249,7 @@ def killed(rank: int, ws: int, victim: int) -> dict[str, Any]:
         failed = {"error": None}
     dist.destroy_process_group()
     del t
-    return {**failed, "leftover": _segments()}
+    return {**failed, "leftover": _segments(before)}
 
 
 def _name() -> str:
