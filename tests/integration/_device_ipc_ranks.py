@@ -74,7 +74,7 @@ def _listen() -> _Lines:
 def run(rank: int, ws: int) -> dict[str, Any]:
     """Every (size, dtype); calls that differ per rank (async on rank 0, a non-contiguous
     view on rank 1); the ordering case and the closed case; returns {case: result}."""
-    before = _own_names()
+    earlier = _own_names()  # an earlier process's, if this pid was used before
     rt = _setup()
     lines = _listen()
     dist.init_process_group("gloo")
@@ -142,7 +142,7 @@ def run(rank: int, ws: int) -> dict[str, Any]:
     dist.barrier()
     dist.destroy_process_group()
     del t, whole, q, c, work
-    out["leftover"] = _segments(before)
+    out["leftover"] = _segments(earlier)
     return out
 
 
@@ -179,16 +179,16 @@ def _own_names() -> set[str]:
             if name.startswith("ringtorch-sim-") and f"-{os.getpid()}-" in name}
 
 
-def _segments(before: set[str]) -> list[str]:
+def _segments(earlier: set[str]) -> list[str]:
     """This process's simulated device segments still named, once its groups and tensors
     are gone (the harness ends a rank with os._exit, which runs no finalizer: look now);
-    ``before``: the names of an earlier process with this pid, present before this one made
+    ``earlier``: the names of an earlier process with this pid, present before this one made
     any. Worker threads (the group's IPC thread, stream workers) drop their last references
     just after waking the caller: wait for the names to go (up to 30 s: on a loaded machine
     those threads may not run for seconds; a leak still fails)."""
     def left() -> list[str]:
         gc.collect()
-        return sorted(_own_names() - before)
+        return sorted(_own_names() - earlier)
 
     with contextlib.suppress(TimeoutError):
         wait_for(lambda: not left(), timeout=30.0, what="device segments released",
@@ -232,7 +232,7 @@ def killed(rank: int, ws: int, victim: int) -> dict[str, Any]:
         _, status = os.waitpid(pid, 0)
         return {"signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
                 "pid": pid}
-    before = _own_names()
+    earlier = _own_names()  # an earlier process's, if this pid was used before
     rt = _setup()
     dist.init_process_group("gloo", timeout=timedelta(seconds=20))
     t = _put(rt, values(rank, 1000, "float32"), "float32")
@@ -249,7 +249,7 @@ def killed(rank: int, ws: int, victim: int) -> dict[str, Any]:
         failed = {"error": None}
     dist.destroy_process_group()
     del t
-    return {**failed, "leftover": _segments(before)}
+    return {**failed, "leftover": _segments(earlier)}
 
 
 def _name() -> str:
