@@ -244,6 +244,20 @@ class _WorkFuture(torch.futures.Future):
         return super().wait()
 
 
+class DeviceWork(Work):
+    """A Work whose outputs are device tensors: ``wait`` makes the calling thread's current
+    stream wait for them, so ``synchronize`` and ``block_current_stream`` are that wait, as
+    on torch's CUDA Works (the staged, IPC and NCCL paths' Works)."""
+
+    __slots__ = ()
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def block_current_stream(self) -> None:
+        self.wait()
+
+
 def completed_work(op_name: str, outputs: list[torch.Tensor] | None = None) -> Work:
     """A Work that is already done (operations with nothing to do)."""
     work = Work(op_name, -1, None, outputs)
@@ -278,4 +292,4 @@ def _seconds(timeout: Any) -> float:
     return max(0.0, float(timeout))
 
 
-__all__ = ["Work", "completed_work", "joined_work"]
+__all__ = ["DeviceWork", "Work", "completed_work", "joined_work"]

@@ -63,7 +63,7 @@ from ringtorch._device.confirmed import confirmed
 from ringtorch._errors import DistBackendError, DistStoreError, PeerLostError
 from ringtorch.collectives import liveness
 from ringtorch.collectives.liveness import host_identity
-from ringtorch.collectives.work import Work
+from ringtorch.collectives.work import DeviceWork, Work
 from ringtorch.distributed import _args as a
 
 FEATURE = "ipc_collectives"
@@ -73,7 +73,7 @@ _OPS = {"SUM": torch.add, "PRODUCT": torch.mul, "MAX": torch.maximum, "MIN": tor
 log = logging.getLogger(__name__)
 
 
-class IpcWork(Work):
+class IpcWork(DeviceWork):
     """The Work of an asynchronous IPC collective: ``wait()`` waits for the host's part of
     the round, then makes the waiting thread's current stream wait for its device part."""
 
@@ -88,12 +88,6 @@ class IpcWork(Work):
         super().wait(timeout)
         self._finished.wait(self._rt.current_stream(self._device))
         return True
-
-    def synchronize(self) -> None:
-        self.wait()
-
-    def block_current_stream(self) -> None:
-        self.wait()
 
     def get_future(self) -> torch.futures.Future:
         # done once the round is done on the device: a callback's thread has no caller's

@@ -48,7 +48,7 @@ import torch
 from ringtorch import _config, _device
 from ringtorch._device.api import DeviceEvent, DeviceRuntime, DeviceStream
 from ringtorch._device.confirmed import confirmed
-from ringtorch.collectives.work import Work
+from ringtorch.collectives.work import DeviceWork, Work
 from ringtorch.distributed import _device_ipc, _nccl, _nccl_ops
 
 FEATURE = "cuda_tensors"
@@ -211,7 +211,7 @@ class _Stage:
         return self.by_host.get(id(t), t)
 
 
-class StagedWork(Work):
+class StagedWork(DeviceWork):
     """The Work of an asynchronous staged operation: the host operation's Work, with
     ``wait``/``synchronize`` making the current stream wait for the copy-back."""
 
@@ -230,12 +230,6 @@ class StagedWork(Work):
         self._finish()
         self._stage.join()
         return True
-
-    def synchronize(self) -> None:
-        self.wait()
-
-    def block_current_stream(self) -> None:
-        self.wait()
 
     def is_completed(self) -> bool:
         return self._inner.is_completed()

@@ -44,7 +44,7 @@ from ringtorch import _device
 from ringtorch._device import nccl_comm
 from ringtorch._errors import DistBackendError
 from ringtorch.collectives import liveness
-from ringtorch.collectives.work import Work
+from ringtorch.collectives.work import DeviceWork
 
 SHARED_GPU_VERSION = 23000  # NCCL 2.30 accepts ranks sharing one GPU; older ones refuse
 _POLL_S = 0.005
@@ -66,7 +66,7 @@ def _library(store: Any, group_name: str, global_ranks: tuple[int, ...]) -> Any:
     return nccl_comm.RealNccl()
 
 
-class NcclWork(Work):
+class NcclWork(DeviceWork):
     """The Work of one NCCL operation: done when its end event has completed (or its group
     failed); ``wait()`` orders the waiting thread's current stream after it."""
 
@@ -83,12 +83,6 @@ class NcclWork(Work):
             raise self._exception
         self.end.wait(self._group.rt.current_stream(self._group.device))
         return True
-
-    def synchronize(self) -> None:
-        self.wait()
-
-    def block_current_stream(self) -> None:
-        self.wait()
 
     def is_completed(self) -> bool:
         if not self._done and self.end.query():
